@@ -1,0 +1,100 @@
+"""Results files: every published number is written to ``results/<gpu>/<name>.json``.
+
+Layout: ``{"meta": {gpu, gpu_name, torch, triton, transformers, commit, date, parameters},
+"rows": [...]}``. The ladder (``ladder.json``) has one row per measurement with at least
+``model, rung, ctx, ms_per_token, floor_ms, agree``; rows are merged by
+(model, rung, ctx), so a chapter rerun replaces its own rows and keeps the others.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "results"
+
+
+def gpu_name(device="cuda") -> str:
+    if torch.device(device).type == "cuda" and torch.cuda.is_available():
+        return torch.cuda.get_device_name(torch.device(device))
+    return "cpu"
+
+
+def gpu_slug(device="cuda") -> str:
+    """A short slug for the results folder: ``h200``, ``rtx4090``, ``cpu``..."""
+    name = gpu_name(device).lower()
+    if name == "cpu":
+        return "cpu"
+    name = name.replace("nvidia", "").replace("geforce", "")
+    m = re.search(r"(rtx\s*\d{4}\w*|[abhl]\d{2,3}\w*|gb?\d{3}\w*)", name)
+    slug = m.group(1) if m else name
+    return re.sub(r"[^a-z0-9]+", "", slug) or "gpu"
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.check_output(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT,
+                                       stderr=subprocess.DEVNULL, text=True).strip()
+    except Exception:
+        return "unknown"
+
+
+def meta(device="cuda", parameters: dict | None = None) -> dict:
+    import triton
+    import transformers
+    return {
+        "gpu": gpu_slug(device),
+        "gpu_name": gpu_name(device),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "transformers": transformers.__version__,
+        "cuda": torch.version.cuda,
+        "commit": git_commit(),
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "parameters": parameters or {},
+    }
+
+
+def path_for(name: str, gpu: str) -> Path:
+    return RESULTS / gpu / f"{name}.json"
+
+
+def load(name: str, gpu: str) -> dict | None:
+    p = path_for(name, gpu)
+    return json.loads(p.read_text()) if p.exists() else None
+
+
+def write(name: str, rows: list[dict], device="cuda", parameters: dict | None = None,
+          merge_keys: tuple[str, ...] | None = None, gpu: str | None = None) -> Path:
+    """Write (or merge into) ``results/<gpu>/<name>.json``. With ``merge_keys``, rows of
+    an existing file whose keys are not in ``rows`` are kept."""
+    gpu = gpu or gpu_slug(device)
+    p = path_for(name, gpu)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    m = meta(device, parameters)
+    if merge_keys and p.exists():
+        old = json.loads(p.read_text())
+        key = lambda r: tuple(r.get(k) for k in merge_keys)
+        new_keys = {key(r) for r in rows}
+        kept = [r for r in old.get("rows", []) if key(r) not in new_keys]
+        rows = kept + rows
+    p.write_text(json.dumps({"meta": m, "rows": rows}, indent=1) + "\n")
+    return p
+
+
+LADDER_KEYS = ("model", "rung", "ctx")
+
+
+def write_ladder(rows: list[dict], device="cuda", parameters=None, gpu=None) -> Path:
+    for r in rows:
+        for k in ("model", "rung", "ctx", "ms_per_token", "floor_ms", "agree"):
+            if k not in r:
+                raise ValueError(f"ladder row lacks {k!r}: {r}")
+        r.setdefault("commit", git_commit())
+    return write("ladder", rows, device=device, parameters=parameters,
+                 merge_keys=LADDER_KEYS, gpu=gpu)

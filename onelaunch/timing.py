@@ -1,0 +1,77 @@
+"""Timing and floors: the one place anything in this project is timed.
+
+``time_ms`` warms up, then times each call with CUDA events and reports the median over
+many calls. ``read_bandwidth`` measures the streaming-read bandwidth of the GPU in the
+same process, so every ratio to the floor uses a floor measured in the same run.
+On the CPU both fall back to wall-clock (their numbers are for smoke runs, never published).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, asdict
+
+import torch
+
+
+@dataclass
+class Timing:
+    median_ms: float
+    p10_ms: float
+    p90_ms: float
+    iters: int
+
+    def as_dict(self):
+        return asdict(self)
+
+
+def _sync(device):
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_ms(fn, iters: int = 100, warmup: int = 10, device="cuda") -> Timing:
+    """Median wall time of ``fn()`` in ms: CUDA events around each call on a GPU."""
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    times = []
+    if torch.device(device).type == "cuda":
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+        for i in range(iters):
+            starts[i].record()
+            fn()
+            ends[i].record()
+        torch.cuda.synchronize()
+        times = [s.elapsed_time(e) for s, e in zip(starts, ends)]
+    else:
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    times.sort()
+    q = lambda f: times[min(len(times) - 1, int(f * len(times)))]
+    return Timing(statistics.median(times), q(0.1), q(0.9), iters)
+
+
+def read_bandwidth(device="cuda", gib: float = 2.0, iters: int = 30) -> float:
+    """Streaming-read bandwidth in TB/s: ``x.sum()`` over a bf16 buffer far larger than L2.
+
+    This is the denominator of every floor: the fastest the GPU reads bytes it has not
+    seen, in this process, on this card, today."""
+    n = int(gib * (1 << 30)) // 2
+    x = torch.empty(n, dtype=torch.bfloat16, device=device).uniform_(-1, 1)
+    t = time_ms(lambda: x.sum(dtype=torch.float32), iters=iters, warmup=3, device=device)
+    del x
+    return n * 2 / (t.median_ms * 1e-3) / 1e12
+
+
+def copy_bandwidth(device="cuda", gib: float = 2.0, iters: int = 20) -> float:
+    """Device-to-device copy bandwidth in TB/s, bytes read plus bytes written."""
+    n = int(gib * (1 << 30)) // 2
+    a = torch.empty(n, dtype=torch.bfloat16, device=device).uniform_(-1, 1)
+    b = torch.empty_like(a)
+    t = time_ms(lambda: b.copy_(a), iters=iters, warmup=3, device=device)
+    del a, b
+    return 2 * n * 2 / (t.median_ms * 1e-3) / 1e12

@@ -1,0 +1,204 @@
+"""Weights: seeded random tensors at exact shapes, and real checkpoints.
+
+Weights live in one flat dict keyed by Hugging Face's own state-dict names (for the
+installed transformers version), so the oracle, the HF reference model and the kernel
+packer all read the same tensors: nothing is copied to build the reference.
+
+Random weights come from a counter-based hash (murmur3's 32-bit finaliser over the element
+index and a per-tensor seed) evaluated with integer tensor ops. Integer arithmetic is exact
+on every device, so the same seed gives bit-identical weights on the CPU and the GPU, and
+the GPU can generate OLMoE's 6.9B parameters in a second. Every value is rounded to bf16,
+so an fp32 copy holds exactly the numbers the bf16 engine reads.
+"""
+from __future__ import annotations
+
+import json
+import os
+import zlib
+from pathlib import Path
+
+import torch
+
+from .specs import ModelSpec, get_spec
+
+_MASK32 = 0xFFFFFFFF
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that is missing, of another architecture, or of other shapes."""
+
+
+def _fmix32(x: torch.Tensor) -> torch.Tensor:
+    # murmur3 finaliser on 32-bit values held in int64 (products wrap; the mask keeps
+    # the low 32 bits, which two's-complement wrapping leaves exact)
+    x = x ^ (x >> 16)
+    x = (x * 0x85EBCA6B) & _MASK32
+    x = x ^ (x >> 13)
+    x = (x * 0xC2B2AE35) & _MASK32
+    x = x ^ (x >> 16)
+    return x
+
+
+def hash_uniform(shape, seed: int, scale: float, device="cpu", chunk: int = 1 << 26) -> torch.Tensor:
+    """Uniform values in [-scale, scale), bit-identical on any device, rounded to bf16."""
+    n = 1
+    for d in shape:
+        n *= d
+    out = torch.empty(n, dtype=torch.bfloat16, device=device)
+    s = _fmix32(torch.tensor(seed & _MASK32, dtype=torch.int64)).item()
+    for lo in range(0, n, chunk):
+        hi = min(n, lo + chunk)
+        i = torch.arange(lo, hi, dtype=torch.int64, device=device)
+        x = _fmix32(((i * 0x9E3779B1) & _MASK32) ^ s)
+        x = _fmix32(x ^ (i >> 32))
+        k = (x >> 8) - (1 << 23)                       # exact integer in [-2^23, 2^23)
+        # one int->float conversion (exact) and one multiply: a single IEEE rounding
+        out[lo:hi] = (k.to(torch.float32) * (scale / float(1 << 23))).to(torch.bfloat16)
+    return out.view(*shape)
+
+
+def _tensor_seed(seed: int, name: str) -> int:
+    return zlib.crc32(f"{seed}:{name}".encode()) & _MASK32
+
+
+def hf_param_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
+    """The HF state-dict names and shapes for ``spec`` (built on the meta device)."""
+    from transformers import AutoModelForCausalLM
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(spec.hf_config())
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+
+def _init_scale(name: str, shape, spec: ModelSpec) -> tuple[float, float]:
+    """(offset, half-width) of the uniform init for one tensor."""
+    if name.endswith("norm.weight") or "layernorm" in name:
+        return 1.0, 0.1                      # norm gains near 1, not exactly 1
+    if name.endswith("bias"):
+        return 0.0, 0.1
+    if "embed_tokens" in name or "lm_head" in name:
+        # logits = x_norm . E: std ~ 3 makes the next-token distribution peaked like a
+        # trained model's, so greedy decoding is not a string of near-ties
+        return 0.0, 3.0 * 3 ** 0.5 / spec.hidden ** 0.5
+    fan_in = shape[-1]
+    gain = 1.0
+    if "o_proj" in name or "down_proj" in name:
+        # layer outputs several times the size of a token's own embedding row: with tied
+        # embeddings a small residual would make every model repeat its input token
+        gain = 3.0
+    return 0.0, gain * 3 ** 0.5 / fan_in ** 0.5
+
+
+def random_weights(spec, seed: int = 0, device="cpu", dtype=torch.bfloat16) -> dict[str, torch.Tensor]:
+    """Seeded random weights under HF names. Same seed, same bits, on any device."""
+    spec = get_spec(spec)
+    shapes = hf_param_shapes(spec)
+    w: dict[str, torch.Tensor] = {}
+    for name, shape in shapes.items():
+        if spec.tie_embeddings and name == "lm_head.weight":
+            continue
+        off, half = _init_scale(name, shape, spec)
+        t = hash_uniform(shape, _tensor_seed(seed, name), half, device=device)
+        if off:
+            t = (t.float() + off).to(torch.bfloat16)
+        w[name] = t.to(dtype)
+    if spec.tie_embeddings:
+        w["lm_head.weight"] = w["model.embed_tokens.weight"]
+    return w
+
+
+# ---------------------------------------------------------------------------------------
+# Hugging Face model over our tensors (no copy)
+# ---------------------------------------------------------------------------------------
+def hf_model(spec, weights: dict[str, torch.Tensor]):
+    """A transformers model whose parameters *are* ``weights`` (assigned, not copied).
+
+    Built on the meta device, so no memory is allocated for HF's own init; the rotary
+    buffers are then rebuilt on the weights' device.
+    """
+    from transformers import AutoModelForCausalLM
+    spec = get_spec(spec)
+    cfg = spec.hf_config()
+    any_w = next(iter(weights.values()))
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=any_w.dtype)
+    model.load_state_dict(weights, assign=True, strict=True)
+    if spec.tie_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    for name, mod in model.named_modules():
+        if name.endswith("rotary_emb"):
+            parent = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
+            with torch.device(any_w.device):
+                setattr(parent, name.rsplit(".", 1)[-1], type(mod)(config=cfg))
+    for name, buf in model.named_buffers():
+        if buf.is_meta:
+            raise RuntimeError(f"buffer {name} was left on the meta device")
+    model.eval()
+    model.config.use_cache = True
+    return model
+
+
+# ---------------------------------------------------------------------------------------
+# Real checkpoints
+# ---------------------------------------------------------------------------------------
+_ARCH = {"qwen2": "qwen2", "olmoe": "olmoe"}
+
+
+def load_checkpoint(path_or_id: str, spec=None, device="cpu", dtype=torch.bfloat16):
+    """Load a real checkpoint (a local folder, or a hub id resolved through
+    ``huggingface_hub``) into a weights dict under the installed transformers' names.
+
+    ``spec`` may be a spec or a name; the checkpoint's architecture and every tensor shape
+    must match it, or :class:`CheckpointError` says what differs. Returns
+    ``(spec, weights)``; with ``spec=None`` the spec is inferred by matching shapes.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+    p = Path(path_or_id)
+    if not p.exists():
+        if os.sep in str(path_or_id) or str(path_or_id).startswith("."):
+            raise CheckpointError(f"checkpoint folder {path_or_id!r} does not exist")
+        try:
+            from huggingface_hub import snapshot_download
+            p = Path(snapshot_download(path_or_id, allow_patterns=["*.json", "*.safetensors"]))
+        except Exception as e:  # offline, no such repo, ...
+            raise CheckpointError(
+                f"could not fetch {path_or_id!r} from the hub ({type(e).__name__}); "
+                "download it elsewhere and pass the local folder") from None
+    if not (p / "config.json").exists():
+        raise CheckpointError(f"{p} has no config.json: not a transformers checkpoint folder")
+    cfg = AutoConfig.from_pretrained(p)
+    mt = getattr(cfg, "model_type", None)
+    if mt not in _ARCH:
+        raise CheckpointError(f"{p}: model_type {mt!r} is not supported (qwen2 or olmoe)")
+    if spec is None:
+        from .specs import SPECS
+        cands = [s for s in SPECS.values() if s.family == mt and s.hidden == cfg.hidden_size
+                 and s.layers == cfg.num_hidden_layers and s.vocab == cfg.vocab_size]
+        if not cands:
+            raise CheckpointError(f"{p}: no known spec has its shapes "
+                                  f"(hidden {cfg.hidden_size}, layers {cfg.num_hidden_layers})")
+        spec = cands[0]
+    spec = get_spec(spec)
+    if spec.family != mt:
+        raise CheckpointError(f"{p} is a {mt} checkpoint, but {spec.name} is {spec.family}")
+    st = list(p.glob("*.safetensors"))
+    if not st:
+        raise CheckpointError(f"{p} holds no *.safetensors files")
+    expected = hf_param_shapes(spec)
+    model = AutoModelForCausalLM.from_pretrained(p, dtype=dtype)
+    got = {k: v for k, v in model.state_dict().items()}
+    bad = [f"{k}: checkpoint {tuple(got[k].shape)} vs {spec.name} {expected[k]}"
+           for k in expected if k in got and tuple(got[k].shape) != expected[k]]
+    missing = [k for k in expected if k not in got]
+    if bad or missing:
+        msg = "; ".join(bad[:3] + [f"missing {k}" for k in missing[:3]])
+        raise CheckpointError(f"{p} does not match {spec.name}: {msg}")
+    w = {k: got[k].detach().to(device=device, dtype=dtype).contiguous() for k in expected}
+    if spec.tie_embeddings:
+        w["lm_head.weight"] = w["model.embed_tokens.weight"]
+    return spec, w
+
+
+def describe(weights: dict[str, torch.Tensor]) -> str:
+    total = sum(t.numel() for k, t in weights.items() if k != "lm_head.weight"
+                or t.data_ptr() != weights["model.embed_tokens.weight"].data_ptr())
+    return json.dumps({"tensors": len(weights), "params": total})
