@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The test command (README): set up, then the CPU test suite (kernels in Triton's
+# interpreter), the CPU papermill run of every chapter, the strict book build and the
+# browser test. GPU tests are marked `gpu` and run on the GPU machine (ci/gpu_run.sh).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash ci/setup.sh
+export TRITON_INTERPRET=1
+.venv/bin/python -m pytest -q -m "not gpu and not browser" tests "$@"
