@@ -1,0 +1,10 @@
+"""Triton kernels, one file per fused op. Kernels are ``_name_kernel``; launchers ``name``."""
+from .embed import embed  # noqa: F401
+from .rms_qkv import rms_qkv  # noqa: F401
+from .rope_kv import rope_kv_write  # noqa: F401
+from .attention import attention  # noqa: F401
+from .attention_splitk import attention_splitk, chunk_for, n_splits_for  # noqa: F401
+from .o_proj_residual import o_proj_residual  # noqa: F401
+from .rms_gate_up_swiglu import rms_gate_up_swiglu  # noqa: F401
+from .down_residual import down_residual  # noqa: F401
+from .lm_head_argmax import lm_head_argmax  # noqa: F401

@@ -1,0 +1,77 @@
+"""Pieces every GEMV-shaped kernel shares: the RMS statistic, a weight tile, an input tile
+and the tile loop. All arithmetic is fp32; bf16 values are cast right after each load
+(Triton's CPU interpreter does bf16 arithmetic on raw bits, so nothing here ever adds or
+multiplies bf16 values).
+
+A GEMV program owns BLOCK_N rows of W [N, K] and walks K in BLOCK_K tiles. The first tile
+is loaded by the caller *before* it waits on the previous kernel (programmatic dependent
+launch), so weight streaming overlaps the previous kernel's tail: weights never depend on
+the previous kernel, only the activation vector does.
+"""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def rms_rstd(x_ptr, K, eps, BLOCK_K: tl.constexpr):
+    """1 / sqrt(mean(x^2) + eps) over x[0:K] (x in bf16, statistic in fp32)."""
+    acc = tl.zeros([BLOCK_K], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + offs, mask=offs < K, other=0.0).to(tl.float32)
+        acc += x * x
+    return 1.0 / tl.sqrt(tl.sum(acc, axis=0) / K + eps)
+
+
+@triton.jit
+def load_w_tile(w_ptr, stride_w_n, offs_n, n_mask, k0, k_end, BLOCK_K: tl.constexpr):
+    """W[offs_n, k0:k0+BLOCK_K] (masked past k_end), streamed once: evict first from L2."""
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    ptrs = w_ptr + offs_n[:, None] * stride_w_n + offs_k[None, :]
+    mask = n_mask[:, None] & (offs_k[None, :] < k_end)
+    return tl.load(ptrs, mask=mask, other=0.0, eviction_policy="evict_first")
+
+
+@triton.jit
+def load_x_tile(x_ptr, g_ptr, rstd, k0, k_end, BLOCK_K: tl.constexpr, HAS_NORM: tl.constexpr):
+    """x[k0:k0+BLOCK_K] as fp32; with HAS_NORM, RMS-normalised the way HF does it:
+    (x * rstd) rounded to bf16, times the gain, rounded to bf16."""
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    m = offs_k < k_end
+    x = tl.load(x_ptr + offs_k, mask=m, other=0.0).to(tl.float32)
+    if HAS_NORM:
+        g = tl.load(g_ptr + offs_k, mask=m, other=0.0).to(tl.float32)
+        x = (x * rstd).to(tl.bfloat16).to(tl.float32) * g
+        x = x.to(tl.bfloat16).to(tl.float32)
+    return x
+
+
+@triton.jit
+def gemv_tiles(w_ptr, stride_w_n, offs_n, n_mask, x_ptr, g_ptr, rstd, w_first, k_start, k_end,
+               BLOCK_K: tl.constexpr, HAS_NORM: tl.constexpr):
+    """sum_k W[offs_n, k] * x[k] for k in [k_start, k_end); ``w_first`` is the tile at
+    k_start, already loaded. Returns fp32 [BLOCK_N]."""
+    acc = w_first.to(tl.float32) * load_x_tile(x_ptr, g_ptr, rstd, k_start, k_end, BLOCK_K, HAS_NORM)[None, :]
+    for k0 in range(k_start + BLOCK_K, k_end, BLOCK_K):
+        w = load_w_tile(w_ptr, stride_w_n, offs_n, n_mask, k0, k_end, BLOCK_K).to(tl.float32)
+        acc += w * load_x_tile(x_ptr, g_ptr, rstd, k0, k_end, BLOCK_K, HAS_NORM)[None, :]
+    return tl.sum(acc, axis=1)
+
+
+@triton.jit
+def pdl_wait(USE_PDL: tl.constexpr):
+    """Wait for the previous kernel's results (a no-op without PDL), then let the next
+    kernel start launching: its programs will issue their weight loads and wait in turn."""
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
+def thread_fence(ENABLED: tl.constexpr):
+    """__threadfence(): this thread's earlier writes and atomics are visible GPU-wide
+    before its later ones. Used before the arrival counter of a last-arrival reduction.
+    (The interpreter runs programs one after another and needs none.)"""
+    if ENABLED:
+        tl.inline_asm_elementwise("fence.acq_rel.gpu; mov.u32 $0, 0;", "=r", [],
+                                  dtype=tl.int32, is_pure=False, pack=1)

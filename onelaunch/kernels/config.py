@@ -1,0 +1,81 @@
+"""Launch configurations, chosen per GPU architecture in the launchers (never in kernels).
+
+Every fused kernel is memory-bound at batch 1, so a configuration is about bytes in flight:
+enough programs to give every SM work, and tiles large enough that each SM keeps tens of
+kilobytes of loads outstanding. Entries are keyed by compute capability; a GPU missing from
+the table (or the CPU interpreter) falls back to ``default``, which is safe everywhere.
+
+sm_90 (H100/H200: 132 SMs, 50 MB+ of L2) was measured in this project (see NOTES.md);
+sm_89 (RTX 4090: 128 SMs, 72 MB L2, ~1 TB/s) uses the same tile shapes with fewer warps,
+which suits its lower bandwidth per SM; it is untested here.
+"""
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+# op -> dict of launch parameters
+_DEFAULT = {
+    "rms_qkv":     dict(BLOCK_N=16, BLOCK_K=512, num_warps=4),
+    "o_proj":      dict(BLOCK_N=16, BLOCK_K=512, num_warps=4),
+    "gate_up":     dict(BLOCK_N=16, BLOCK_K=512, num_warps=4),
+    "down":        dict(BLOCK_N=16, BLOCK_K=512, SPLIT_K=4, num_warps=4),
+    "lm_head":     dict(BLOCK_N=64, BLOCK_K=512, num_warps=4),
+    "attention":   dict(BLOCK_T=64, num_warps=4),
+    "attn_split":  dict(BLOCK_T=64, num_warps=4),
+}
+
+TABLE: dict[str, dict[str, dict]] = {
+    "default": _DEFAULT,
+    "sm_90": {
+        "rms_qkv":    dict(BLOCK_N=16, BLOCK_K=512, num_warps=4),
+        "o_proj":     dict(BLOCK_N=8, BLOCK_K=512, num_warps=4),
+        "gate_up":    dict(BLOCK_N=16, BLOCK_K=512, num_warps=4),
+        "down":       dict(BLOCK_N=16, BLOCK_K=512, SPLIT_K=5, num_warps=4),
+        "lm_head":    dict(BLOCK_N=32, BLOCK_K=512, num_warps=4),
+        "attention":  dict(BLOCK_T=64, num_warps=4),
+        "attn_split": dict(BLOCK_T=64, num_warps=4),
+    },
+    "sm_89": {
+        "rms_qkv":    dict(BLOCK_N=16, BLOCK_K=512, num_warps=4),
+        "o_proj":     dict(BLOCK_N=8, BLOCK_K=512, num_warps=4),
+        "gate_up":    dict(BLOCK_N=16, BLOCK_K=512, num_warps=4),
+        "down":       dict(BLOCK_N=16, BLOCK_K=512, SPLIT_K=5, num_warps=4),
+        "lm_head":    dict(BLOCK_N=32, BLOCK_K=512, num_warps=4),
+        "attention":  dict(BLOCK_T=64, num_warps=4),
+        "attn_split": dict(BLOCK_T=64, num_warps=4),
+    },
+}
+
+# overrides set by a tuning sweep in this process (bench --sweep): op -> params
+OVERRIDES: dict[str, dict] = {}
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@functools.lru_cache(maxsize=None)
+def arch(device_index: int = 0) -> str:
+    if interpreting() or not torch.cuda.is_available():
+        return "default"
+    major, minor = torch.cuda.get_device_capability(device_index)
+    return f"sm_{major}{minor}"
+
+
+def get(op: str, device=None) -> dict:
+    if op in OVERRIDES:
+        return dict(OVERRIDES[op])
+    a = "default"
+    if device is not None and torch.device(device).type == "cuda":
+        a = arch(torch.device(device).index or 0)
+    return dict(TABLE.get(a, _DEFAULT).get(op, _DEFAULT[op]))
+
+
+def pdl_supported(device) -> bool:
+    """Programmatic dependent launch needs Hopper or newer and a real GPU."""
+    if interpreting() or torch.device(device).type != "cuda":
+        return False
+    return torch.cuda.get_device_capability(torch.device(device).index or 0)[0] >= 9

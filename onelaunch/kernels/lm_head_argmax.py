@@ -1,0 +1,87 @@
+"""Final RMSNorm + lm_head GEMV + greedy argmax, and the step's bookkeeping.
+
+    logits = E @ (rmsnorm(x) * g)          E: [V, K] (tied: the embedding matrix)
+    tok    = argmax(logits)                first index among equal maxima, like torch
+
+Grid: one program per BLOCK_N vocabulary rows (151936 / 32 = 4748 for Qwen2.5-1.5B,
+233 MB of weights: the single largest read of the step). Each program writes its logits
+and its local (max, index); the last program to arrive (per-launch counter) reduces the
+local maxima to the token, then does what the host would otherwise do between steps:
+if the next position is past the prompt it stores the token into the sequence buffer
+(during prefill the prompt's own next token stays), and advances the position. So the
+next replay of the graph reads its input from the GPU, with no host round trip.
+
+    logits    [V]                 fp32  (bf16-rounded values, as HF's bf16 model gives)
+    part_val  [n_programs]        fp32  each program's max logit
+    part_idx  [n_programs]        int32 ... and its index
+    counter   [1]                 int32 arrivals, reset by the last program
+    seq       [max_ctx]           int32 the token sequence; seq[pos + 1] = tok
+    pos       [1]                 int32 position of the token this step consumed; += 1
+"""
+import triton
+import triton.language as tl
+
+from . import config
+from ._common import gemv_tiles, load_w_tile, pdl_wait, rms_rstd, thread_fence
+
+
+@triton.jit
+def _lm_head_argmax_kernel(x_ptr, g_ptr, w_ptr, logits_ptr, part_val_ptr, part_idx_ptr,
+                           counter_ptr, seq_ptr, pos_ptr, prompt_len_ptr, N, K, eps, stride_w_n,
+                           n_programs, FENCE: tl.constexpr, USE_PDL: tl.constexpr,
+                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr):
+    pid = tl.program_id(0)
+    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    w_first = load_w_tile(w_ptr, stride_w_n, offs_n, n_mask, 0, K, BLOCK_K)
+    pdl_wait(USE_PDL)
+    rstd = rms_rstd(x_ptr, K, eps, BLOCK_K)
+    y = gemv_tiles(w_ptr, stride_w_n, offs_n, n_mask, x_ptr, g_ptr, rstd, w_first, 0, K, BLOCK_K, True)
+    y = y.to(tl.bfloat16).to(tl.float32)
+    tl.store(logits_ptr + offs_n, y, mask=n_mask)
+    y = tl.where(n_mask, y, float("-inf"))
+    best = tl.max(y, axis=0)
+    best_idx = tl.min(tl.where(y == best, offs_n, 2147483647), axis=0)
+    tl.store(part_val_ptr + pid, best)
+    tl.store(part_idx_ptr + pid, best_idx)
+    thread_fence(FENCE)                              # the partials are visible GPU-wide
+    tl.debug_barrier()
+    arrived = tl.atomic_add(counter_ptr, 1, sem="acq_rel")
+    if arrived == n_programs - 1:
+        r = tl.arange(0, BLOCK_R)
+        run_val = tl.full([BLOCK_R], float("-inf"), tl.float32)
+        run_idx = tl.full([BLOCK_R], 2147483647, tl.int32)
+        for r0 in range(0, n_programs, BLOCK_R):
+            rm = (r0 + r) < n_programs
+            v = tl.load(part_val_ptr + r0 + r, mask=rm, other=float("-inf"), volatile=True)
+            i = tl.load(part_idx_ptr + r0 + r, mask=rm, other=2147483647, volatile=True)
+            # programs come in index order, so on equal values the earlier entry wins
+            take = v > run_val
+            run_idx = tl.where(take, i, run_idx)
+            run_val = tl.where(take, v, run_val)
+        m = tl.max(run_val, axis=0)
+        tok = tl.min(tl.where(run_val == m, run_idx, 2147483647), axis=0)
+        pos = tl.load(pos_ptr, volatile=True)
+        if pos + 1 >= tl.load(prompt_len_ptr):
+            tl.store(seq_ptr + pos + 1, tok)
+        tl.store(pos_ptr, pos + 1)
+        tl.store(counter_ptr, 0)
+
+
+def lm_head_argmax(x, g, w, logits, part_val, part_idx, counter, seq, pos, prompt_len, eps,
+                   use_pdl=False, cfg=None):
+    """One greedy step's tail. x: [K]; w: [V, K]; logits: fp32 [V]; part_*: [>= programs]."""
+    N, K = w.shape
+    c = cfg or config.get("lm_head", x.device)
+    n_prog = triton.cdiv(N, c["BLOCK_N"])
+    assert part_val.numel() >= n_prog and part_idx.numel() >= n_prog
+    kw = {"launch_pdl": True} if use_pdl else {}
+    _lm_head_argmax_kernel[(n_prog,)](
+        x, g, w, logits, part_val, part_idx, counter, seq, pos, prompt_len, N, K, eps,
+        w.stride(0), n_prog, FENCE=not config.interpreting(), USE_PDL=use_pdl,
+        BLOCK_N=c["BLOCK_N"], BLOCK_K=c["BLOCK_K"], BLOCK_R=1024, num_warps=c["num_warps"], **kw)
+    return n_prog
+
+
+def programs_for(vocab: int, device) -> int:
+    return triton.cdiv(vocab, config.get("lm_head", device)["BLOCK_N"])

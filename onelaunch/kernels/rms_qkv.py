@@ -1,0 +1,47 @@
+"""Fused RMSNorm + QKV projection (+ bias).
+
+    xn      = rmsnorm(x) * g                      x: [K] bf16 residual, g: [K]
+    qkv     = W_qkv @ xn + b                      W_qkv: [N, K], N = (Hq + 2 Hkv) D
+
+q, k and v are one GEMV against the concatenated weight (packed once at load time), so
+the normalised activation is computed on chip and never written out. Bias rides in the
+epilogue. Grid: one program per BLOCK_N rows of W_qkv. Bytes: N*K*2 weight bytes read once
+(Qwen2.5-1.5B: 2048 x 1536 x 2 = 6.3 MB a layer), plus K*2 activation bytes per program
+from L2. The idea is the seed post's first fused kernel; the layout is gpt-fast's wqkv.
+"""
+import torch
+import triton
+import triton.language as tl
+
+from . import config
+from ._common import gemv_tiles, load_w_tile, pdl_wait, rms_rstd
+
+
+@triton.jit
+def _rms_qkv_kernel(x_ptr, g_ptr, w_ptr, b_ptr, out_ptr, N, K, eps, stride_w_n,
+                    HAS_BIAS: tl.constexpr, USE_PDL: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid = tl.program_id(0)
+    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    w_first = load_w_tile(w_ptr, stride_w_n, offs_n, n_mask, 0, K, BLOCK_K)  # before the wait
+    pdl_wait(USE_PDL)
+    rstd = rms_rstd(x_ptr, K, eps, BLOCK_K)
+    y = gemv_tiles(w_ptr, stride_w_n, offs_n, n_mask, x_ptr, g_ptr, rstd, w_first, 0, K,
+                   BLOCK_K, True)
+    y = y.to(tl.bfloat16).to(tl.float32)          # the projection's bf16 output, as HF
+    if HAS_BIAS:
+        y += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + offs_n, y.to(out_ptr.dtype.element_ty), mask=n_mask)
+
+
+def rms_qkv(x, g, w_qkv, b_qkv, out, eps, use_pdl=False, cfg=None):
+    """out[N] = W_qkv @ (rmsnorm(x) * g) + b.   x: [K], w_qkv: [N, K], out: [N]."""
+    N, K = w_qkv.shape
+    c = cfg or config.get("rms_qkv", x.device)
+    grid = (triton.cdiv(N, c["BLOCK_N"]),)
+    kw = {"launch_pdl": True} if use_pdl else {}
+    _rms_qkv_kernel[grid](x, g, w_qkv, b_qkv if b_qkv is not None else w_qkv, out, N, K, eps,
+                          w_qkv.stride(0), HAS_BIAS=b_qkv is not None, USE_PDL=use_pdl,
+                          BLOCK_N=c["BLOCK_N"], BLOCK_K=c["BLOCK_K"], num_warps=c["num_warps"], **kw)
+    return out

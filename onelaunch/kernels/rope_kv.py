@@ -1,0 +1,68 @@
+"""Fused RoPE + KV-cache write.
+
+    q[h]            = rope(qkv[q part, head h], pos)             -> q_out [Hq, D]
+    k_cache[kh,pos] = rope(qkv[k part, head kh], pos)            -> cache slot
+    v_cache[kh,pos] = qkv[v part, head kh]
+
+rotate_half is computed from a gathered index: element d pairs with d +- D/2 and takes a
+sign, so no half is ever concatenated. cos/sin come from a table [max_ctx, D] (rounded to
+the model dtype, as HF does) indexed by the position, which the kernel reads from a device
+tensor: the recorded launch is the same at every step, as a CUDA graph needs.
+Grid: one program per head, Hq + Hkv programs. Bytes: (Hq + 2Hkv) D * 2 read, as many
+written: about 4 KB, so this kernel is all launch latency. It replaces about a dozen
+PyTorch ops (slices, two multiplies, a concatenation and a negation per tensor, an
+index_copy per cache).
+"""
+import triton
+import triton.language as tl
+
+from ._common import pdl_wait
+
+
+@triton.jit
+def _rope_pair(src_ptr, cos_ptr, sin_ptr, d, partner, sign, dm):
+    x = tl.load(src_ptr + d, mask=dm, other=0.0).to(tl.float32)
+    xp = tl.load(src_ptr + partner, mask=dm, other=0.0).to(tl.float32)
+    c = tl.load(cos_ptr + d, mask=dm, other=0.0).to(tl.float32)
+    s = tl.load(sin_ptr + d, mask=dm, other=0.0).to(tl.float32)
+    # HF in bf16: q*cos and rotate_half(q)*sin are each rounded, then their sum
+    a = (x * c).to(tl.bfloat16).to(tl.float32)
+    b = (sign * xp * s).to(tl.bfloat16).to(tl.float32)
+    return a + b
+
+
+@triton.jit
+def _rope_kv_write_kernel(qkv_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, pos_ptr,
+                          stride_c_h, stride_c_t, HQ, HKV,
+                          D: tl.constexpr, BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr):
+    h = tl.program_id(0)
+    pdl_wait(USE_PDL)
+    pos = tl.load(pos_ptr)
+    HALF: tl.constexpr = D // 2
+    d = tl.arange(0, BLOCK_D)
+    dm = d < D
+    partner = tl.where(d < HALF, d + HALF, d - HALF)     # rotate_half as a gather
+    sign = tl.where(d < HALF, -1.0, 1.0)
+    cos_row = cos_ptr + pos * D
+    sin_row = sin_ptr + pos * D
+    if h < HQ:
+        y = _rope_pair(qkv_ptr + h * D, cos_row, sin_row, d, partner, sign, dm)
+        tl.store(q_out_ptr + h * D + d, y.to(q_out_ptr.dtype.element_ty), mask=dm)
+    else:
+        kh = h - HQ
+        y = _rope_pair(qkv_ptr + (HQ + kh) * D, cos_row, sin_row, d, partner, sign, dm)
+        slot = kh * stride_c_h + pos * stride_c_t
+        tl.store(k_cache_ptr + slot + d, y.to(k_cache_ptr.dtype.element_ty), mask=dm)
+        v = tl.load(qkv_ptr + (HQ + HKV + kh) * D + d, mask=dm, other=0.0)
+        tl.store(v_cache_ptr + slot + d, v, mask=dm)
+
+
+def rope_kv_write(qkv, q_out, k_cache, v_cache, cos, sin, pos, heads, kv_heads, head_dim,
+                  use_pdl=False):
+    """qkv: [(Hq+2Hkv) D]; q_out: [Hq D]; k_cache, v_cache: one layer's [Hkv, C, D];
+    cos, sin: [C, D]; pos: int32 [1] on the device."""
+    kw = {"launch_pdl": True} if use_pdl else {}
+    _rope_kv_write_kernel[(heads + kv_heads,)](
+        qkv, q_out, k_cache, v_cache, cos, sin, pos, k_cache.stride(0), k_cache.stride(1),
+        heads, kv_heads, D=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
+        USE_PDL=use_pdl, num_warps=1, **kw)
