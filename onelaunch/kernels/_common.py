@@ -41,8 +41,8 @@ def load_x_tile(x_ptr, g_ptr, rstd, k0, k_end, BLOCK_K: tl.constexpr, HAS_NORM: 
     x = tl.load(x_ptr + offs_k, mask=m, other=0.0).to(tl.float32)
     if HAS_NORM:
         g = tl.load(g_ptr + offs_k, mask=m, other=0.0).to(tl.float32)
-        x = (x * rstd).to(tl.bfloat16).to(tl.float32) * g
-        x = x.to(tl.bfloat16).to(tl.float32)
+        x = bf16_round(x * rstd) * g
+        x = bf16_round(x)
     return x
 
 
@@ -75,3 +75,16 @@ def thread_fence(ENABLED: tl.constexpr):
     if ENABLED:
         tl.inline_asm_elementwise("fence.acq_rel.gpu; mov.u32 $0, 0;", "=r", [],
                                   dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def bf16_round(x):
+    """Round fp32 to the nearest bf16 value (ties to even), returned as fp32.
+
+    Done on the bits, so the result is identical on the GPU and in Triton's CPU
+    interpreter, whose own fp32->bf16 conversion does not round to nearest. A value
+    rounded here converts to bf16 exactly under any rounding mode."""
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = bits + 0x7FFF + ((bits >> 16) & 1)
+    bits = bits & 0xFFFF0000
+    return bits.to(tl.float32, bitcast=True)

@@ -12,7 +12,7 @@ chapter measures it. The length is read from a device tensor, so the launch is f
 import triton
 import triton.language as tl
 
-from ._common import pdl_wait
+from ._common import bf16_round, pdl_wait
 
 
 @triton.jit
@@ -44,7 +44,7 @@ def _attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, pos_ptr, stride_
         l = l * alpha + tl.sum(p, axis=0)
         acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
         m = m_new
-    tl.store(out_ptr + h * D + d, (acc / l).to(out_ptr.dtype.element_ty), mask=dm)
+    tl.store(out_ptr + h * D + d, bf16_round(acc / l).to(out_ptr.dtype.element_ty), mask=dm)
 
 
 def attention(q, k_cache, v_cache, out, pos, heads, kv_heads, head_dim, cfg, use_pdl=False):

@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from . import config
-from ._common import pdl_wait
+from ._common import bf16_round, pdl_wait
 
 
 @triton.jit
@@ -109,7 +109,7 @@ def _attn_reduce_kernel(part_o_ptr, part_m_ptr, part_l_ptr, out_ptr, pos_ptr, n_
         o = tl.load(part_o_ptr + row[:, None] * D + d[None, :], mask=sm[:, None] & dm[None, :], other=0.0)
         acc += w[:, None] * o
     out = tl.sum(acc, axis=0) / tl.sum(den, axis=0)
-    tl.store(out_ptr + h * D + d, out.to(out_ptr.dtype.element_ty), mask=dm)
+    tl.store(out_ptr + h * D + d, bf16_round(out).to(out_ptr.dtype.element_ty), mask=dm)
 
 
 def n_splits_for(max_ctx: int, chunk: int) -> int:

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from . import config
-from ._common import gemv_tiles, load_w_tile, pdl_wait, thread_fence
+from ._common import bf16_round, gemv_tiles, load_w_tile, pdl_wait, thread_fence
 
 
 @triton.jit
@@ -53,9 +53,9 @@ def _down_residual_kernel(h_ptr, w_ptr, x_ptr, scratch_ptr, counter_ptr, N, K, k
             total = tl.atomic_add(scratch_ptr + offs_n, tl.zeros_like(y), mask=n_mask, sem="acq_rel")
             tl.store(scratch_ptr + offs_n, tl.zeros_like(y), mask=n_mask)
             tl.store(counter_ptr + pid_n, 0)
-        total = total.to(tl.bfloat16).to(tl.float32)          # the projection's bf16 output
+        total = bf16_round(total)          # the projection's bf16 output
         x = tl.load(x_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-        tl.store(x_ptr + offs_n, (x + total).to(x_ptr.dtype.element_ty), mask=n_mask)
+        tl.store(x_ptr + offs_n, bf16_round(x + total).to(x_ptr.dtype.element_ty), mask=n_mask)
 
 
 def down_residual(h, w_down, x, scratch, counter, use_pdl=False, cfg=None):

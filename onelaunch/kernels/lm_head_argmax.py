@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from . import config
-from ._common import gemv_tiles, load_w_tile, pdl_wait, rms_rstd, thread_fence
+from ._common import bf16_round, gemv_tiles, load_w_tile, pdl_wait, rms_rstd, thread_fence
 
 
 @triton.jit
@@ -37,7 +37,7 @@ def _lm_head_argmax_kernel(x_ptr, g_ptr, w_ptr, logits_ptr, part_val_ptr, part_i
     pdl_wait(USE_PDL)
     rstd = rms_rstd(x_ptr, K, eps, BLOCK_K)
     y = gemv_tiles(w_ptr, stride_w_n, offs_n, n_mask, x_ptr, g_ptr, rstd, w_first, 0, K, BLOCK_K, True)
-    y = y.to(tl.bfloat16).to(tl.float32)
+    y = bf16_round(y)
     tl.store(logits_ptr + offs_n, y, mask=n_mask)
     y = tl.where(n_mask, y, float("-inf"))
     best = tl.max(y, axis=0)

@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from . import config
-from ._common import gemv_tiles, load_w_tile, pdl_wait
+from ._common import bf16_round, gemv_tiles, load_w_tile, pdl_wait
 
 
 @triton.jit
@@ -24,9 +24,9 @@ def _o_proj_residual_kernel(a_ptr, w_ptr, x_ptr, N, K, stride_w_n, USE_PDL: tl.c
     pdl_wait(USE_PDL)
     y = gemv_tiles(w_ptr, stride_w_n, offs_n, n_mask, a_ptr, a_ptr, 1.0, w_first, 0, K,
                    BLOCK_K, False)
-    y = y.to(tl.bfloat16).to(tl.float32)            # the projection's bf16 output, as HF
+    y = bf16_round(y)            # the projection's bf16 output, as HF
     x = tl.load(x_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-    tl.store(x_ptr + offs_n, (x + y).to(x_ptr.dtype.element_ty), mask=n_mask)
+    tl.store(x_ptr + offs_n, bf16_round(x + y).to(x_ptr.dtype.element_ty), mask=n_mask)
 
 
 def o_proj_residual(attn, w_o, x, use_pdl=False, cfg=None):

@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from . import config
-from ._common import gemv_tiles, load_w_tile, pdl_wait, rms_rstd
+from ._common import bf16_round, gemv_tiles, load_w_tile, pdl_wait, rms_rstd
 
 
 @triton.jit
@@ -29,10 +29,10 @@ def _rms_gate_up_swiglu_kernel(x_ptr, g_ptr, w_ptr, h_ptr, I, K, eps, stride_w_n
     gate = gemv_tiles(w_ptr, stride_w_n, offs_n, n_mask, x_ptr, g_ptr, rstd, wg_first, 0, K, BLOCK_K, True)
     up = gemv_tiles(up_ptr, stride_w_n, offs_n, n_mask, x_ptr, g_ptr, rstd, wu_first, 0, K, BLOCK_K, True)
     # HF in bf16: gate and up rounded, silu(gate) rounded, then the product rounded
-    gate = gate.to(tl.bfloat16).to(tl.float32)
-    up = up.to(tl.bfloat16).to(tl.float32)
-    act = (gate / (1.0 + tl.exp(-gate))).to(tl.bfloat16).to(tl.float32)
-    tl.store(h_ptr + offs_n, (act * up).to(h_ptr.dtype.element_ty), mask=n_mask)
+    gate = bf16_round(gate)
+    up = bf16_round(up)
+    act = bf16_round(gate / (1.0 + tl.exp(-gate)))
+    tl.store(h_ptr + offs_n, bf16_round(act * up).to(h_ptr.dtype.element_ty), mask=n_mask)
 
 
 def rms_gate_up_swiglu(x, g, w_gate_up, h, eps, use_pdl=False, cfg=None):

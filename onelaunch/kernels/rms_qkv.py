@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from . import config
-from ._common import gemv_tiles, load_w_tile, pdl_wait, rms_rstd
+from ._common import bf16_round, gemv_tiles, load_w_tile, pdl_wait, rms_rstd
 
 
 @triton.jit
@@ -29,10 +29,10 @@ def _rms_qkv_kernel(x_ptr, g_ptr, w_ptr, b_ptr, out_ptr, N, K, eps, stride_w_n,
     rstd = rms_rstd(x_ptr, K, eps, BLOCK_K)
     y = gemv_tiles(w_ptr, stride_w_n, offs_n, n_mask, x_ptr, g_ptr, rstd, w_first, 0, K,
                    BLOCK_K, True)
-    y = y.to(tl.bfloat16).to(tl.float32)          # the projection's bf16 output, as HF
+    y = bf16_round(y)          # the projection's bf16 output, as HF
     if HAS_BIAS:
         y += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + offs_n, y.to(out_ptr.dtype.element_ty), mask=n_mask)
+    tl.store(out_ptr + offs_n, bf16_round(y).to(out_ptr.dtype.element_ty), mask=n_mask)
 
 
 def rms_qkv(x, g, w_qkv, b_qkv, out, eps, use_pdl=False, cfg=None):

@@ -16,7 +16,7 @@ index_copy per cache).
 import triton
 import triton.language as tl
 
-from ._common import pdl_wait
+from ._common import bf16_round, pdl_wait
 
 
 @triton.jit
@@ -26,8 +26,8 @@ def _rope_pair(src_ptr, cos_ptr, sin_ptr, d, partner, sign, dm):
     c = tl.load(cos_ptr + d, mask=dm, other=0.0).to(tl.float32)
     s = tl.load(sin_ptr + d, mask=dm, other=0.0).to(tl.float32)
     # HF in bf16: q*cos and rotate_half(q)*sin are each rounded, then their sum
-    a = (x * c).to(tl.bfloat16).to(tl.float32)
-    b = (sign * xp * s).to(tl.bfloat16).to(tl.float32)
+    a = bf16_round(x * c)
+    b = bf16_round(sign * xp * s)
     return a + b
 
 
@@ -47,12 +47,12 @@ def _rope_kv_write_kernel(qkv_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, cos_ptr,
     sin_row = sin_ptr + pos * D
     if h < HQ:
         y = _rope_pair(qkv_ptr + h * D, cos_row, sin_row, d, partner, sign, dm)
-        tl.store(q_out_ptr + h * D + d, y.to(q_out_ptr.dtype.element_ty), mask=dm)
+        tl.store(q_out_ptr + h * D + d, bf16_round(y).to(q_out_ptr.dtype.element_ty), mask=dm)
     else:
         kh = h - HQ
         y = _rope_pair(qkv_ptr + (HQ + kh) * D, cos_row, sin_row, d, partner, sign, dm)
         slot = kh * stride_c_h + pos * stride_c_t
-        tl.store(k_cache_ptr + slot + d, y.to(k_cache_ptr.dtype.element_ty), mask=dm)
+        tl.store(k_cache_ptr + slot + d, bf16_round(y).to(k_cache_ptr.dtype.element_ty), mask=dm)
         v = tl.load(qkv_ptr + (HQ + HKV + kh) * D + d, mask=dm, other=0.0)
         tl.store(v_cache_ptr + slot + d, v, mask=dm)
 

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Everything the GPU issues need, checked and timed in one call on the GPU machine.
+#   bash ci/gpu_run.sh [STAGES]      STAGES: comma list of
+#     env      nvidia-smi and versions
+#     check    oracle vs Hugging Face at full shapes (both models)
+#     tune     launch-configuration sweep of the GEMV kernels
+#     bench    per-kernel check+timing, the ladder rungs at ctx 512, the context sweep,
+#              and greedy agreement at ctx 32768
+#     peers    the peer rungs (HF eager/static, oracle eager/compiled) in the same run
+#     pytest   the GPU-marked tests
+#     book     every chapter through papermill with the GPU parameters (ci/gpu_book.sh)
+# Results and logs go to $OUT (one archive, gpu-run.tar.gz, plus the last log).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+STAGES=${1:-env,check,bench,peers}
+OUT=${OUT:-/tmp/onelaunch-out}
+mkdir -p "$OUT" work
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+LOG=work/gpu_run.log
+: > "$LOG"
+run() {  # run NAME TIMEOUT CMD...: time-limited, logged, never fatal
+  local name=$1 t=$2; shift 2
+  echo "=== $name ($(date +%T))" | tee -a "$LOG"
+  timeout "$t" "$@" 2>&1 | tee work/$name.log >> "$LOG"
+  local rc=${PIPESTATUS[0]}
+  echo "=== $name rc=$rc ($(date +%T))" | tee -a "$LOG"
+  tail -n 25 work/$name.log
+}
+has() { [[ ",$STAGES," == *",$1,"* ]]; }
+has env && run env 60 bash -c 'nvidia-smi; python3 -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__, torch.cuda.get_device_name())"'
+has check && run check_qwen 240 python3 -m onelaunch check --model qwen2.5-1.5b --device cuda --prompt-len 128 --tokens 12
+has check && run check_olmoe 240 python3 -m onelaunch check --model olmoe-1b-7b --device cuda --prompt-len 128 --tokens 12
+has tune && run tune 400 python3 -m onelaunch.bench --what sweepcfg --json work/tune.json
+has bench && run bench 400 python3 -m onelaunch.bench --what kernels,ladder,sweep,long --json work/bench.json
+has peers && run peers 400 python3 -c "
+import json
+from onelaunch.peers import peer_rungs
+rows = peer_rungs('qwen2.5-1.5b', ctx=512, device='cuda')
+for r in rows: print(json.dumps(r))
+json.dump(rows, open('work/peers.json', 'w'), indent=1)
+"
+has pytest && run pytest 500 python3 -m pytest -q -m gpu tests
+has book && run book 560 bash ci/gpu_book.sh "$OUT/book-gpu.tar.gz"
+cp "$LOG" "$OUT/" 2>/dev/null
+tar czf "$OUT/gpu-run.tar.gz" work results 2>/dev/null
+echo "packed: $(ls -la $OUT)"
