@@ -169,12 +169,12 @@ def kernel_rows(spec, w, device="cuda", ctx: int = 512, iters: int = 50, read_tb
     row("rms_gate_up_swiglu", us, L0["w_gate_up"].numel() * 2 + s.intermediate * 2, err)
     # ---- down + residual ---------------------------------------------------------------
     hh = rnd(s.intermediate)
-    scratch = torch.zeros(s.hidden, dtype=torch.float32, device=dev)
+    scratch = torch.zeros(16 * s.hidden, dtype=torch.float32, device=dev)
     counter = torch.zeros(s.hidden, dtype=torch.int32, device=dev)
     xd = x.clone()
     K.down_residual(hh, L0["w_down"], xd, scratch, counter, cfg=cfg("down"))
     ref = f32(x) + F.linear(f32(hh)[None], f32(L0["w_down"]))[0]
-    err = max(rel_err(xd, ref), float(scratch.abs().max()) + float(counter.abs().max()))
+    err = max(rel_err(xd, ref), float(counter.abs().max()))
     xs = x.clone()
     us = _graph_time(lambda: [K.down_residual(hh, L["w_down"], xs, scratch, counter, cfg=cfg("down")) for L in Ls],
                      nL, dev, iters)
@@ -209,10 +209,14 @@ def kernel_rows(spec, w, device="cuda", ctx: int = 512, iters: int = 50, read_tb
 # the ladder: our rungs, each checked against the oracle's greedy tokens
 # --------------------------------------------------------------------------------------
 def oracle_tokens(spec, w, prompt, tokens, max_ctx):
+    """The oracle's greedy ids, the top-1/top-2 margin of its logits at each step, and the
+    near-tie threshold there: two bf16 ulps at the top logit's magnitude."""
     o = Oracle(spec, w, max_ctx=max_ctx)
     ids, logits = o.generate(prompt, tokens, return_logits=True)
     top2 = logits.topk(2, dim=-1).values
-    return ids.cpu(), (top2[:, 0] - top2[:, 1]).cpu()
+    ulp = torch.exp2(torch.floor(torch.log2(top2[:, 0].abs().clamp_min(1e-30))) - 7)
+    del o
+    return ids.cpu(), (top2[:, 0] - top2[:, 1]).cpu(), (2 * ulp).cpu()
 
 
 def agreement(got: torch.Tensor, ref: torch.Tensor) -> int:
@@ -223,6 +227,24 @@ def agreement(got: torch.Tensor, ref: torch.Tensor) -> int:
             break
         n += 1
     return n
+
+
+def judge(engine: Engine, prompt, ref, graph: bool) -> dict:
+    """The oracle check of one engine mode. Free-running greedy tokens (the path the GPU
+    feeds back to itself) and teacher-forced choices (the engine's argmax given the
+    oracle's own prefix, step by step). A rung passes when every teacher-forced choice
+    matches the oracle, or differs only where the oracle's own top two logits are within
+    two bf16 ulps (a near tie: bf16 rounding, not a bug, decides it). Every such step is
+    listed with its margin; nothing is hidden."""
+    ref_ids, margins, near = ref
+    n = ref_ids.numel()
+    free = engine.generate(prompt, n, graph=graph)
+    tf = engine.teacher_forced(prompt, ref_ids, graph=graph)
+    miss = [i for i in range(n) if int(tf[i]) != int(ref_ids[i])]
+    ties = [{"step": i, "margin": float(margins[i]), "near_tie_below": float(near[i])} for i in miss]
+    ok = all(t["margin"] <= t["near_tie_below"] for t in ties)
+    return {"agree": f"{n - len(miss)}/{n}", "agree_free": f"{agreement(free, ref_ids)}/{n}",
+            "flips": ties, "ok": ok, "tokens": free.tolist()}
 
 
 def time_engine_step(e: Engine, graph: bool, iters: int, device) -> float:
@@ -237,7 +259,7 @@ def ladder_rows(spec, w, device="cuda", ctx=512, tokens=12, iters=100, read_tbps
     max_ctx = max_ctx or (ctx + tokens + iters + 64)
     g = torch.Generator().manual_seed(seed)
     prompt = torch.randint(0, spec.vocab, (ctx,), generator=g)
-    ref_ids, margins = ref if ref is not None else oracle_tokens(spec, w, prompt, tokens, max_ctx)
+    ref = ref if ref is not None else oracle_tokens(spec, w, prompt, tokens, max_ctx)
     floor = spec.bytes_per_token(ctx) / (read_tbps * 1e12) * 1e3 if read_tbps else None
     settings = {
         "fused eager": dict(attention="plain", graph=False, pdl=False),
@@ -245,25 +267,29 @@ def ladder_rows(spec, w, device="cuda", ctx=512, tokens=12, iters=100, read_tbps
         "+ split-K": dict(attention="splitk", graph=True, pdl=False),
         "+ PDL": dict(attention="splitk", graph=True, pdl=True),
     }
-    rows = []
-    for rung in rungs:
+    rows, eager_tokens = [], None
+    for order, rung in enumerate(rungs):
         st = settings[rung]
         if st["pdl"] and not config.pdl_supported(dev):
             continue
         e = Engine(spec, w, max_ctx=max_ctx, attention=st["attention"], pdl=st["pdl"])
-        got = e.generate(prompt, tokens, graph=st["graph"])
-        n_ok = agreement(got, ref_ids)
-        r = {"model": spec.name, "rung": rung, "ctx": ctx, "agree": f"{n_ok}/{tokens}",
-             "floor_ms": floor, "read_tbps": read_tbps, "launches": e.launches_per_step(),
-             "min_margin": float(margins.min())}
-        if n_ok == tokens:
+        j = judge(e, prompt, ref, st["graph"])
+        r = {"model": spec.name, "rung": rung, "ctx": ctx, "agree": j["agree"],
+             "agree_free": j["agree_free"], "flips": j["flips"], "floor_ms": floor,
+             "read_tbps": read_tbps, "launches": e.launches_per_step(), "order": 10 + order,
+             "kind": "ours"}
+        if rung == "fused eager":
+            eager_tokens = j["tokens"]
+        elif eager_tokens is not None:
+            r["same_tokens_as_fused_eager"] = j["tokens"] == eager_tokens
+        if j["ok"]:
             ms = time_engine_step(e, st["graph"], iters if st["graph"] else max(10, iters // 4), dev)
             r["ms_per_token"] = ms
             r["x_floor"] = ms / floor if floor else None
         else:
             r["ms_per_token"] = None
-            r["refused"] = (f"greedy tokens differ from the oracle at step {n_ok} "
-                            f"(oracle margin there {float(margins[n_ok]):.3g})")
+            r["refused"] = "teacher-forced choices differ from the oracle beyond a near tie: " + \
+                json.dumps([t for t in j["flips"] if t["margin"] > t["near_tie_below"]])
         rows.append(r)
         del e
         if dev.type == "cuda":
@@ -379,7 +405,7 @@ def _time_one(spec, w, device, op, c, iters, read_tbps):
             nbytes, n = Ls[0]["w_gate_up"].numel() * 2, len(Ls)
         elif op == "down":
             hh = torch.randn(s.intermediate, device=dev).to(bf)
-            sc = torch.zeros(s.hidden, dtype=torch.float32, device=dev)
+            sc = torch.zeros(16 * s.hidden, dtype=torch.float32, device=dev)
             cnt = torch.zeros(s.hidden, dtype=torch.int32, device=dev)
             fn = lambda: [K.down_residual(hh, L["w_down"], x, sc, cnt, cfg=c) for L in Ls]
             nbytes, n = Ls[0]["w_down"].numel() * 2, len(Ls)

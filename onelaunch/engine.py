@@ -79,6 +79,7 @@ class Engine:
         s = spec
         # ---- per-step state (read by the kernels on replay) -----------------------------
         self.seq = torch.zeros(self.max_ctx + 1, dtype=torch.int32, device=dev)
+        self.argmax = torch.zeros(self.max_ctx + 1, dtype=torch.int32, device=dev)  # every step's argmax
         self.pos = torch.zeros(1, dtype=torch.int32, device=dev)
         self.prompt_len = torch.zeros(1, dtype=torch.int32, device=dev)
         # ---- activations: each one named, none reallocated -------------------------------
@@ -100,8 +101,8 @@ class Engine:
         self.part_o = torch.zeros(s.heads, n_splits, s.head_dim, dtype=torch.float32, device=dev)
         self.part_m = torch.zeros(s.heads, n_splits, dtype=torch.float32, device=dev)
         self.part_l = torch.zeros(s.heads, n_splits, dtype=torch.float32, device=dev)
-        # ---- last-arrival reductions: zero between calls, kept zero by the kernels --------
-        self.down_scratch = torch.zeros(s.hidden, dtype=torch.float32, device=dev)
+        # ---- last-arrival reductions: counters zero between calls, kept zero by the kernels
+        self.down_scratch = torch.zeros(16 * s.hidden, dtype=torch.float32, device=dev)  # [SPLIT_K, N]
         self.down_counter = torch.zeros(s.hidden, dtype=torch.int32, device=dev)
         n_prog = K.lm_head_argmax.__globals__["programs_for"](s.vocab, dev)
         self.lm_val = torch.zeros(n_prog, dtype=torch.float32, device=dev)
@@ -140,7 +141,7 @@ class Engine:
                             use_pdl=pdl, cfg=self.cfg["down"])
         K.lm_head_argmax(self.x, W["norm"], W["lm_head"], self.logits, self.lm_val, self.lm_idx,
                          self.lm_counter, self.seq, self.pos, self.prompt_len, eps,
-                         use_pdl=pdl, cfg=self.cfg["lm_head"])
+                         use_pdl=pdl, cfg=self.cfg["lm_head"], argmax=self.argmax)
 
     def capture(self):
         """Record one step into a CUDA graph (after a warm-up that compiles every kernel).
@@ -213,6 +214,22 @@ class Engine:
                 out = self.seq[n: n + max_new_tokens].tolist()   # a batched read
         out = self.seq[n: n + max_new_tokens].tolist()
         return torch.tensor(out, dtype=torch.long)
+
+    @torch.no_grad()
+    def teacher_forced(self, prompt_ids, forced_ids, graph: bool = True):
+        """Run the step over prompt + forced tokens (all treated as prompt) and return the
+        argmax chosen at each forced position: the engine's greedy choice given the same
+        prefix as the reference, so a near tie early on cannot hide later steps."""
+        ids = torch.cat([torch.as_tensor(prompt_ids).flatten(), torch.as_tensor(forced_ids).flatten()])
+        n, m = torch.as_tensor(prompt_ids).numel(), torch.as_tensor(forced_ids).numel()
+        self.check_prompt(ids, 1)
+        if graph and self.graph is None:
+            self.capture()
+        self.start(ids)
+        self.argmax.zero_()
+        for _ in range(n + m - 1):
+            self.step(graph)
+        return self.argmax[n: n + m].cpu().long()
 
     def adopt_cache(self, k_cache: torch.Tensor, v_cache: torch.Tensor, upto: int, tokens):
         """Start decoding at position ``upto`` from a cache filled elsewhere (the oracle's

@@ -40,7 +40,7 @@ def _fmix32(x: torch.Tensor) -> torch.Tensor:
 
 
 def hash_uniform(shape, seed: int, scale: float, device="cpu", chunk: int = 1 << 26) -> torch.Tensor:
-    """Uniform values in [-scale, scale), bit-identical on any device, rounded to bf16."""
+    """Uniform values in [-scale, scale], bit-identical on any device, rounded to bf16."""
     n = 1
     for d in shape:
         n *= d

@@ -16,6 +16,8 @@ next replay of the graph reads its input from the GPU, with no host round trip.
     part_idx  [n_programs]        int32 ... and its index
     counter   [1]                 int32 arrivals, reset by the last program
     seq       [max_ctx]           int32 the token sequence; seq[pos + 1] = tok
+    argmax    [max_ctx]           int32 argmax[pos + 1] = tok at every step, also inside
+                                        the prompt (teacher-forced checks read it)
     pos       [1]                 int32 position of the token this step consumed; += 1
 """
 import triton
@@ -27,8 +29,8 @@ from ._common import bf16_round, gemv_tiles, load_w_tile, pdl_wait, rms_rstd, th
 
 @triton.jit
 def _lm_head_argmax_kernel(x_ptr, g_ptr, w_ptr, logits_ptr, part_val_ptr, part_idx_ptr,
-                           counter_ptr, seq_ptr, pos_ptr, prompt_len_ptr, N, K, eps, stride_w_n,
-                           n_programs, FENCE: tl.constexpr, USE_PDL: tl.constexpr,
+                           counter_ptr, seq_ptr, argmax_ptr, pos_ptr, prompt_len_ptr, N, K, eps, stride_w_n,
+                           n_programs, HAS_ARGMAX: tl.constexpr, FENCE: tl.constexpr, USE_PDL: tl.constexpr,
                            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr):
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -62,6 +64,8 @@ def _lm_head_argmax_kernel(x_ptr, g_ptr, w_ptr, logits_ptr, part_val_ptr, part_i
         m = tl.max(run_val, axis=0)
         tok = tl.min(tl.where(run_val == m, run_idx, 2147483647), axis=0)
         pos = tl.load(pos_ptr, volatile=True)
+        if HAS_ARGMAX:
+            tl.store(argmax_ptr + pos + 1, tok)      # every step's choice, prompt or not
         if pos + 1 >= tl.load(prompt_len_ptr):
             tl.store(seq_ptr + pos + 1, tok)
         tl.store(pos_ptr, pos + 1)
@@ -69,7 +73,7 @@ def _lm_head_argmax_kernel(x_ptr, g_ptr, w_ptr, logits_ptr, part_val_ptr, part_i
 
 
 def lm_head_argmax(x, g, w, logits, part_val, part_idx, counter, seq, pos, prompt_len, eps,
-                   use_pdl=False, cfg=None):
+                   use_pdl=False, cfg=None, argmax=None):
     """One greedy step's tail. x: [K]; w: [V, K]; logits: fp32 [V]; part_*: [>= programs]."""
     N, K = w.shape
     c = cfg or config.get("lm_head", x.device)
@@ -77,8 +81,9 @@ def lm_head_argmax(x, g, w, logits, part_val, part_idx, counter, seq, pos, promp
     assert part_val.numel() >= n_prog and part_idx.numel() >= n_prog
     kw = {"launch_pdl": True} if use_pdl else {}
     _lm_head_argmax_kernel[(n_prog,)](
-        x, g, w, logits, part_val, part_idx, counter, seq, pos, prompt_len, N, K, eps,
-        w.stride(0), n_prog, FENCE=not config.interpreting(), USE_PDL=use_pdl,
+        x, g, w, logits, part_val, part_idx, counter, seq, seq if argmax is None else argmax, pos,
+        prompt_len, N, K, eps,
+        w.stride(0), n_prog, HAS_ARGMAX=argmax is not None, FENCE=not config.interpreting(), USE_PDL=use_pdl,
         BLOCK_N=c["BLOCK_N"], BLOCK_K=c["BLOCK_K"], BLOCK_R=1024, num_warps=c["num_warps"], **kw)
     return n_prog
 

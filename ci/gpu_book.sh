@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Run on the GPU machine: execute every chapter with its GPU parameters and pack the
+# executed notebooks and results into one archive.
+#
+#   bash ci/gpu_book.sh [ARCHIVE] [CHAPTER ...]   # default archive: $OUT/book-gpu.tar.gz
+#
+# That machine has torch, triton and transformers but no network and no jupyter
+# packages: run `bash ci/fetch_wheels.sh` here first and carry `.whl` with the run. The
+# wheels go to /tmp/site (PYTHONPATH), a python3 kernelspec is registered for papermill,
+# and `ci/notebooks.py gpu` writes notebooks/NN_*.ipynb and results/<gpu>/*.json.
+# Set ONELAUNCH_COMMIT to the commit being run (the copied tree has no .git); it is
+# recorded in each notebook and, where results say "unknown", in the results files.
+# Back on this machine: tar xzf book-gpu.tar.gz, check, commit notebooks/ and results/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+ARCHIVE=${1:-${OUT:?set OUT or give the archive path}/book-gpu.tar.gz}
+shift || true
+PY=${PY:-python3}
+[ -d .whl ] || { echo "[gpu_book] no .whl/: run ci/fetch_wheels.sh and carry .whl"; exit 2; }
+"$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/*.whl
+export PYTHONPATH="/tmp/site:$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+export PATH="/tmp/site/bin:$PATH"
+export JUPYTER_PATH=/tmp/jupyter JUPYTER_DATA_DIR=/tmp/jupyter JUPYTER_RUNTIME_DIR=/tmp/jupyter/runtime
+"$PY" -m ipykernel install --name python3 --display-name "Python 3" --prefix /tmp/jupyter-prefix >/dev/null
+mkdir -p /tmp/jupyter/kernels
+cp -r /tmp/jupyter-prefix/share/jupyter/kernels/python3 /tmp/jupyter/kernels/
+export ONELAUNCH_COMMIT=${ONELAUNCH_COMMIT:-$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}
+export PYTHONUNBUFFERED=1
+echo "[gpu_book] commit $ONELAUNCH_COMMIT; $("$PY" -c 'import torch; print(torch.__version__, torch.cuda.get_device_name())')"
+rc=0
+"$PY" ci/notebooks.py gpu "$@" || rc=$?
+# results written where git was missing say commit "unknown": name the commit run
+"$PY" - <<'PYEOF'
+import json, os, pathlib
+c = os.environ.get("ONELAUNCH_COMMIT", "unknown")
+for p in pathlib.Path("results").glob("*/*.json"):
+    d = json.loads(p.read_text())
+    changed = False
+    if d.get("meta", {}).get("commit") in (None, "unknown") and c != "unknown":
+        d["meta"]["commit"] = c; changed = True
+    for r in d.get("rows", []):
+        if isinstance(r, dict) and r.get("commit") == "unknown" and c != "unknown":
+            r["commit"] = c; changed = True
+    if changed:
+        p.write_text(json.dumps(d, indent=1) + "\n")
+PYEOF
+mkdir -p "$(dirname "$ARCHIVE")"
+tar czf "$ARCHIVE" notebooks/*.ipynb $(ls -d results/*/ 2>/dev/null | grep -v '^results/cpu/$' || true)
+echo "[gpu_book] packed $(tar tzf "$ARCHIVE" | wc -l) files into $ARCHIVE (exit $rc)"
+exit $rc

@@ -1,0 +1,244 @@
+#!/usr/bin/env python3
+"""Chapters: jupytext source -> notebook -> papermill, and the staged book sources.
+
+    python ci/notebooks.py cpu   [CHAPTER ...] [--out DIR]   # CPU smoke run (scratch)
+    python ci/notebooks.py gpu   [CHAPTER ...]               # GPU run -> notebooks/*.ipynb
+    python ci/notebooks.py stage [--reuse]                   # book sources -> _build/src
+    python ci/notebooks.py list                              # chapters and GPU parameters
+
+A chapter is ``notebooks/<stem>.md`` (MyST markdown, jupytext) whose first code cell is
+tagged ``parameters``. Its defaults are the CPU smoke run; the ``gpu`` set is the
+``onelaunch: gpu_parameters:`` mapping in the chapter's front matter (injected with
+papermill, like ``papermill -p``). ``-p NAME VALUE`` (VALUE as YAML) adds to either set.
+
+* ``cpu`` executes into a scratch folder (default ``_build/cpu-notebooks/``, ignored) and
+  exits non-zero if any cell of any chapter raises.
+* ``gpu`` writes the executed notebooks to ``notebooks/<stem>.ipynb``: the committed
+  outputs the book renders. The commit they come from is ``$ONELAUNCH_COMMIT`` or ``git
+  rev-parse HEAD`` and is stored in the notebook's metadata (``onelaunch.commit``).
+* ``stage`` lays out the book's sources in ``_build/src`` for ``jupyter-book build``: the
+  config, ``book/``, ``_static/`` and, per chapter, the committed GPU notebook (with a
+  visible note if the package changed since its run) or else a CPU execution (reused
+  from the scratch folder when its source and the package are unchanged, with
+  ``--reuse``). Staging keeps CPU smoke outputs out of ``notebooks/``, where only GPU
+  runs are committed.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import hashlib
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = ROOT / "notebooks"
+SCRATCH = ROOT / "_build" / "cpu-notebooks"
+STAGE = ROOT / "_build" / "src"
+KERNELSPEC = {"name": "python3", "display_name": "Python 3", "language": "python"}
+DEFAULT_GPU = {"device": "cuda"}
+
+
+def chapters(names=()) -> list[Path]:
+    """Chapter sources, in order: ``notebooks/NN_*.md``, or the ones named (stem or path)."""
+    found = sorted(p for p in NOTEBOOKS.glob("[0-9][0-9]_*.md"))
+    if not names:
+        return found
+    out = []
+    for n in names:
+        stem = Path(n).stem
+        hit = [p for p in found if p.stem == stem]
+        if not hit:
+            sys.exit(f"no chapter {n!r}; chapters: {', '.join(p.stem for p in found)}")
+        out += hit
+    return out
+
+
+def read_source(src: Path):
+    import jupytext
+    nb = jupytext.read(src)
+    nb.metadata["kernelspec"] = dict(KERNELSPEC)  # papermill needs one
+    return nb
+
+
+def code_cells(nb) -> list[str]:
+    """Code cells as the source has them (papermill's injected cell left out)."""
+    return [c.source.strip() for c in nb.cells if c.cell_type == "code"
+            and "injected-parameters" not in c.get("metadata", {}).get("tags", [])]
+
+
+def gpu_parameters(nb) -> dict:
+    p = dict(DEFAULT_GPU)
+    p.update(nb.metadata.get("onelaunch", {}).get("gpu_parameters", {}) or {})
+    return p
+
+
+def package_hash() -> str:
+    h = hashlib.sha256()
+    for p in sorted((ROOT / "onelaunch").rglob("*.py")):
+        h.update(p.relative_to(ROOT).as_posix().encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def source_hash(src: Path) -> str:
+    return hashlib.sha256(src.read_bytes()).hexdigest()[:16]
+
+
+def commit() -> str:
+    env = os.environ.get("ONELAUNCH_COMMIT")
+    if env:
+        return env[:12]
+    import subprocess
+    try:
+        return subprocess.check_output(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT,
+                                       text=True, stderr=subprocess.DEVNULL).strip()
+    except Exception:
+        return "unknown"
+
+
+def execute(src: Path, out: Path, run: str, extra: dict, timeout: int) -> float:
+    """Execute one chapter with papermill; raises if a cell raises. Returns seconds."""
+    import nbformat
+    import papermill as pm
+    nb = read_source(src)
+    params = gpu_parameters(nb) if run == "gpu" else {}
+    params.update(extra)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.stem}.input.ipynb")
+    nbformat.write(nb, tmp)
+    t0 = time.time()
+    env_commit = commit()
+    os.environ.setdefault("ONELAUNCH_COMMIT", env_commit)
+    # the kernel imports the package from this tree (installed or not: the GPU machine
+    # gets a bare copy of the tree)
+    pp = os.environ.get("PYTHONPATH", "")
+    if str(ROOT) not in pp.split(os.pathsep):
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([pp] if pp else []))
+    try:
+        pm.execute_notebook(str(tmp), str(out), parameters=params, kernel_name="python3",
+                            cwd=str(NOTEBOOKS), progress_bar=False, log_output=False,
+                            execution_timeout=timeout, report_mode=False)
+    finally:
+        tmp.unlink(missing_ok=True)
+    seconds = time.time() - t0
+    done = nbformat.read(out, as_version=4)
+    done.metadata["onelaunch"] = {
+        **done.metadata.get("onelaunch", {}),
+        "run": run, "commit": env_commit, "parameters": params,
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "seconds": round(seconds, 1), "source_hash": source_hash(src),
+        "package_hash": package_hash(),
+    }
+    nbformat.write(done, out)
+    return seconds
+
+
+def run_all(run: str, names, out_dir: Path, extra: dict, timeout: int) -> int:
+    failed = []
+    for src in chapters(names):
+        out = out_dir / f"{src.stem}.ipynb"
+        print(f"[notebooks] {run}: {src.relative_to(ROOT)} -> {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}",
+              flush=True)
+        try:
+            s = execute(src, out, run, extra, timeout)
+            print(f"[notebooks]   ok in {s:.0f} s", flush=True)
+        except Exception as e:  # papermill's error names the cell and the exception
+            failed.append(src.stem)
+            msg = str(e).strip().splitlines()
+            print(f"[notebooks]   FAILED: {type(e).__name__}", file=sys.stderr)
+            print("\n".join(msg[-40:]), file=sys.stderr)
+    if failed:
+        print(f"[notebooks] {len(failed)} chapter(s) raised: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+# ---- staging the book -----------------------------------------------------------------
+def _fresh_cpu_run(src: Path, out: Path) -> bool:
+    if not out.exists():
+        return False
+    import nbformat
+    m = nbformat.read(out, as_version=4).metadata.get("onelaunch", {})
+    return m.get("source_hash") == source_hash(src) and m.get("package_hash") == package_hash()
+
+
+def _insert_note(nb, text: str):
+    import nbformat
+    cell = nbformat.v4.new_markdown_cell(text)
+    cell.metadata["tags"] = ["onelaunch-note"]
+    # after the title cell, so the note sits right under the chapter's heading
+    at = 1 if nb.cells and nb.cells[0].cell_type == "markdown" else 0
+    nb.cells.insert(at, cell)
+
+
+def stage(reuse: bool, timeout: int) -> int:
+    import nbformat
+    sys.path.insert(0, str(ROOT))
+    from onelaunch.chapter import staleness_note
+    if STAGE.exists():
+        shutil.rmtree(STAGE)
+    (STAGE / "notebooks").mkdir(parents=True)
+    for name in ("_config.yml", "_toc.yml"):
+        shutil.copy2(ROOT / name, STAGE / name)
+    shutil.copytree(ROOT / "book", STAGE / "book")
+    if (ROOT / "_static").exists():
+        shutil.copytree(ROOT / "_static", STAGE / "_static")
+    rc = 0
+    for src in chapters():
+        gpu_nb = NOTEBOOKS / f"{src.stem}.ipynb"
+        dest = STAGE / "notebooks" / gpu_nb.name
+        if gpu_nb.exists():
+            nb = nbformat.read(gpu_nb, as_version=4)
+            note = staleness_note(src.stem, nb.metadata.get("onelaunch", {}).get("commit"))
+            if note:
+                _insert_note(nb, note)
+                print(f"[stage] {src.stem}: GPU run, package changed since (note added)")
+            else:
+                print(f"[stage] {src.stem}: GPU run")
+            nbformat.write(nb, dest)
+            continue
+        out = SCRATCH / gpu_nb.name
+        if not (reuse and _fresh_cpu_run(src, out)):
+            print(f"[stage] {src.stem}: no GPU run; executing on the CPU", flush=True)
+            try:
+                execute(src, out, "cpu", {}, timeout)
+            except Exception as e:
+                print(f"[stage] {src.stem} FAILED: {e}", file=sys.stderr)
+                rc = 1
+                continue
+        else:
+            print(f"[stage] {src.stem}: no GPU run; reusing the CPU run in {out.relative_to(ROOT)}")
+        shutil.copy2(out, dest)
+    return rc
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("what", choices=["cpu", "gpu", "stage", "list"])
+    ap.add_argument("chapters", nargs="*", help="chapter stems (default: all)")
+    ap.add_argument("--out", type=Path, help="output folder (cpu: default _build/cpu-notebooks)")
+    ap.add_argument("-p", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
+                    help="extra parameter (VALUE parsed as YAML)")
+    ap.add_argument("--timeout", type=int, default=1800, help="seconds per cell")
+    ap.add_argument("--reuse", action="store_true",
+                    help="stage: reuse CPU runs whose source and package are unchanged")
+    a = ap.parse_args(argv)
+    import yaml
+    extra = {k: yaml.safe_load(v) for k, v in a.p}
+    if a.what == "list":
+        for src in chapters(a.chapters):
+            print(f"{src.stem}: gpu parameters {json.dumps(gpu_parameters(read_source(src)))}")
+        return 0
+    if a.what == "stage":
+        return stage(a.reuse, a.timeout)
+    out_dir = a.out or (SCRATCH if a.what == "cpu" else NOTEBOOKS)
+    return run_all(a.what, a.chapters, out_dir.resolve(), extra, a.timeout)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,202 @@
+"""Small helpers the chapters share: glue, run banners, staleness notes, showing source.
+
+A chapter imports these instead of redefining them (QuantEcon's habit: shared code lives
+in the package). Nothing here needs the jupyter packages to be importable except IPython,
+so the chapters also run as plain scripts; ``glue`` writes the same display data that
+``myst_nb.glue`` writes, so the GPU machine needs no myst-nb to publish a number.
+"""
+from __future__ import annotations
+
+import inspect
+import os
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# the MIME prefix myst-nb reads back when the value was glued with display=False
+GLUE_PREFIX = "application/papermill.record/"
+
+
+def _display(obj, **kw):
+    try:
+        from IPython.display import display
+    except ImportError:  # pragma: no cover - IPython ships with every kernel
+        print(obj)
+        return
+    display(obj, **kw)
+
+
+class _Text:
+    """Displays as its text, without the quotes a ``str`` repr adds."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def __repr__(self):
+        return self.text
+
+
+def glue(name: str, value, fmt: str | None = None):
+    """Store ``value`` under ``name`` for ``{glue}`name``` in the prose (or
+    ``{glue}`path/to/page.ipynb::name``` from another page), without showing it in the
+    cell's output. ``fmt`` (e.g. ``".2f"``) stores the formatted text; strings are
+    stored as plain text. Returns ``value``."""
+    if fmt:
+        shown = _Text(format(value, fmt))
+    elif isinstance(value, str):
+        shown = _Text(value)
+    else:
+        shown = value
+    try:
+        from IPython.core.formatters import format_display_data
+        from IPython.display import display
+    except ImportError:  # plain script: nothing to glue into
+        return value
+    bundle, metadata = format_display_data(shown)
+    metadata["scrapbook"] = {"name": name, "mime_prefix": GLUE_PREFIX}
+    display({GLUE_PREFIX + k: v for k, v in bundle.items()}, raw=True, metadata=metadata)
+    return value
+
+
+def markdown(text: str):
+    """Show MyST markdown (admonitions included: the book renders ``text/markdown``
+    outputs as MyST)."""
+    try:
+        from IPython.display import Markdown
+    except ImportError:  # pragma: no cover
+        print(text)
+        return
+    _display(Markdown(text))
+
+
+def show_source(obj, lines: tuple[int, int] | None = None):
+    """Show the source of a package function or class: one source, never a pasted copy."""
+    src = inspect.getsource(obj)
+    if lines:
+        src = "\n".join(src.splitlines()[lines[0]:lines[1]])
+    mod = inspect.getmodule(obj)
+    where = f"{mod.__name__}.{getattr(obj, '__qualname__', '')}" if mod else ""
+    markdown(f"`{where}`\n\n```python\n{src.rstrip()}\n```")
+
+
+def is_smoke(device) -> bool:
+    import torch
+    return torch.device(device).type != "cuda"
+
+
+def run_banner(device, chapter: str | None = None):
+    """A visible note at the top of a chapter's outputs: a CPU smoke run is not a
+    measurement; a GPU run names the GPU and the versions."""
+    from . import results
+    m = results.meta(device)
+    m["commit"] = commit()
+    # the run's identity, for the prose of this page and of others (path::key)
+    glue("run_gpu", m["gpu_name"] if not is_smoke(device) else "a CPU (smoke run)")
+    for k in ("torch", "triton", "transformers", "commit"):
+        glue(f"run_{k}", str(m[k]))
+    glue("run_date", m["date"][:10])
+    glue("run_cuda", str(m.get("cuda")))
+    if is_smoke(device):
+        markdown(":::{warning}\n**CPU smoke run, not a measurement.** This page was "
+                 "executed on a CPU with tiny models, to prove that it runs. Its numbers "
+                 "are wall-clock times of toy shapes and say nothing about a GPU. The "
+                 "published figures come from the GPU run (`ci/gpu_book.sh`).\n:::")
+    else:
+        markdown(f":::{{note}}\nMeasured on **{m['gpu_name']}** with torch {m['torch']}, "
+                 f"triton {m['triton']}, transformers {m['transformers']} "
+                 f"(commit `{commit()}`, {m['date'][:10]}).\n:::")
+    return m
+
+
+def commit() -> str:
+    """The commit the code comes from: ``ONELAUNCH_COMMIT`` if set (the GPU machine gets
+    a copy of the tree without ``.git``), else ``git rev-parse``."""
+    env = os.environ.get("ONELAUNCH_COMMIT")
+    if env:
+        return env[:12]
+    from .results import git_commit
+    return git_commit()
+
+
+def changed_since(commit_id: str, paths=("onelaunch",)) -> list[str] | None:
+    """One-line log entries that touched ``paths`` after ``commit_id``; ``None`` when git
+    or the commit is not available (then nothing can be said)."""
+    if not commit_id or commit_id == "unknown":
+        return None
+    try:
+        out = subprocess.run(["git", "log", "--oneline", f"{commit_id}..HEAD", "--", *paths],
+                             cwd=ROOT, capture_output=True, text=True, timeout=30)
+    except Exception:
+        return None
+    if out.returncode != 0:
+        return None
+    return [l for l in out.stdout.splitlines() if l.strip()]
+
+
+def staleness_note(chapter: str, commit_id: str | None = None) -> str | None:
+    """The admonition (MyST markdown) for a chapter whose package code changed after the
+    run that produced its numbers, or ``None`` when the numbers are current.
+
+    ``chapter`` is the notebook's stem; the commit is read from the executed notebook's
+    metadata (``ci/notebooks.py`` writes it) unless given."""
+    if commit_id is None:
+        nb = ROOT / "notebooks" / f"{chapter}.ipynb"
+        if not nb.exists():
+            return None
+        import json
+        meta = json.loads(nb.read_text()).get("metadata", {}).get("onelaunch", {})
+        commit_id = meta.get("commit")
+    log = changed_since(commit_id)
+    if not log:
+        return None
+    shown = "\n".join(f"- `{l}`" for l in log[:8])
+    more = f"\n- ... and {len(log) - 8} more" if len(log) > 8 else ""
+    return (f":::{{important}}\n**These numbers come from commit `{commit_id}`.** The "
+            f"package code changed after that run, so the code on this page may no longer "
+            f"be what was timed. Commits since then that touched `onelaunch/`:\n\n"
+            f"{shown}{more}\n\nRerun `ci/gpu_book.sh` on the GPU to refresh them.\n:::")
+
+
+def table(rows: list[dict], columns: dict[str, str] | None = None, fmt: dict | None = None):
+    """Show rows as a markdown table. ``columns`` maps row keys to headers (and picks
+    them); ``fmt`` maps keys to a format spec or a function."""
+    if not rows:
+        markdown("*(no rows)*")
+        return
+    columns = columns or {k: k for k in rows[0]}
+    fmt = fmt or {}
+
+    def cell(r, k):
+        v = r.get(k)
+        f = fmt.get(k)
+        if v is None:
+            return "–"
+        if callable(f):
+            return f(v)
+        if f:
+            return format(v, f)
+        return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+    head = "| " + " | ".join(columns.values()) + " |"
+    sep = "|" + "|".join("---" for _ in columns) + "|"
+    body = ["| " + " | ".join(cell(r, k) for k in columns) + " |" for r in rows]
+    markdown("\n".join([head, sep, *body]))
+
+
+def set_floor(rows: list[dict], spec, read_tbps: float):
+    """Give ladder rows the floor from the bandwidth this chapter measured (the same run),
+    and their ratio to it."""
+    for r in rows:
+        floor = spec.floor_ms(read_tbps, r["ctx"])
+        r["floor_ms"] = round(floor, 4)
+        r["read_tbps"] = round(read_tbps, 3)
+        ms = r.get("ms_per_token")
+        r["x_floor"] = None if ms is None else round(ms / floor, 3)
+    return rows
+
+
+def family_key(spec) -> str:
+    """``"dense"`` or ``"moe"``: glue names say which model a number is about, the same
+    on the CPU (tiny models) and the GPU (full size)."""
+    return "moe" if spec.is_moe else "dense"

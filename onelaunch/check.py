@@ -1,0 +1,211 @@
+"""The oracle against Hugging Face: does our reference decode what transformers decodes?
+
+Everything else in the project is held to the oracle, so the oracle is held to HF.
+
+* On the CPU both run in fp32 over one shared weights dict (``weights.hf_model`` assigns
+  our tensors into the HF model), so they differ only by the order of floating-point
+  operations: logits agree to ~1e-5 and every greedy token is the same.
+* On a GPU, at full shapes, the oracle runs in bf16, as the engine will, against an fp32
+  HF reference over the same numbers (random weights are bf16-representable by
+  construction, so the fp32 copy holds exactly the values the bf16 oracle reads). Here a
+  near-tie between the top two logits can flip a token; such a flip is reported with the
+  reference's margin, never hidden.
+
+Method: the oracle greedily generates ``tokens`` ids from the prompt; HF then runs one
+teacher-forced forward over prompt + generated ids, which gives its logits at every step.
+When every step agrees this is exactly HF's greedy decode; on the CPU we also run HF's own
+``generate(do_sample=False)`` to confirm it.
+"""
+from __future__ import annotations
+
+import torch
+
+from .oracle import Oracle
+from .specs import ModelSpec, get_spec
+from .weights import hf_model, random_weights
+
+# fp32 against fp32: both sides hold the same weights, so the only difference is the order
+# of additions (einsum vs HF's matmuls, attention over a masked static cache vs over the
+# prefix). That costs ~1e-6 of the logit scale at the tiny shapes; 1e-4 of the logit std
+# leaves a wide margin yet still catches a wrong norm epsilon or a skipped rotation.
+FP32_REL_TOL = 1e-4
+
+
+class UsageError(ValueError):
+    """Bad input from a user (prompt too long, ids out of range, ...). The message says
+    how to fix it; the CLI prints it as one line and exits 2."""
+
+
+def validate_prompt(spec: ModelSpec, prompt: torch.Tensor, new_tokens: int, max_ctx: int) -> None:
+    """Raise :class:`UsageError` unless ``prompt`` (ids [L]) plus ``new_tokens`` fit."""
+    L = prompt.numel()
+    if L < 1:
+        raise UsageError("the prompt is empty; give at least one token (--prompt-len 1 or more)")
+    if new_tokens < 1:
+        raise UsageError(f"--tokens must be at least 1 (got {new_tokens})")
+    if L + new_tokens > max_ctx:
+        raise UsageError(f"prompt ({L}) + new tokens ({new_tokens}) = {L + new_tokens} exceeds "
+                         f"the context of {spec.name} ({max_ctx}); use a shorter prompt or "
+                         "fewer --tokens")
+    lo, hi = int(prompt.min()), int(prompt.max())
+    if lo < 0 or hi >= spec.vocab:
+        bad = lo if lo < 0 else hi
+        raise UsageError(f"token id {bad} is out of range for {spec.name}; ids must be in "
+                         f"[0, {spec.vocab - 1}]")
+
+
+def make_prompt(spec: ModelSpec, prompt_len: int, seed: int, prompt_ids=None) -> torch.Tensor:
+    """The given ids, or ``prompt_len`` random ids from a seeded generator. Returns [L] int64."""
+    if prompt_ids is not None:
+        return torch.as_tensor(list(prompt_ids), dtype=torch.int64)
+    if prompt_len < 1:
+        raise UsageError(f"--prompt-len must be at least 1 (got {prompt_len})")
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, spec.vocab, (prompt_len,), generator=g)
+
+
+def _convert(weights: dict[str, torch.Tensor], device, dtype) -> dict[str, torch.Tensor]:
+    """``weights`` on ``device`` in ``dtype`` (tensors already there are not copied); a
+    tensor shared under two names (tied embeddings) stays shared."""
+    seen: dict[int, torch.Tensor] = {}
+    out = {}
+    for k, t in weights.items():
+        if id(t) not in seen:
+            seen[id(t)] = t.to(device=device, dtype=dtype)
+        out[k] = seen[id(t)]
+    return out
+
+
+def _top2_margin(logits: torch.Tensor) -> torch.Tensor:
+    # logits: [N, V] -> [N], top-1 minus top-2
+    top = logits.topk(2, dim=-1).values
+    return top[:, 0] - top[:, 1]
+
+
+@torch.no_grad()
+def _oracle_decode(spec, weights, prompt, tokens, cache):
+    oracle = Oracle(spec, weights, max_ctx=cache)
+    ids, logits = oracle.generate(prompt, tokens, return_logits=True)  # [N], [N, V] fp32
+    return ids.cpu(), logits.cpu()
+
+
+@torch.no_grad()
+def _hf_teacher_forced(model, prompt, ids):
+    # one forward over prompt + generated: logits at positions L-1 .. L+N-2 chose ids[0..N-1]
+    L, N = prompt.numel(), ids.numel()
+    seq = torch.cat([prompt, ids]).to(model.device)[None]                      # [1, L+N]
+    return model(seq, use_cache=False).logits[0, L - 1:L - 1 + N].float().cpu()  # [N, V]
+
+
+@torch.no_grad()
+def _hf_generate(model, prompt, tokens):
+    seq = prompt.to(model.device)[None]
+    out = model.generate(seq, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False,
+                         num_beams=1, temperature=None, top_p=None, top_k=None)
+    return out[0, prompt.numel():].cpu()
+
+
+def compare_with_hf(spec_or_name, device="cpu", tokens: int = 12, prompt_len: int = 7,
+                    seed: int = 0, prompt_ids=None, max_ctx: int | None = None,
+                    weights: dict[str, torch.Tensor] | None = None,
+                    hf_generate: bool | None = None, oracle_dtype=None) -> dict:
+    """Run the oracle and HF on one prompt and report how far apart they are.
+
+    ``weights`` (HF names, any dtype) replaces the seeded random weights, e.g. a loaded
+    checkpoint. ``max_ctx`` bounds prompt + tokens (default: the model's context) and sets
+    the oracle's cache; on a GPU the cache defaults to prompt + tokens, to save memory.
+    ``hf_generate`` (default: on the CPU) also runs HF's own greedy ``generate``.
+    ``oracle_dtype`` defaults to bf16 on a GPU and fp32 on the CPU; the reference is fp32.
+
+    Returns a dict: ``agree`` ("k/N"), ``max_abs_err``, ``rel_err`` (over the std of HF's
+    logits), ``min_margin``, ``disagreements`` (step, ids, HF margin and the gap HF sees
+    between its choice and the oracle's), ``ok`` and the inputs.
+    """
+    spec = get_spec(spec_or_name)
+    device = torch.device(device)
+    cuda = device.type == "cuda"
+    prompt = make_prompt(spec, prompt_len, seed, prompt_ids)
+    limit = max_ctx or spec.max_ctx
+    validate_prompt(spec, prompt, tokens, limit)
+    cache = max_ctx or (prompt.numel() + tokens if cuda else spec.max_ctx)
+    hf_generate = (not cuda) if hf_generate is None else hf_generate
+    oracle_dtype = oracle_dtype or (torch.bfloat16 if cuda else torch.float32)
+
+    old_precision = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")   # no TF32 in the fp32 reference
+    try:
+        if weights is None:
+            weights = random_weights(spec, seed=seed, device=device, dtype=oracle_dtype)
+        else:
+            weights = _convert(weights, device, oracle_dtype)
+        ids, o_logits = _oracle_decode(spec, weights, prompt, tokens, cache)
+        # the fp32 reference: on the CPU the same dict; on a GPU an fp32 copy of the bf16
+        # values, made after the oracle's cache is gone (OLMoE in fp32 is 28 GB)
+        weights = _convert(weights, device, torch.float32)
+        model = hf_model(spec, weights)
+        del weights
+        h_logits = _hf_teacher_forced(model, prompt, ids)
+        gen_ids = _hf_generate(model, prompt, tokens) if hf_generate else None
+        del model
+    finally:
+        torch.set_float32_matmul_precision(old_precision)
+        if cuda:
+            torch.cuda.empty_cache()
+    return _report(spec, device, oracle_dtype, prompt, prompt_ids is not None, seed,
+                   ids, o_logits, h_logits, gen_ids)
+
+
+def _report(spec, device, oracle_dtype, prompt, given, seed, ids, o_logits, h_logits, gen_ids):
+    N = ids.numel()
+    err = (o_logits - h_logits).abs().max().item()
+    std = h_logits.std().item()
+    margins = _top2_margin(h_logits)                                            # [N]
+    hf_ids = h_logits.argmax(-1)                                                # [N]
+    agree = int((hf_ids == ids).sum())
+    disagreements = []
+    for i in torch.nonzero(hf_ids != ids).flatten().tolist():
+        gap = (h_logits[i, hf_ids[i]] - h_logits[i, ids[i]]).item()
+        disagreements.append({"step": i, "oracle_token": int(ids[i]), "hf_token": int(hf_ids[i]),
+                              "hf_margin": margins[i].item(), "hf_gap": gap})
+    step = int(margins.argmin())
+    fp32 = oracle_dtype == torch.float32
+    logits_ok = (err <= FP32_REL_TOL * std) if fp32 else None
+    gen_match = None if gen_ids is None else bool(torch.equal(gen_ids, ids))
+    ok = agree == N and logits_ok is not False and gen_match is not False
+    return {
+        "model": spec.name, "device": str(device),
+        "oracle_dtype": str(oracle_dtype).replace("torch.", ""), "reference_dtype": "float32",
+        "prompt_len": prompt.numel(), "prompt": "given" if given else f"random, seed {seed}",
+        "tokens": N, "seed": seed,
+        "agree": f"{agree}/{N}", "agree_count": agree,
+        "max_abs_err": err, "logit_std": std, "rel_err": err / std,
+        "logits_ok": logits_ok, "rel_tol": FP32_REL_TOL if fp32 else None,
+        "min_margin": margins[step].item(), "min_margin_step": step,
+        "disagreements": disagreements,
+        "oracle_ids": ids.tolist(),
+        "hf_generate_match": gen_match,
+        "ok": ok,
+    }
+
+
+def format_report(r: dict) -> str:
+    """The report as a few lines of text (what ``python -m onelaunch check`` prints)."""
+    gen = {None: "", True: "; HF generate: same ids", False: "; HF generate: DIFFERENT ids"}
+    tol = "" if r["rel_tol"] is None else f", tolerance {r['rel_tol']:.0e}"
+    ids = "id" if r["prompt_len"] == 1 else "ids"
+    lines = [
+        f"check {r['model']} on {r['device']}: oracle {r['oracle_dtype']} vs HF "
+        f"{r['reference_dtype']}, prompt of {r['prompt_len']} {ids} ({r['prompt']}), "
+        f"{r['tokens']} greedy tokens",
+        f"  agreement         {r['agree']}{gen[r['hf_generate_match']]}",
+        f"  max |logit err|   {r['max_abs_err']:.3g} ({r['rel_err']:.2g} of the logit std "
+        f"{r['logit_std']:.3g}{tol})",
+        f"  smallest margin   {r['min_margin']:.4g} (top-1 minus top-2 of HF's logits, "
+        f"step {r['min_margin_step']})",
+    ]
+    for d in r["disagreements"]:
+        lines.append(f"  step {d['step']}: oracle {d['oracle_token']}, HF {d['hf_token']}; "
+                     f"HF margin {d['hf_margin']:.4g}, HF gap to the oracle's token "
+                     f"{d['hf_gap']:.4g}")
+    lines.append("  PASS" if r["ok"] else "  FAIL")
+    return "\n".join(lines)

@@ -1,0 +1,495 @@
+"""Peers: what a user would run instead of our kernels, measured at batch 1 in this process.
+
+Four rungs, each timed per decode token at context ``ctx`` and checked token for token
+against the eager oracle's greedy output over the same prompt:
+
+``HF eager``         transformers ``generate``, greedy, dynamic cache: the default.
+``HF static``        ``generate(..., cache_implementation="static")``: transformers compiles
+                     the decode forward itself (``torch.compile(mode="reduce-overhead")``,
+                     so CUDA graphs) on a GPU; on the CPU it only uses the static cache.
+``oracle eager``     :class:`onelaunch.oracle.Oracle`, one decode step (T=1), op by op.
+``oracle compiled``  the same step under ``torch.compile(mode="reduce-overhead")``: the
+                     gpt-fast recipe. The KV cache and the weights are module buffers
+                     (static addresses, so mutating the cache is allowed inside a CUDA
+                     graph) and the position is a device tensor, so one graph serves
+                     every step. The strongest peer that runs on the lent GPU.
+
+``generate`` is timed whole and decode isolated as
+``(T(1 + n new) - T(1 new)) / n``: the prefill and the per-call set-up cancel. The oracle
+steps are timed per step with :func:`onelaunch.timing.time_ms` at position ``ctx``.
+Compiling the HF forward ourselves is not a rung: on transformers 5.17 wrapping
+``model.forward`` in ``torch.compile(mode="reduce-overhead")`` fails on the static cache
+(see ``/work/shared/ANCHORS.md``); ``cache_implementation="static"`` is the supported path.
+
+On the CPU (tiny models, fp32) every rung runs, for smoke tests only: there is no floor
+(``floor_ms`` is None), HF static is not compiled (transformers compiles on GPUs only), and
+the compiled oracle uses ``backend="aot_eager"`` by default (dynamo capture and
+functionalisation of the cache writes, no code generation, no CUDA graphs). Every such
+row carries a ``note`` saying so.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, asdict, field
+
+import torch
+
+from .oracle import Oracle
+from .specs import get_spec
+from .timing import read_bandwidth, time_ms
+from .weights import hf_model, random_weights
+
+RUNGS = ("HF eager", "HF static", "oracle eager", "oracle compiled")
+# Logit gap below which a greedy flip counts as a near-tie: 8 bf16 ulps at |logit| 8-16,
+# where the top logits of these random-weight models sit. At full Qwen shape in bf16 (CPU,
+# 48-token prompt) HF with sdpa differs from the oracle by up to 0.31 (mean 0.05) in the
+# last 8 positions' logits, HF with eager attention by 0; the oracle's own top-1/top-2 gaps
+# there were 0.125, 0, 1.0, 0.56, ...: exact ties happen, so flips are expected.
+NEAR_TIE = 0.5
+
+
+def _is_cuda(device) -> bool:
+    return torch.device(device).type == "cuda"
+
+
+def _sync(device):
+    if _is_cuda(device):
+        torch.cuda.synchronize(device)
+
+
+def make_prompt(spec, ctx: int, seed: int = 0, device="cpu") -> torch.Tensor:
+    """A seeded random prompt of ``ctx`` token ids: [ctx] int64 (same ids on any device)."""
+    spec = get_spec(spec)
+    g = torch.Generator().manual_seed(1000 + seed)
+    return torch.randint(0, spec.vocab, (ctx,), generator=g).to(device)
+
+
+# ---------------------------------------------------------------------------------------
+# Agreement
+# ---------------------------------------------------------------------------------------
+@dataclass
+class Agreement:
+    """Greedy tokens of a rung against the reference's. ``k`` is the length of the common
+    prefix: after the first flip the two runs continue from different contexts, so later
+    positions say nothing. ``margin`` is the reference's top-1 minus top-2 logit at the
+    first flip (None when all agree): a flip at a near-tie is rounding, not a bug."""
+    k: int
+    n: int
+    first_flip: int | None = None
+    margin: float | None = None
+
+    def __str__(self):
+        return f"{self.k}/{self.n}"
+
+    @property
+    def full(self) -> bool:
+        return self.k == self.n
+
+    @property
+    def near_tie(self) -> bool:
+        return self.margin is not None and self.margin < NEAR_TIE
+
+
+def agreement(ids, ref_ids, ref_margins=None) -> Agreement:
+    """Compare greedy ids [n] with the reference's [>= n] (prefix agreement)."""
+    a = torch.as_tensor(ids).flatten().cpu()
+    b = torch.as_tensor(ref_ids).flatten().cpu()[: a.numel()]
+    n = a.numel()
+    diff = (a != b).nonzero()
+    if diff.numel() == 0:
+        return Agreement(n, n)
+    i = int(diff[0])
+    m = None if ref_margins is None else float(torch.as_tensor(ref_margins).flatten()[i])
+    return Agreement(i, n, i, m)
+
+
+# ---------------------------------------------------------------------------------------
+# Hugging Face generate
+# ---------------------------------------------------------------------------------------
+def hf_static_compiles(device) -> bool:
+    """Whether ``generate(cache_implementation="static")`` compiles the forward here
+    (transformers 5 auto-compiles on cuda/xpu/tpu only)."""
+    return torch.device(device).type in ("cuda", "xpu", "neuron", "tpu")
+
+
+def set_hf_attn(model, attn: str | None):
+    """Switch a HF model's attention implementation (no-op for None or no change)."""
+    if attn is not None and model.config._attn_implementation != attn:
+        model.set_attn_implementation(attn)
+    return model
+
+
+def hf_generate(model, prompt: torch.Tensor, new_tokens: int, mode: str = "eager",
+                max_cache_len: int | None = None) -> torch.Tensor:
+    """Greedy ``generate`` of exactly ``new_tokens`` ids [new_tokens] after ``prompt`` [n]."""
+    if mode not in ("eager", "static"):
+        raise ValueError(f"mode must be 'eager' or 'static', not {mode!r}")
+    ids = prompt.view(1, -1)
+    kw = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+              num_beams=1, attention_mask=torch.ones_like(ids), pad_token_id=0)
+    if mode == "static":
+        kw.update(cache_implementation="static", max_cache_len=max_cache_len)
+    with torch.no_grad():
+        out = model.generate(ids, **kw)
+    return out[0, ids.shape[1]:]
+
+
+def hf_generate_ms(spec, weights, ctx: int, new_tokens: int = 128, mode: str = "eager",
+                   device="cuda", *, model=None, prompt=None, repeats: int = 3,
+                   warmup: int = 2, seed: int = 0, info: dict | None = None,
+                   attn: str | None = "sdpa"):
+    """ms per decode token of HF ``generate`` (greedy, batch 1) after a ``ctx``-token
+    prompt, and the ``new_tokens`` ids it generated: ``(ms_per_token, ids[new_tokens])``.
+
+    Decode is isolated as ``(T(1 + new_tokens) - T(1)) / new_tokens``, each T the median of
+    ``repeats`` whole ``generate`` calls (CUDA events around each call; they see the host
+    gaps too, since the GPU idles in them). ``warmup`` calls of each length run first; for
+    ``mode="static"`` the longer run goes first and the static cache is sized for it, so
+    both lengths share one cache length and one compiled graph, and the warm-up absorbs
+    compilation and CUDA-graph recording (on a GPU). Each call still builds a fresh
+    ``StaticCache`` (transformers does, and re-records its CUDA graphs for the new
+    addresses): that is what a user calling ``generate`` pays, amortised over the run.
+    Pass ``model`` to reuse a built (and compiled) model; pass a dict as ``info`` to get
+    the two whole-call times and the graphs dynamo compiled while timing (should be 0).
+    ``attn`` is the HF attention implementation: ``"sdpa"``, transformers' default and
+    what a user runs (``spec.hf_config()`` asks for ``"eager"``, the reference's order of
+    operations); None keeps the model's.
+    """
+    spec = get_spec(spec)
+    model = model if model is not None else hf_model(spec, weights)
+    set_hf_attn(model, attn)
+    prompt = make_prompt(spec, ctx, seed, device) if prompt is None else prompt.to(device)
+    n_long = new_tokens + 1
+    cache_len = prompt.numel() + n_long if mode == "static" else None
+    last = {}
+
+    def run(n):
+        def f():
+            last[n] = hf_generate(model, prompt, n, mode, cache_len)
+        return f
+
+    # long first: it fixes the static cache length that the short run then reuses
+    for n in (n_long, 1):
+        for _ in range(warmup):
+            run(n)()
+    g0 = dynamo_graphs()
+    t_long = time_ms(run(n_long), iters=repeats, warmup=0, device=device).median_ms
+    t_one = time_ms(run(1), iters=repeats, warmup=0, device=device).median_ms
+    if info is not None:
+        info.update(t_one_ms=t_one, t_long_ms=t_long,
+                    graphs_while_timing=dynamo_graphs() - g0)
+    return (t_long - t_one) / new_tokens, last[n_long][:new_tokens]
+
+
+def dynamo_graphs() -> int:
+    """Graphs dynamo has compiled in this process so far (a global counter: take the
+    difference around a region to see that nothing recompiled in it)."""
+    from torch._dynamo.utils import counters
+    return int(counters["stats"]["unique_graphs"])
+
+
+# ---------------------------------------------------------------------------------------
+# The oracle, eager and compiled
+# ---------------------------------------------------------------------------------------
+def _prefill_chunk(spec, n: int, itemsize: int = 4, budget_bytes: float = 1 << 30) -> int:
+    """Tokens per prefill chunk. The oracle's MoE branch gathers each token's top-k
+    expert matrices ([T, k, 2I, H] and [T, k, H, I]), so a 512-token OLMoE prefill in one
+    call would gather ~50 GB; chunks keep it under ``budget_bytes``."""
+    if not spec.is_moe:
+        return n
+    per_tok = spec.top_k * 3 * spec.intermediate * spec.hidden * itemsize
+    return max(1, min(n, int(budget_bytes // per_tok)))
+
+
+@torch.no_grad()
+def oracle_greedy(oracle: Oracle, prompt: torch.Tensor, new_tokens: int, step=None,
+                  compiled: bool = False):
+    """Greedy decoding with the oracle: a chunked eager prefill, then ``new_tokens - 1``
+    decode steps through ``step(tok[1], pos[1]) -> logits[1, V]`` (the oracle itself by
+    default, or :func:`compiled_oracle_step`). Returns ``(ids[new_tokens],
+    margins[new_tokens])``, margins being top-1 minus top-2 logit of each choice.
+
+    The position is a device tensor advanced in place and the token never leaves the
+    device, so the loop makes no host sync until the end."""
+    step = oracle if step is None else step
+    dev = oracle.device
+    prompt = prompt.to(dev)
+    n = prompt.numel()
+    if n + new_tokens > oracle.max_ctx:
+        raise ValueError(f"prompt ({n}) + new tokens ({new_tokens}) exceeds the oracle's "
+                         f"cache ({oracle.max_ctx})")
+    oracle.reset()
+    c = _prefill_chunk(oracle.spec, n, oracle.dtype.itemsize)
+    for lo in range(0, n, c):
+        hi = min(n, lo + c)
+        logits = oracle(prompt[lo:hi], torch.arange(lo, hi, device=dev))
+    last = logits[-1]                                                          # [V] fp32
+    pos = torch.tensor([n], device=dev)                                        # [1]
+    cur = torch.zeros(1, dtype=torch.long, device=dev)                         # [1]
+    ids, margins = [], []
+    for i in range(new_tokens):
+        tok = last.argmax()                                                    # first max, as HF
+        top2 = last.topk(2).values
+        ids.append(tok)
+        margins.append(top2[0] - top2[1])
+        if i + 1 < new_tokens:
+            cur.copy_(tok)  # a plain [1] tensor, like the timed call's: no recompile on views
+            if compiled:
+                torch.compiler.cudagraph_mark_step_begin()
+            last = step(cur, pos)[-1]  # read before the next replay overwrites it
+            pos += 1
+    return torch.stack(ids), torch.stack(margins)
+
+
+def oracle_step_ms(oracle: Oracle, ctx: int, iters: int = 50, device="cuda",
+                   warmup: int = 5) -> float:
+    """Median ms of one eager oracle decode step (T=1) at position ``ctx``."""
+    if ctx >= oracle.max_ctx:
+        raise ValueError(f"position {ctx} is outside the oracle's cache ({oracle.max_ctx})")
+    tok = torch.tensor([1], device=device)
+    pos = torch.tensor([ctx], device=device)
+    with torch.no_grad():
+        return time_ms(lambda: oracle(tok, pos), iters=iters, warmup=warmup,
+                       device=device).median_ms
+
+
+@dataclass
+class CompiledStep:
+    """A compiled decode step: call ``step(tok[1], pos[1]) -> logits[1, V]`` (call
+    ``torch.compiler.cudagraph_mark_step_begin()`` before each call under
+    ``reduce-overhead``; :func:`oracle_greedy` and :func:`compiled_oracle_step_ms` do)."""
+    fn: object
+    mode: str | None
+    backend: str
+    note: str = ""
+    cudagraphs: bool = field(default=False)
+
+    def __call__(self, tok, pos):
+        return self.fn(tok, pos)
+
+
+def compiled_oracle_step(oracle: Oracle, mode: str | None = None, backend: str | None = None,
+                         fullgraph: bool = True) -> CompiledStep:
+    """The oracle's decode step under ``torch.compile``.
+
+    On a GPU the default is the gpt-fast recipe: inductor, ``mode="reduce-overhead"``
+    (CUDA graphs). ``Oracle.forward`` compiles as it is: the weights and the KV cache are
+    module buffers, which dynamo marks as static inputs, so the in-place cache writes are
+    allowed inside the graph; attention runs over the whole static cache with a mask, so
+    the step has one shape at every position. Only the T=1 step is compiled; the prefill
+    stays eager on the same buffers.
+
+    On the CPU the default is ``backend="aot_eager"``: it checks that the step captures
+    as one graph with its cache mutations, in seconds; pass ``backend="inductor"`` for CPU
+    code generation (slow to compile, and no CUDA graphs)."""
+    cuda = oracle.device.type == "cuda"
+    if backend is None:
+        backend = "inductor" if cuda else "aot_eager"
+    if mode is None and backend == "inductor":
+        mode = "reduce-overhead" if cuda else "default"
+    kw = dict(backend=backend, fullgraph=fullgraph)
+    if mode is not None:
+        kw["mode"] = mode
+    fn = torch.compile(oracle, **kw)
+    graphs = cuda and backend == "inductor" and mode in ("reduce-overhead", "max-autotune")
+    note = "" if cuda else (f"cpu smoke: torch.compile(backend={backend!r}"
+                            + (f", mode={mode!r}" if mode else "") + "), no CUDA graphs")
+
+    def step(tok, pos):
+        with torch.no_grad():
+            return fn(tok, pos)
+
+    return CompiledStep(step, mode, backend, note, graphs)
+
+
+def compiled_oracle_step_ms(oracle: Oracle, ctx: int, iters: int = 50, device="cuda",
+                            step: CompiledStep | None = None, warmup: int = 5) -> float:
+    """Median ms of one compiled decode step at position ``ctx`` (one CUDA-graph replay
+    under reduce-overhead). Compiles first when ``step`` is None; the warm-up calls cover
+    compilation and graph recording, which :func:`oracle_greedy` has usually done already."""
+    if ctx >= oracle.max_ctx:
+        raise ValueError(f"position {ctx} is outside the oracle's cache ({oracle.max_ctx})")
+    step = compiled_oracle_step(oracle) if step is None else step
+    tok = torch.tensor([1], device=device)
+    pos = torch.tensor([ctx], device=device)
+
+    def one():
+        torch.compiler.cudagraph_mark_step_begin()
+        step(tok, pos)
+
+    return time_ms(one, iters=iters, warmup=max(3, warmup), device=device).median_ms
+
+
+def compiled_oracle_greedy(oracle: Oracle, prompt: torch.Tensor, new_tokens: int,
+                           step: CompiledStep | None = None):
+    """Greedy ids through the compiled step (eager prefill): ``(ids, margins)``."""
+    step = compiled_oracle_step(oracle) if step is None else step
+    return oracle_greedy(oracle, prompt, new_tokens, step=step, compiled=True)
+
+
+# ---------------------------------------------------------------------------------------
+# Counting launches
+# ---------------------------------------------------------------------------------------
+# aten ops that only make a view or read metadata: no kernel on a GPU
+_NO_KERNEL = {
+    "aten::view", "aten::reshape", "aten::_reshape_alias", "aten::transpose", "aten::t",
+    "aten::permute", "aten::expand", "aten::unsqueeze", "aten::squeeze", "aten::select",
+    "aten::slice", "aten::chunk", "aten::split", "aten::split_with_sizes", "aten::unbind",
+    "aten::as_strided", "aten::alias", "aten::detach", "aten::_unsafe_view", "aten::empty",
+    "aten::empty_strided", "aten::lift_fresh", "aten::resolve_conj", "aten::resolve_neg",
+    "aten::view_as", "aten::narrow", "aten::numpy_T", "aten::item", "aten::_local_scalar_dense",
+    "aten::is_nonzero", "aten::to", "aten::_to_copy", "aten::type_as",
+}
+
+
+@dataclass
+class LaunchCount:
+    """What one call of a function made. ``count`` is the headline number, in ``unit``:
+    ``"cuda kernels"`` on a GPU (kernels that ran, from CUPTI; memcpy/memset are in
+    ``memops``; ``host_launch_calls`` counts cudaLaunchKernel/cuLaunchKernel/cudaGraphLaunch
+    calls, so a CUDA-graph replay is many kernels but one launch call), or on the CPU
+    ``"aten ops (cpu proxy)"``: top-level aten calls that are not views, each at least one
+    kernel launch on a GPU (``to``/``_to_copy`` are left out: on a GPU they launch only
+    when they convert)."""
+    count: int
+    unit: str
+    memops: int = 0
+    host_launch_calls: int | None = None
+    by_name: dict = field(default_factory=dict)
+
+    def __int__(self):
+        return self.count
+
+    def as_dict(self):
+        return asdict(self)
+
+
+def count_launches(fn, device="cuda", warmup: int = 1, top: int = 15) -> LaunchCount:
+    """Kernels (GPU) or aten ops (CPU) that one call of ``fn`` makes, with torch.profiler.
+    ``fn`` is called ``warmup`` times first (cuBLAS handles, compilation, autotuning)."""
+    from collections import Counter
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.no_grad():
+        for _ in range(warmup):
+            fn()
+        _sync(device)
+        cuda = _is_cuda(device)
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        with profile(activities=acts) as prof:
+            fn()
+            _sync(device)
+    events = prof.events()
+    if cuda:
+        kern, mem = Counter(), 0
+        host = 0
+        for e in events:
+            if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False):
+                if e.name.startswith(("Memcpy", "Memset")):
+                    mem += 1
+                else:
+                    kern[e.name] += 1
+            elif e.name.startswith(("cudaLaunchKernel", "cuLaunchKernel", "cudaGraphLaunch",
+                                    "cuGraphLaunch", "cudaLaunchCooperativeKernel")):
+                host += 1
+        return LaunchCount(sum(kern.values()), "cuda kernels", mem, host,
+                           dict(kern.most_common(top)))
+    ops = Counter()
+    for e in events:
+        if not e.name.startswith("aten::") or e.name in _NO_KERNEL:
+            continue
+        p, nested = e.cpu_parent, False
+        while p is not None:
+            if p.name.startswith("aten::"):
+                nested = True
+                break
+            p = p.cpu_parent
+        if not nested:
+            ops[e.name] += 1
+    return LaunchCount(sum(ops.values()), "aten ops (cpu proxy)", 0, None,
+                       dict(ops.most_common(top)))
+
+
+# ---------------------------------------------------------------------------------------
+# The rungs, as ladder rows
+# ---------------------------------------------------------------------------------------
+def peer_rungs(spec_name, ctx: int = 512, device="cuda", iters: int = 50,
+               new_tokens: int = 64, seed: int = 0, eager_new_tokens: int | None = None,
+               rungs=RUNGS, weights=None, hf_attn: str = "sdpa") -> list[dict]:
+    """Measure the peer rungs of one model at context ``ctx``: ladder rows
+    ``{model, rung, ctx, ms_per_token, floor_ms, agree, read_tbps, ...}``.
+
+    Random weights are built once (bf16 on a GPU, fp32 on the CPU) and shared by every
+    rung (pass ``weights`` to reuse a dict). ``agree`` is "k/N": the prefix of greedy
+    tokens a rung shares with the eager oracle over the same prompt (``flip_margin`` is
+    the oracle's logit gap at the first flip). HF eager generates ``eager_new_tokens``
+    (default: 32 on a GPU, where it is slow, else ``new_tokens``); the other rungs
+    ``new_tokens``. The floor comes from the streaming-read bandwidth measured here (no
+    floor on the CPU). ``hf_attn`` is the HF rungs' attention (sdpa, as a user runs it)."""
+    spec = get_spec(spec_name)
+    cuda = _is_cuda(device)
+    dtype = torch.bfloat16 if cuda else torch.float32
+    if eager_new_tokens is None:
+        eager_new_tokens = min(32, new_tokens) if cuda else new_tokens
+    bad = [r for r in rungs if r not in RUNGS]
+    if bad:
+        raise ValueError(f"unknown rungs {bad}; known: {RUNGS}")
+    max_ctx = ctx + max(new_tokens, eager_new_tokens) + 1
+    if max_ctx > spec.max_ctx:
+        raise ValueError(f"ctx {ctx} + {new_tokens} new tokens exceeds {spec.name}'s "
+                         f"max_ctx {spec.max_ctx}")
+    if weights is None:
+        weights = random_weights(spec, seed=seed, device=device, dtype=dtype)
+    bw = read_bandwidth(device) if cuda else None
+    floor = spec.floor_ms(bw, ctx) if bw else None
+    prompt = make_prompt(spec, ctx, seed, device)
+    oracle = Oracle(spec, weights, max_ctx=max_ctx).eval()
+    n_ref = max(new_tokens, eager_new_tokens)
+    ref_ids, ref_margins = oracle_greedy(oracle, prompt, n_ref)
+
+    def row(rung, ms, agree: Agreement | None, n, note=""):
+        r = {"model": spec.name, "rung": rung, "ctx": ctx,
+             "ms_per_token": None if ms is None else round(ms, 4),
+             "floor_ms": None if floor is None else round(floor, 4),
+             "agree": None if agree is None else str(agree),
+             "read_tbps": None if bw is None else round(bw, 3),
+             "x_floor": None if (floor is None or ms is None) else round(ms / floor, 3),
+             "new_tokens": n, "device": str(device), "dtype": str(dtype).replace("torch.", "")}
+        if agree is not None and not agree.full:
+            r["first_flip"] = agree.first_flip
+            r["flip_margin"] = None if agree.margin is None else round(agree.margin, 4)
+        if note:
+            r["note"] = note
+        return r
+
+    rows = []
+    hf = None
+    for rung in rungs:
+        if rung in ("HF eager", "HF static"):
+            mode = "eager" if rung == "HF eager" else "static"
+            n = eager_new_tokens if mode == "eager" else new_tokens
+            hf = set_hf_attn(hf_model(spec, weights), hf_attn) if hf is None else hf
+            info = {}
+            ms, ids = hf_generate_ms(spec, weights, ctx, n, mode, device, model=hf,
+                                     prompt=prompt, seed=seed, info=info, attn=hf_attn)
+            note = ""
+            if mode == "static" and not hf_static_compiles(device):
+                note = "cpu smoke: static cache, not compiled (transformers compiles on GPUs only)"
+            r = row(rung, ms, agreement(ids, ref_ids, ref_margins), n, note)
+            r.update(t_one_ms=round(info["t_one_ms"], 3), t_long_ms=round(info["t_long_ms"], 3),
+                     graphs_while_timing=info["graphs_while_timing"], attn=hf_attn)
+            rows.append(r)
+        elif rung == "oracle eager":
+            ms = oracle_step_ms(oracle, ctx, iters, device)
+            rows.append(row(rung, ms, None, n_ref, "the reference for agree"))
+        else:
+            g0 = dynamo_graphs()
+            step = compiled_oracle_step(oracle)
+            ids, _ = compiled_oracle_greedy(oracle, prompt, new_tokens, step)
+            ms = compiled_oracle_step_ms(oracle, ctx, iters, device, step=step)
+            mode = step.mode or "default"
+            note = step.note or f"torch.compile(mode={mode!r}, backend={step.backend!r})"
+            r = row(rung, ms, agreement(ids, ref_ids, ref_margins), new_tokens, note)
+            r["graphs"] = dynamo_graphs() - g0  # new graphs: 1 (0 if reused), never more
+            rows.append(r)
+    return rows

@@ -1,0 +1,109 @@
+"""The command line. A few runs go through ``python -m onelaunch`` in a subprocess (the
+real entry point, exit status and streams); the rest call ``cli.main`` in-process, which
+is the same code without a 5-second interpreter start each."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from onelaunch.cli import main
+from onelaunch.specs import SPECS
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(*args):
+    return subprocess.run([sys.executable, "-m", "onelaunch", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+
+
+def one_error_line(err: str) -> str:
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    return lines[0]
+
+
+@pytest.mark.parametrize("name", ["tiny-qwen2", "tiny-olmoe"])
+def test_check_passes(name):
+    p = run("check", "--model", name, "--prompt-len", "5")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "12/12" in p.stdout and "PASS" in p.stdout
+
+
+def test_unknown_model():
+    p = run("check", "--model", "llama-3-8b")
+    assert p.returncode == 2 and p.stdout == ""
+    line = one_error_line(p.stderr)
+    assert all(name in line for name in SPECS)
+
+
+def _main(capsys, *args):
+    rc = main(list(args))
+    return rc, capsys.readouterr()
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--prompt-len", "300"], "exceeds the context"),
+    (["--prompt-len", "250", "--tokens", "7"], "exceeds the context"),
+    (["--prompt-ids", "1,2,997"], "out of range"),
+    (["--prompt-ids", "1,-3"], "out of range"),
+    (["--prompt-ids", "1,two"], "comma-separated"),
+    (["--prompt-len", "0"], "at least 1"),
+    (["--tokens", "many"], "invalid int"),
+    (["--device", "tpu"], "invalid choice"),
+])
+def test_check_bad_input(capsys, args, words):
+    rc, out = _main(capsys, "check", "--model", "tiny-qwen2", *args)
+    assert rc == 2 and words in one_error_line(out.err)
+
+
+def test_check_needs_a_model(capsys):
+    rc, out = _main(capsys, "check")
+    assert rc == 2 and "--model" in one_error_line(out.err)
+
+
+def test_cuda_without_gpu(capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    rc, out = _main(capsys, "check", "--model", "tiny-qwen2", "--device", "cuda")
+    assert rc == 2 and "--device cpu" in one_error_line(out.err)
+
+
+def test_disagreement_exits_1(capsys, monkeypatch):
+    import onelaunch.oracle as oracle_mod
+    monkeypatch.setattr(oracle_mod, "apply_rope", lambda x, cos, sin: x)
+    rc, out = _main(capsys, "check", "--model", "tiny-qwen2")
+    assert rc == 1 and "FAIL" in out.out and "HF margin" in out.out
+
+
+def test_info_with_bandwidth(capsys):
+    rc, out = _main(capsys, "info", "--model", "qwen2.5-1.5b", "--bandwidth", "4.0")
+    assert rc == 0
+    assert "1,543,714,304" in out.out and "3.087 GB" in out.out and "28 KiB" in out.out
+    assert "0.772 ms/token at 4.00 TB/s" in out.out          # 3.087 GB / 4 TB/s
+
+
+def test_info_ctx_adds_kv(capsys):
+    rc, out = _main(capsys, "info", "--model", "olmoe-1b-7b", "--bandwidth", "4", "--ctx", "1024")
+    assert rc == 0 and "1,178,994,688" in out.out
+    floor = 2 * 1_178_994_688 / 4e12 * 1e3 + 1024 * 128 * 1024 / 4e12 * 1e3
+    assert f"{floor:.3f} ms/token" in out.out
+
+
+def test_info_without_gpu_asks_for_bandwidth(capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    rc, out = _main(capsys, "info", "--model", "tiny-olmoe")
+    assert rc == 2 and "--bandwidth" in one_error_line(out.err)
+
+
+@pytest.mark.parametrize("args", [["--bandwidth", "0"], ["--ctx", "-1"], ["--ctx", "999999"]])
+def test_info_bad_input(capsys, args):
+    rc, out = _main(capsys, "info", "--model", "tiny-qwen2", *args)
+    assert rc == 2 and one_error_line(out.err)
+
+
+def test_no_command(capsys):
+    rc, out = _main(capsys)
+    assert rc == 2 and "check" in out.err

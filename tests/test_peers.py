@@ -1,0 +1,200 @@
+"""The peer rungs: HF generate (eager, static cache), the eager oracle, the compiled oracle.
+
+CPU tests use the tiny models in fp32 and take seconds; the ``gpu`` tests run the rungs at
+full shape (bf16, ctx 512) and print the ms/token figures (``pytest -m gpu -s``).
+"""
+import pytest
+import torch
+
+from onelaunch import peers
+from onelaunch.oracle import Oracle
+from onelaunch.specs import get_spec
+from onelaunch.weights import hf_model, random_weights
+
+ROW_KEYS = {"model", "rung", "ctx", "ms_per_token", "floor_ms", "agree", "read_tbps"}
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.fixture(scope="module")
+def qwen_cpu_rows():
+    return peers.peer_rungs("tiny-qwen2", ctx=40, device="cpu", iters=3, new_tokens=12)
+
+
+def test_rows_have_the_ladder_keys(qwen_cpu_rows):
+    assert [r["rung"] for r in qwen_cpu_rows] == list(peers.RUNGS)
+    for r in qwen_cpu_rows:
+        assert ROW_KEYS <= set(r), r
+        assert r["model"] == "tiny-qwen2" and r["ctx"] == 40
+        assert r["floor_ms"] is None and r["read_tbps"] is None   # no floor on the CPU
+        assert isinstance(r["ms_per_token"], float)
+
+
+def test_every_rung_agrees_with_the_oracle_on_cpu(qwen_cpu_rows):
+    by = {r["rung"]: r for r in qwen_cpu_rows}
+    assert by["HF eager"]["agree"] == "12/12"
+    assert by["HF static"]["agree"] == "12/12"
+    assert by["oracle compiled"]["agree"] == "12/12"
+    assert by["oracle eager"]["agree"] is None                   # it is the reference
+    assert by["oracle compiled"]["graphs"] <= 1                  # one graph for every step
+    assert by["HF static"]["graphs_while_timing"] == 0
+    assert "cpu smoke" in by["HF static"]["note"] and "cpu smoke" in by["oracle compiled"]["note"]
+
+
+def test_rows_write_to_the_ladder(qwen_cpu_rows, tmp_path, monkeypatch):
+    from onelaunch import results
+    monkeypatch.setattr(results, "RESULTS", tmp_path)
+    p = results.write_ladder([dict(r) for r in qwen_cpu_rows], device="cpu")
+    assert p.exists()
+
+
+@pytest.fixture(scope="module")
+def olmoe():
+    spec = get_spec("tiny-olmoe")
+    w = random_weights(spec, seed=3, device="cpu", dtype=torch.float32)
+    return spec, w
+
+
+@pytest.mark.parametrize("mode", ["eager", "static"])
+def test_hf_generate_matches_the_oracle_moe(olmoe, mode):
+    spec, w = olmoe
+    prompt = peers.make_prompt(spec, 29, seed=3)
+    ref, margins = peers.oracle_greedy(Oracle(spec, w, max_ctx=64), prompt, 10)
+    assert ref.unique().numel() > 2                                # not a repeated token
+    ms, ids = peers.hf_generate_ms(spec, w, 29, new_tokens=10, mode=mode, device="cpu",
+                                   prompt=prompt, repeats=1, warmup=1)
+    assert ids.shape == (10,) and isinstance(ms, float)
+    a = peers.agreement(ids, ref, margins)
+    assert a.full, (str(a), a.margin)
+
+
+def test_oracle_greedy_matches_oracle_generate(olmoe):
+    # the chunked prefill (1 token at a time here) gives the tokens of Oracle.generate
+    spec, w = olmoe
+    o = Oracle(spec, w, max_ctx=64)
+    prompt = peers.make_prompt(spec, 21, seed=5)
+    want = o.generate(prompt, 8)
+    got, margins = peers.oracle_greedy(o, prompt, 8)
+    assert torch.equal(got, want)
+    assert (margins >= 0).all() and margins.shape == (8,)
+
+
+def test_compiled_step_gives_the_eager_tokens_moe(olmoe):
+    spec, w = olmoe
+    o = Oracle(spec, w, max_ctx=64)
+    prompt = peers.make_prompt(spec, 30, seed=1)
+    ref, _ = peers.oracle_greedy(o, prompt, 9)
+    step = peers.compiled_oracle_step(o)
+    assert step.backend == "aot_eager" and not step.cudagraphs
+    g0 = peers.dynamo_graphs()
+    ids, _ = peers.compiled_oracle_greedy(o, prompt, 9, step)
+    ms = peers.compiled_oracle_step_ms(o, 30, iters=3, device="cpu", step=step)
+    assert peers.dynamo_graphs() - g0 <= 1                      # no recompile per position
+    assert torch.equal(ids, ref) and ms > 0
+
+
+def test_oracle_step_ms_rejects_a_position_outside_the_cache(olmoe):
+    spec, w = olmoe
+    o = Oracle(spec, w, max_ctx=16)
+    assert peers.oracle_step_ms(o, 15, iters=2, device="cpu", warmup=1) > 0
+    with pytest.raises(ValueError, match="outside"):
+        peers.oracle_step_ms(o, 16, iters=2, device="cpu")
+
+
+def test_count_launches_counts_aten_ops_on_cpu():
+    spec = get_spec("tiny-qwen2")
+    w = random_weights(spec, device="cpu", dtype=torch.float32)
+    o = Oracle(spec, w, max_ctx=32)
+    tok, pos = torch.tensor([5]), torch.tensor([7])
+    c = peers.count_launches(lambda: o(tok, pos), device="cpu")
+    assert c.unit == "aten ops (cpu proxy)" and int(c) == c.count
+    # at least the 7 projections per layer and the lm_head are there
+    assert c.count >= 7 * spec.layers + 1
+    assert c.by_name.get("aten::linear", 0) >= 7 * spec.layers + 1
+    m = hf_model(spec, w)
+    with torch.no_grad():
+        h = peers.count_launches(lambda: m(torch.tensor([[5, 6]])), device="cpu")
+    assert h.count > 0 and h.unit == c.unit
+
+
+def test_agreement_is_a_prefix_with_the_margin_at_the_flip():
+    ref = torch.tensor([1, 2, 3, 4, 5])
+    margins = torch.tensor([2.0, 1.0, 0.0625, 3.0, 3.0])
+    a = peers.agreement(torch.tensor([1, 2, 9, 4, 5]), ref, margins)
+    assert (str(a), a.first_flip, a.margin, a.full, a.near_tie) == ("2/5", 2, 0.0625, False, True)
+    b = peers.agreement(ref[:3], ref, margins)
+    assert str(b) == "3/3" and b.full and b.margin is None
+
+
+def test_peer_rungs_checks_its_arguments():
+    with pytest.raises(ValueError, match="max_ctx"):
+        peers.peer_rungs("tiny-qwen2", ctx=250, device="cpu", new_tokens=16)
+    with pytest.raises(ValueError, match="unknown rungs"):
+        peers.peer_rungs("tiny-qwen2", ctx=8, device="cpu", rungs=("vllm",))
+
+
+# ---------------------------------------------------------------------------------------
+# GPU: full shapes, bf16, ctx 512
+# ---------------------------------------------------------------------------------------
+def _check_and_print(rows):
+    print()
+    for r in rows:
+        extra = {k: r[k] for k in ("first_flip", "flip_margin", "graphs", "graphs_while_timing",
+                                   "note") if k in r}
+        print(f"{r['model']:>14} {r['rung']:>16} ctx {r['ctx']}: {r['ms_per_token']:8.3f} ms/token"
+              f"  floor {r['floor_ms']:.3f} ({r['x_floor']:.2f}x)  agree {r['agree']}  "
+              f"read {r['read_tbps']} TB/s  {extra}")
+    bad = []
+    for r in rows:
+        assert r["ms_per_token"] > 0 and r["floor_ms"] > 0, r
+        assert r["ms_per_token"] > 0.5 * r["floor_ms"], r          # nothing beats the floor
+        if r["agree"] is None:
+            continue
+        k, n = map(int, r["agree"].split("/"))
+        # a flip is accepted only at a near-tie of the oracle's bf16 logits
+        if k < n and not (r.get("flip_margin") is not None and r["flip_margin"] < peers.NEAR_TIE):
+            bad.append(r)
+    assert not bad, bad
+    by = {r["rung"]: r for r in rows}
+    assert by["oracle compiled"]["graphs"] <= 1
+    assert by["HF static"]["graphs_while_timing"] == 0
+    assert by["oracle compiled"]["ms_per_token"] < by["oracle eager"]["ms_per_token"]
+    assert by["HF static"]["ms_per_token"] < by["HF eager"]["ms_per_token"]
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_peer_rungs_qwen_full_shape():
+    rows = peers.peer_rungs("qwen2.5-1.5b", ctx=512, device="cuda", iters=50, new_tokens=64)
+    _check_and_print(rows)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_peer_rungs_olmoe_full_shape():
+    rows = peers.peer_rungs("olmoe-1b-7b", ctx=512, device="cuda", iters=30, new_tokens=32)
+    _check_and_print(rows)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_count_launches_eager_vs_compiled_on_gpu():
+    spec = get_spec("qwen2.5-1.5b")
+    w = random_weights(spec, device="cuda", dtype=torch.bfloat16)
+    o = Oracle(spec, w, max_ctx=640)
+    tok = torch.tensor([5], device="cuda")
+    pos = torch.tensor([512], device="cuda")
+    eager = peers.count_launches(lambda: o(tok, pos), device="cuda")
+    step = peers.compiled_oracle_step(o)
+
+    def one():
+        torch.compiler.cudagraph_mark_step_begin()
+        step(tok, pos)
+
+    comp = peers.count_launches(one, device="cuda", warmup=3)
+    print(f"\neager oracle step: {eager.count} {eager.unit} ({eager.host_launch_calls} launch "
+          f"calls, {eager.memops} memcpy/memset); top {eager.by_name}")
+    print(f"compiled step: {comp.count} {comp.unit} ({comp.host_launch_calls} launch calls, "
+          f"{comp.memops} memcpy/memset)")
+    assert eager.unit == "cuda kernels"
+    assert eager.count >= 7 * spec.layers + 1                 # at least one GEMV per weight
+    assert comp.count > 0
