@@ -26,6 +26,7 @@ run() {  # run NAME TIMEOUT CMD...: time-limited, logged, never fatal
   local rc=${PIPESTATUS[0]}
   echo "=== $name rc=$rc ($(date +%T))" | tee -a "$LOG"
   tail -n 25 work/$name.log
+  tar czf "$OUT/gpu-run.tar.gz" work results 2>/dev/null   # what is done so far comes back
 }
 has() { [[ ",$STAGES," == *",$1,"* ]]; }
 has env && run env 60 bash -c 'nvidia-smi; python3 -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__, torch.cuda.get_device_name())"'

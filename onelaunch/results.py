@@ -37,6 +37,10 @@ def gpu_slug(device="cuda") -> str:
 
 
 def git_commit() -> str:
+    """The commit being run: ONELAUNCH_COMMIT where the tree has no .git (the GPU run)."""
+    import os
+    if os.environ.get("ONELAUNCH_COMMIT"):
+        return os.environ["ONELAUNCH_COMMIT"]
     try:
         return subprocess.check_output(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT,
                                        stderr=subprocess.DEVNULL, text=True).strip()
