@@ -5,10 +5,6 @@ One fixed launch (splits sized for the maximum context) must be right at every l
 the maximum. Each chunk's keys and values differ, so a tile that read into its
 neighbour's chunk would count those tokens twice and miss the reference.
 """
-import os
-
-os.environ.setdefault("TRITON_INTERPRET", "1")
-
 import pytest
 import torch
 
