@@ -268,7 +268,7 @@ def ladder_rows(spec, w, device="cuda", ctx=512, tokens=12, iters=100, read_tbps
         "+ PDL": dict(attention="splitk", graph=True, pdl=True),
     }
     rows, eager_tokens = [], None
-    for order, rung in enumerate(rungs):
+    for rung in rungs:
         st = settings[rung]
         if st["pdl"] and not config.pdl_supported(dev):
             continue
@@ -276,7 +276,7 @@ def ladder_rows(spec, w, device="cuda", ctx=512, tokens=12, iters=100, read_tbps
         j = judge(e, prompt, ref, st["graph"])
         r = {"model": spec.name, "rung": rung, "ctx": ctx, "agree": j["agree"],
              "agree_free": j["agree_free"], "flips": j["flips"], "floor_ms": floor,
-             "read_tbps": read_tbps, "launches": e.launches_per_step(), "order": 10 + order,
+             "read_tbps": read_tbps, "launches": e.launches_per_step(), "order": 10 + RUNGS.index(rung),
              "kind": "ours"}
         if rung == "fused eager":
             eager_tokens = j["tokens"]
