@@ -364,24 +364,43 @@ def long_context_agreement(spec, w, device="cuda", ctx=32768, tokens=12, pdl=Tru
 def config_sweep(spec, w, device="cuda", iters=30, read_tbps=None) -> list[dict]:
     """Time a few launch configurations of each GEMV kernel; returns one row per config."""
     grid = {
-        "rms_qkv": [dict(BLOCK_N=n, BLOCK_K=k, num_warps=nw) for n in (8, 16, 32) for k in (256, 512)
-                    for nw in (4,)],
-        "o_proj": [dict(BLOCK_N=n, BLOCK_K=k, num_warps=nw) for n in (4, 8, 16) for k in (256, 512)
-                   for nw in (4,)],
-        "gate_up": [dict(BLOCK_N=n, BLOCK_K=k, num_warps=nw) for n in (8, 16, 32) for k in (256, 512)
+        "rms_qkv": [dict(BLOCK_N=n, BLOCK_K=k, num_warps=nw) for n in (4, 8, 16) for k in (512, 2048)
                     for nw in (4, 8)],
-        "down": [dict(BLOCK_N=n, BLOCK_K=k, SPLIT_K=sk, num_warps=4) for n in (8, 16, 32) for k in (256, 512)
-                 for sk in (2, 5, 8)],
-        "lm_head": [dict(BLOCK_N=n, BLOCK_K=k, num_warps=nw) for n in (16, 32, 64) for k in (256, 512)
+        "o_proj": [dict(BLOCK_N=n, BLOCK_K=k, num_warps=nw) for n in (2, 4, 8) for k in (512, 2048)
+                   for nw in (4, 8)],
+        "gate_up": [dict(BLOCK_N=n, BLOCK_K=k, num_warps=nw) for n in (4, 8) for k in (512, 1024, 2048)
+                    for nw in (4, 8)],
+        "down": [dict(BLOCK_N=n, BLOCK_K=k, SPLIT_K=sk, num_warps=nw) for n in (8, 16) for k in (512, 2048)
+                 for sk in (5, 8) for nw in (4, 8)],
+        "lm_head": [dict(BLOCK_N=n, BLOCK_K=k, num_warps=nw) for n in (16, 32, 64) for k in (256, 2048)
                     for nw in (4, 8)],
     }
-    name = {"rms_qkv": "rms_qkv", "o_proj": "o_proj_residual", "gate_up": "rms_gate_up_swiglu",
-            "down": "down_residual", "lm_head": "lm_head_argmax"}
     out = []
     for op, cands in grid.items():
         for c in cands:
             out.append(_time_one(spec, w, device, op, c, iters, read_tbps))
     return out
+
+
+def write_table(sweep: list[dict], read_tbps: float, model: str) -> str:
+    """Keep the fastest configuration of each op (ties: the first in grid order)."""
+    import os
+    import datetime
+    best = {}
+    for r in sweep:
+        if "us" in r and (r["op"] not in best or r["us"] < best[r["op"]]["us"]):
+            best[r["op"]] = r
+    arch = config.arch(0)
+    os.makedirs(config.TUNED_DIR, exist_ok=True)
+    p = os.path.join(config.TUNED_DIR, f"{arch}.json")
+    with open(p, "w") as f:
+        json.dump({"arch": arch, "gpu": torch.cuda.get_device_name(), "model": model,
+                   "read_tbps": read_tbps, "date": datetime.date.today().isoformat(),
+                   "ops": {op: r["cfg"] for op, r in best.items()},
+                   "measured": {op: {"us": r["us"], "pct_of_read": r["pct_of_read"]} for op, r in best.items()}},
+                  f, indent=1)
+    config.tuned.cache_clear()
+    return p
 
 
 def _time_one(spec, w, device, op, c, iters, read_tbps):
@@ -437,6 +456,8 @@ def main(argv=None):
     ap.add_argument("--iters", type=int, default=100)
     ap.add_argument("--json", default=None)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--write-table", action="store_true",
+                    help="with sweepcfg: write the fastest config of each op to kernels/tuned/<arch>.json")
     a = ap.parse_args(argv)
     dev = "cuda"
     spec = get_spec(a.model)
@@ -449,6 +470,8 @@ def main(argv=None):
         out["config_sweep"] = config_sweep(spec, w, dev, read_tbps=bw)
         for r in out["config_sweep"]:
             print(json.dumps(r))
+        if a.write_table:
+            print("wrote", write_table(out["config_sweep"], bw, spec.name))
     if "kernels" in what:
         out["kernels"] = kernel_rows(spec, w, dev, ctx=a.ctx, read_tbps=bw)
         for r in out["kernels"]:

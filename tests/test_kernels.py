@@ -28,11 +28,15 @@ def rel(out, ref):
 CFG = dict(BLOCK_N=16, BLOCK_K=64, num_warps=4)
 
 
+WHOLE_K = dict(BLOCK_N=8, BLOCK_K=256, num_warps=4)   # one tile covers all of K (masked)
+
+
+@pytest.mark.parametrize("cfg", [CFG, WHOLE_K], ids=["tiled-K", "whole-K"])
 @pytest.mark.parametrize("N,K_", [(37, 150), (64, 96)])
-def test_rms_qkv(N, K_):
+def test_rms_qkv(N, K_, cfg):
     x, g, w, b = rnd(K_, seed=1), 1 + 0.1 * rnd(K_, seed=2), rnd(N, K_, seed=3), rnd(N, seed=4)
     out = torch.full((N,), float("nan"), dtype=bf)
-    K.rms_qkv(x, g, w, b, out, 1e-6, cfg=CFG)
+    K.rms_qkv(x, g, w, b, out, 1e-6, cfg=cfg)
     ref = F.linear(rms_norm(x.float()[None], g.float(), 1e-6), w.float(), b.float())[0]
     assert rel(out, ref) < TOL
 
@@ -91,8 +95,9 @@ def test_rms_gate_up_swiglu():
     assert rel(h, F.silu(gu[:I]) * gu[I:]) < TOL
 
 
+@pytest.mark.parametrize("bk", [64, 256])
 @pytest.mark.parametrize("split", [1, 3, 4])
-def test_down_residual_split_k(split):
+def test_down_residual_split_k(split, bk):
     N, K_ = 37, 200            # 200 columns in 3 or 4 splits of a 64-wide tile: ragged
     h, w, x = rnd(K_, seed=15), rnd(N, K_, seed=16), rnd(N, seed=17)
     scratch = torch.full((split * N,), float("nan"), dtype=torch.float32)  # overwritten
@@ -102,7 +107,7 @@ def test_down_residual_split_k(split):
     outs = []
     for _ in range(2):        # a second call must find the counters clean
         xd = x.clone()
-        K.down_residual(h, w, xd, scratch, counter, cfg=dict(CFG, SPLIT_K=split))
+        K.down_residual(h, w, xd, scratch, counter, cfg=dict(CFG, BLOCK_K=bk, SPLIT_K=split))
         assert rel(xd, ref) < TOL
         assert counter.abs().max() == 0
         outs.append(xd)

@@ -12,6 +12,7 @@ which suits its lower bandwidth per SM; it is untested here.
 from __future__ import annotations
 
 import functools
+import json
 import os
 
 import torch
@@ -49,8 +50,22 @@ TABLE: dict[str, dict[str, dict]] = {
     },
 }
 
-# overrides set by a tuning sweep in this process (bench --sweep): op -> params
+# overrides set in this process (tests, experiments): op -> params
 OVERRIDES: dict[str, dict] = {}
+
+# tables written by a launch-configuration sweep on a GPU of that architecture
+# (`python -m onelaunch.bench --what sweepcfg --write-table`); they take precedence over
+# the hand-written entries above, and are committed with the sweep's figures in NOTES.md
+TUNED_DIR = os.path.join(os.path.dirname(__file__), "tuned")
+
+
+@functools.lru_cache(maxsize=None)
+def tuned(arch_name: str) -> dict:
+    p = os.path.join(TUNED_DIR, f"{arch_name}.json")
+    if not os.path.exists(p):
+        return {}
+    with open(p) as f:
+        return json.load(f).get("ops", {})
 
 
 def interpreting() -> bool:
@@ -71,6 +86,9 @@ def get(op: str, device=None) -> dict:
     a = "default"
     if device is not None and torch.device(device).type == "cuda":
         a = arch(torch.device(device).index or 0)
+    t = tuned(a)
+    if op in t:
+        return dict(t[op])
     return dict(TABLE.get(a, _DEFAULT).get(op, _DEFAULT[op]))
 
 
