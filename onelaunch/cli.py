@@ -123,6 +123,165 @@ def _add_info(sub):
     p.set_defaults(func=cmd_info)
 
 
+# ---- generate --------------------------------------------------------------------------
+def _kernels_on(device: str) -> None:
+    """On the CPU, the Triton kernels run in Triton's interpreter; that must be chosen
+    before any kernel module is imported."""
+    import os
+    if device == "cpu":
+        if "onelaunch.kernels" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+            raise UsageError("the kernels were imported without TRITON_INTERPRET=1; "
+                             "set it before running on the CPU")
+        os.environ["TRITON_INTERPRET"] = "1"
+
+
+def cmd_generate(args) -> int:
+    import time
+    device = _device(args.device)
+    spec = get_spec(args.model)
+    _kernels_on(device)
+    from .check import make_prompt, validate_prompt
+    from .engine import Engine, EngineError
+    from .weights import random_weights
+    if args.tokens < 1:
+        raise UsageError("--tokens must be at least 1")
+    prompt_ids = _ids(args.prompt_ids) if args.prompt_ids is not None else None
+    prompt = make_prompt(spec, args.prompt_len, args.seed, prompt_ids)
+    validate_prompt(spec, prompt, args.tokens, args.max_ctx or spec.max_ctx)
+    max_ctx = args.max_ctx or min(spec.max_ctx, prompt.numel() + args.tokens + 64)
+    w = random_weights(spec, args.seed, device=device)
+    try:
+        e = Engine(spec, w, max_ctx=max_ctx, attention=args.attention, pdl=args.pdl)
+        graph = device == "cuda" and not args.eager
+        if device == "cuda":
+            e.generate(prompt, 1, graph=graph)              # compile, capture, warm up
+        t0 = time.perf_counter()
+        ids = e.generate(prompt, args.tokens, graph=graph)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+    except EngineError as ex:
+        raise UsageError(str(ex)) from None
+    mode = ("CUDA graph" if graph else "eager launches") + (", split-K" if args.attention == "splitk"
+                                                            else ", plain attention")
+    print(f"{spec.name} on {device} ({mode}{', PDL' if e.pdl else ''}): prompt {prompt.numel()} "
+          f"ids, {args.tokens} greedy tokens")
+    print("ids:", " ".join(map(str, ids.tolist())))
+    steps = prompt.numel() - 1 + args.tokens
+    note = "" if device == "cuda" else "  (Triton interpreter on the CPU: not a speed)"
+    print(f"{steps} steps (prefill included) in {dt:.3f} s: {dt / steps * 1e3:.3f} ms/step{note}")
+    if args.check:
+        from .oracle import Oracle
+        from .bench import agreement
+        ref = Oracle(spec, w, max_ctx=max_ctx).generate(prompt, args.tokens).cpu()
+        n = agreement(ids, ref)
+        print(f"oracle: {n}/{args.tokens} tokens agree" + ("" if n == args.tokens else
+              f"; first difference at step {n} (oracle {int(ref[n])}, engine {int(ids[n])})"))
+        return 0 if n == args.tokens else 1
+    return 0
+
+
+def _add_generate(sub):
+    p = sub.add_parser("generate", help="greedy decoding through the Triton engine (dense models)",
+                       description="Prefill and decode with the engine: one CUDA graph per "
+                       "token on a GPU, eager launches in the Triton interpreter on a CPU.")
+    p.add_argument("--model", required=True, help=f"one of: {', '.join(SPECS)}")
+    p.add_argument("--prompt-len", type=int, default=16, help="random prompt length (default 16)")
+    p.add_argument("--prompt-ids", default=None, help="comma-separated token ids instead of a random prompt")
+    p.add_argument("--tokens", type=int, default=12, help="tokens to generate (default 12)")
+    p.add_argument("--seed", type=int, default=0, help="weights and prompt seed (default 0)")
+    p.add_argument("--device", choices=("cpu", "cuda"),
+                   default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--attention", choices=("splitk", "plain"), default="splitk")
+    p.add_argument("--pdl", action="store_true", help="programmatic dependent launch (Hopper+)")
+    p.add_argument("--eager", action="store_true", help="launch kernels one by one, no CUDA graph")
+    p.add_argument("--max-ctx", type=int, default=None, help="the engine's context (default: fits)")
+    p.add_argument("--check", action="store_true", help="also decode with the oracle and compare")
+    p.set_defaults(func=cmd_generate)
+
+
+# ---- bench -------------------------------------------------------------------------------
+def _fmt(v, spec=".3f"):
+    return "-" if v is None else format(v, spec)
+
+
+def print_ladder(rows: list[dict], out=sys.stdout) -> None:
+    """One line per rung: ms/token and the ratio to the floor of the same run, or why
+    there is no time. A rung whose oracle check failed never shows one."""
+    from .results import row_passes
+    print(f"{'model':14} {'rung':16} {'ctx':>6} {'ms/token':>9} {'x floor':>8} {'agree':>7}  check",
+          file=out)
+    for r in rows:
+        ok = row_passes(r)
+        ms = r.get("ms_per_token") if ok else None
+        x = (ms / r["floor_ms"]) if ok and r.get("floor_ms") else None
+        agree = r.get("agree") or "ref"
+        if ok:
+            check = "pass" if r.get("agree") is None or r.get("agree").split("/")[0] == \
+                r.get("agree").split("/")[1] else "near ties only"
+        else:
+            check = "REFUSED: " + (r.get("refused") or "oracle check failed")
+        print(f"{r['model']:14} {r['rung']:16} {r['ctx']:>6} {_fmt(ms):>9} {_fmt(x, '.2f'):>8} "
+              f"{agree:>7}  {check}", file=out)
+
+
+def cmd_bench(args) -> int:
+    import json
+    device = _device(args.device)
+    spec = get_spec(args.model)
+    _kernels_on(device)
+    from . import bench
+    from .timing import read_bandwidth
+    from .weights import random_weights
+    if spec.is_moe:
+        raise UsageError(f"{spec.name} is a mixture of experts: the engine's ladder covers the "
+                         "dense models so far (try --model qwen2.5-1.5b)")
+    if device == "cpu" and spec.name not in ("tiny-qwen2",):
+        raise UsageError("on the CPU the kernels run in Triton's interpreter: use --model tiny-qwen2")
+    if args.ctx < 1 or args.ctx + args.tokens + args.iters + 64 > spec.max_ctx:
+        raise UsageError(f"--ctx must be between 1 and {spec.max_ctx - args.tokens - args.iters - 64}")
+    bw = read_bandwidth(device) if device == "cuda" else None
+    rows = []
+    if args.peers:
+        from .peers import peer_rungs
+        rows += peer_rungs(spec.name, ctx=args.ctx, device=device, iters=min(args.iters, 50),
+                           new_tokens=32 if device == "cuda" else 4)
+        if bw is not None:   # one floor for the whole report: the bandwidth measured here
+            for r in rows:
+                r["floor_ms"] = spec.floor_ms(bw, args.ctx)
+    w = random_weights(spec, args.seed, device=device)
+    rows += bench.ladder_rows(spec, w, device, ctx=args.ctx, tokens=args.tokens, iters=args.iters,
+                              read_tbps=bw)
+    head = (f"{spec.name}, batch 1, ctx {args.ctx}, on {torch.cuda.get_device_name() if device == 'cuda' else 'CPU'}"
+            + (f"; read bandwidth {bw:.2f} TB/s, floor {spec.floor_ms(bw, args.ctx):.3f} ms/token"
+               if bw else "; CPU smoke run (Triton interpreter): times are not speeds"))
+    print(head)
+    print_ladder(rows)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"read_tbps": bw, "rows": rows}, f, indent=1)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _add_bench(sub):
+    p = sub.add_parser("bench", help="every rung of the ladder, checked against the oracle",
+                       description="Measure the read bandwidth, then each rung (ms/token, the "
+                       "ratio to the floor of this run, greedy agreement with the oracle). A rung "
+                       "whose oracle check fails gets no time.")
+    p.add_argument("--model", required=True, help="qwen2.5-1.5b (GPU) or tiny-qwen2 (CPU)")
+    p.add_argument("--ctx", type=int, default=512, help="context of the timed steps (default 512)")
+    p.add_argument("--tokens", type=int, default=12, help="greedy tokens checked (default 12)")
+    p.add_argument("--iters", type=int, default=100, help="timed steps per rung (default 100)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", choices=("cpu", "cuda"),
+                   default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--no-peers", dest="peers", action="store_false",
+                   help="skip the peer rungs (HF generate, the eager and compiled oracle)")
+    p.add_argument("--json", default=None, help="also write the rows to this file")
+    p.set_defaults(func=cmd_bench)
+
+
 # ---- main -----------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="onelaunch", description="A batch-1 decode engine in Triton, "
@@ -130,6 +289,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     _add_check(sub)
     _add_info(sub)
+    _add_generate(sub)
+    _add_bench(sub)
     return parser
 
 

@@ -102,3 +102,43 @@ def write_ladder(rows: list[dict], device="cuda", parameters=None, gpu=None) -> 
         r.setdefault("commit", git_commit())
     return write("ladder", rows, device=device, parameters=parameters,
                  merge_keys=LADDER_KEYS, gpu=gpu)
+
+
+# ---- what a row's oracle check says ------------------------------------------------------
+NEAR_TIE = 0.5   # logits; the peers' rule for a flip that rounding, not a bug, decides
+
+
+def agree_ok(agree) -> bool:
+    """``"12/12"`` -> True, ``"6/8"`` -> False; ``True``/``False`` as they are."""
+    if isinstance(agree, bool):
+        return agree
+    try:
+        a, b = str(agree).split("/")
+        return int(a) == int(b) and int(b) > 0
+    except ValueError:
+        return False
+
+
+def flips_are_near_ties(row: dict) -> bool | None:
+    """Whether every recorded disagreement is a near tie of the reference's own logits:
+    our rungs list each teacher-forced flip with its margin and threshold (two bf16 ulps);
+    the peers record the margin at their first free-running flip. None: nothing recorded."""
+    if row.get("flips") is not None:
+        return all(f["margin"] <= f["near_tie_below"] for f in row["flips"])
+    if row.get("flip_margin") is not None:
+        return row["flip_margin"] <= NEAR_TIE
+    return None
+
+
+def row_passes(row: dict) -> bool:
+    """A row that may be reported as a number: it has a time, and its oracle check passed:
+    full agreement, or disagreements only at recorded near ties (``agree`` None marks the
+    reference itself). A row the benchmark refused has no time and is never reported."""
+    import math
+    ms = row.get("ms_per_token")
+    if not (isinstance(ms, (int, float)) and math.isfinite(ms) and ms > 0) or row.get("refused"):
+        return False
+    agree = row.get("agree")
+    if agree is None or agree_ok(agree):
+        return True
+    return bool(flips_are_near_ties(row))

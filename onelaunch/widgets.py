@@ -22,6 +22,8 @@ import math
 from pathlib import Path
 
 from .results import RESULTS
+from .results import NEAR_TIE, agree_ok, flips_are_near_ties  # noqa: F401  (re-exported)
+from .results import row_passes as row_ok
 
 # the peers, in the order the slider shows them (chapters 1 and 2 measure them)
 PEER_RUNGS = ("HF eager", "HF static", "oracle eager", "oracle compiled")
@@ -71,44 +73,6 @@ def _attach_reference_flips(data: dict, check_path: Path) -> None:
                 and c.get("agree") == r.get("agree"):
             r["flips"] = [{"step": d["step"], "margin": d["hf_gap"], "near_tie_below": NEAR_TIE}
                           for d in c.get("disagreements", [])]
-
-
-def agree_ok(agree) -> bool:
-    """``"12/12"`` -> True, ``"6/8"`` -> False; ``True``/``False`` as they are."""
-    if isinstance(agree, bool):
-        return agree
-    try:
-        a, b = str(agree).split("/")
-        return int(a) == int(b) and int(b) > 0
-    except ValueError:
-        return False
-
-
-NEAR_TIE = 0.5   # logits; the peers' rule for a flip that rounding, not a bug, decides
-
-
-def flips_are_near_ties(row: dict) -> bool | None:
-    """Whether every recorded disagreement is a near tie of the reference's own logits:
-    our rungs list each teacher-forced flip with its margin and threshold (two bf16 ulps);
-    the peers record the margin at their first free-running flip. None: nothing recorded."""
-    if row.get("flips") is not None:
-        return all(f["margin"] <= f["near_tie_below"] for f in row["flips"])
-    if row.get("flip_margin") is not None:
-        return row["flip_margin"] <= NEAR_TIE
-    return None
-
-
-def row_ok(row: dict) -> bool:
-    """A row that may be drawn as a number: it has a time, and its oracle check passed:
-    full agreement, or disagreements only at recorded near ties (``agree`` None marks the
-    reference itself). A row the benchmark refused has no time and is never drawn."""
-    ms = row.get("ms_per_token")
-    if not (isinstance(ms, (int, float)) and math.isfinite(ms) and ms > 0) or row.get("refused"):
-        return False
-    agree = row.get("agree")
-    if agree is None or agree_ok(agree):
-        return True
-    return bool(flips_are_near_ties(row))
 
 
 def is_peer(row_or_rung) -> bool:
