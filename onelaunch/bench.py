@@ -181,8 +181,7 @@ def kernel_rows(spec, w, device="cuda", ctx: int = 512, iters: int = 50, read_tb
     row("down_residual", us, L0["w_down"].numel() * 2 + s.hidden * 4, err,
         note=f"split-K {cfg('down')['SPLIT_K']}, last-arrival epilogue")
     # ---- final norm + lm_head + argmax ---------------------------------------------------
-    n_prog = K.lm_head_argmax.__globals__["programs_for"](s.vocab, dev) if not cfgs.get("lm_head") else \
-        -(-s.vocab // cfgs["lm_head"]["BLOCK_N"])
+    n_prog = -(-s.vocab // cfg("lm_head")["BLOCK_N"])
     logits = torch.empty(s.vocab, dtype=torch.float32, device=dev)
     pv = torch.empty(n_prog, dtype=torch.float32, device=dev)
     pi = torch.empty(n_prog, dtype=torch.int32, device=dev)

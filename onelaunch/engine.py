@@ -104,7 +104,7 @@ class Engine:
         # ---- last-arrival reductions: counters zero between calls, kept zero by the kernels
         self.down_scratch = torch.zeros(16 * s.hidden, dtype=torch.float32, device=dev)  # [SPLIT_K, N]
         self.down_counter = torch.zeros(s.hidden, dtype=torch.int32, device=dev)
-        n_prog = K.lm_head_argmax.__globals__["programs_for"](s.vocab, dev)
+        n_prog = K.programs_for(s.vocab, dev)
         self.lm_val = torch.zeros(n_prog, dtype=torch.float32, device=dev)
         self.lm_idx = torch.zeros(n_prog, dtype=torch.int32, device=dev)
         self.lm_counter = torch.zeros(1, dtype=torch.int32, device=dev)
@@ -203,22 +203,29 @@ class Engine:
         self.prompt_len.fill_(ids.numel())
 
     @torch.no_grad()
-    def generate(self, prompt_ids, max_new_tokens: int, graph: bool = True, read_every: int = 64):
+    def generate(self, prompt_ids, max_new_tokens: int, graph: bool = True,
+                 on_tokens=None, read_every: int = 64):
         """Greedy decoding. Prefill runs the same step over the prompt (each step writes one
-        KV slot); every step after the prompt appends its argmax on the GPU. Tokens are read
-        back every ``read_every`` steps and at the end, never per token."""
+        KV slot); every step after the prompt appends its argmax on the GPU and the next
+        step reads it there. The host never waits per token: with ``on_tokens`` (a
+        callback taking a list of ids) it reads the new tokens every ``read_every``
+        steps, a batched read for streaming output; otherwise once, at the end."""
         ids = self.check_prompt(prompt_ids, max_new_tokens)
         n = ids.numel()
         if graph and self.graph is None:
             self.capture()
         self.start(ids)
         steps = n - 1 + max_new_tokens
-        out = []
+        done = 0                                       # tokens handed to on_tokens so far
         for i in range(steps):
             self.step(graph)
-            if (i + 1) % read_every == 0:
-                out = self.seq[n: n + max_new_tokens].tolist()   # a batched read
+            ready = i + 2 - n                          # tokens generated after this step
+            if on_tokens is not None and ready - done >= read_every:
+                on_tokens(self.seq[n + done: n + ready].tolist())
+                done = ready
         out = self.seq[n: n + max_new_tokens].tolist()
+        if on_tokens is not None and done < max_new_tokens:
+            on_tokens(out[done:])
         return torch.tensor(out, dtype=torch.long)
 
     @torch.no_grad()

@@ -27,8 +27,10 @@ def test_engine_matches_oracle(w, attention):
     prompt = torch.randint(0, SPEC.vocab, (5,), generator=torch.Generator().manual_seed(7))
     ref = Oracle(SPEC, w, max_ctx=64).generate(prompt, 4).cpu()
     e = Engine(SPEC, w, max_ctx=64, attention=attention)
-    got = e.generate(prompt, 4, graph=False)
+    chunks = []
+    got = e.generate(prompt, 4, graph=False, on_tokens=chunks.append, read_every=3)
     assert got.tolist() == ref.tolist()
+    assert chunks == [ref[:3].tolist(), ref[3:].tolist()]   # batched reads, in order
     # teacher-forced: the engine's argmax given the oracle's own prefix, step by step
     assert e.teacher_forced(prompt, ref, graph=False).tolist() == ref.tolist()
 

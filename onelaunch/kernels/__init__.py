@@ -7,4 +7,4 @@ from .attention_splitk import attention_splitk, chunk_for, n_splits_for  # noqa:
 from .o_proj_residual import o_proj_residual  # noqa: F401
 from .rms_gate_up_swiglu import rms_gate_up_swiglu  # noqa: F401
 from .down_residual import down_residual  # noqa: F401
-from .lm_head_argmax import lm_head_argmax  # noqa: F401
+from .lm_head_argmax import lm_head_argmax, programs_for  # noqa: F401
