@@ -49,6 +49,8 @@ class Oracle(torch.nn.Module):
     """The reference model over a weights dict (HF names). Weights are registered as
     buffers, not copied; the KV cache is a pair of static buffers."""
 
+    MOE_TOKENS_PER_GATHER = 16
+
     def __init__(self, spec, weights: dict[str, torch.Tensor], max_ctx: int | None = None):
         super().__init__()
         self.spec = spec
@@ -113,12 +115,18 @@ class Oracle(torch.nn.Module):
         probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
         topw, topi = torch.topk(probs, s.top_k, dim=-1)                             # [T, k]
         topw = topw.to(x.dtype)
-        gu = self.w(p + "experts.gate_up_proj")[topi]                               # [T, k, 2I, H]
-        dn = self.w(p + "experts.down_proj")[topi]                                  # [T, k, H, I]
-        h = torch.einsum("tkoh,th->tko", gu, x)                                     # [T, k, 2I]
-        gate, up = h.chunk(2, dim=-1)
-        y = torch.einsum("tkhi,tki->tkh", dn, F.silu(gate) * up)                    # [T, k, H]
-        return (y * topw[..., None]).sum(1)                                          # [T, H]
+        out = []
+        # the gather below copies k experts' weights per token (OLMoE: 67 MB a token), so a
+        # long prefill goes through it a few tokens at a time
+        for t0 in range(0, x.shape[0], self.MOE_TOKENS_PER_GATHER):
+            sl = slice(t0, t0 + self.MOE_TOKENS_PER_GATHER)
+            gu = self.w(p + "experts.gate_up_proj")[topi[sl]]                       # [t, k, 2I, H]
+            dn = self.w(p + "experts.down_proj")[topi[sl]]                          # [t, k, H, I]
+            h = torch.einsum("tkoh,th->tko", gu, x[sl])                             # [t, k, 2I]
+            gate, up = h.chunk(2, dim=-1)
+            y = torch.einsum("tkhi,tki->tkh", dn, F.silu(gate) * up)                # [t, k, H]
+            out.append((y * topw[sl, :, None]).sum(1))                               # [t, H]
+        return torch.cat(out)
 
     def _maybe(self, name):
         return self.w(name) if name in self._names else None
