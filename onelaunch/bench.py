@@ -27,7 +27,7 @@ from .specs import get_spec
 from .timing import read_bandwidth, time_ms
 from .weights import random_weights
 
-RUNGS = ("fused eager", "fused + graph", "+ split-K", "+ PDL")
+RUNGS = ("fused eager", "fused + graph", "+ split-K", "+ PDL", "+ fused RoPE")
 
 
 def f32(t):
@@ -265,13 +265,15 @@ def ladder_rows(spec, w, device="cuda", ctx=512, tokens=12, iters=100, read_tbps
         "fused + graph": dict(attention="plain", graph=True, pdl=False),
         "+ split-K": dict(attention="splitk", graph=True, pdl=False),
         "+ PDL": dict(attention="splitk", graph=True, pdl=True),
+        "+ fused RoPE": dict(attention="splitk", graph=True, pdl=True, fuse_rope=True),
     }
     rows, eager_tokens = [], None
     for rung in rungs:
         st = settings[rung]
-        if st["pdl"] and not config.pdl_supported(dev):
-            continue
-        e = Engine(spec, w, max_ctx=max_ctx, attention=st["attention"], pdl=st["pdl"])
+        if rung == "+ PDL" and not config.pdl_supported(dev):
+            continue                     # later rungs keep their other steps, without PDL
+        e = Engine(spec, w, max_ctx=max_ctx, attention=st["attention"], pdl=st["pdl"],
+                   fuse_rope=st.get("fuse_rope", False))
         j = judge(e, prompt, ref, st["graph"])
         r = {"model": spec.name, "rung": rung, "ctx": ctx, "agree": j["agree"],
              "agree_free": j["agree_free"], "flips": j["flips"], "floor_ms": floor,

@@ -16,7 +16,9 @@ byte-identical at every step, while the sequence grows underneath it.
 
 Modes: ``graph=False`` runs the same launches eagerly (the "fused eager" rung);
 ``attention="plain"`` uses one program per query head, ``"splitk"`` the flash-decode pair;
-``pdl=True`` launches every kernel with programmatic dependent launch (Hopper+).
+``pdl=True`` launches every kernel with programmatic dependent launch (Hopper+);
+``fuse_rope=True`` does RoPE and the KV write in the QKV kernel's epilogue (one launch
+fewer per layer; not yet measured on a GPU).
 The engine covers the dense family; the MoE engine is a later chapter.
 """
 from __future__ import annotations
@@ -57,7 +59,8 @@ def pack_weights(spec, w: dict[str, torch.Tensor]) -> dict:
 
 class Engine:
     def __init__(self, spec, weights: dict[str, torch.Tensor], max_ctx: int | None = None,
-                 attention: str = "splitk", pdl: bool = False, device=None):
+                 attention: str = "splitk", pdl: bool = False, fuse_rope: bool = False,
+                 device=None):
         self.spec = spec = get_spec(spec)
         if spec.is_moe:
             raise EngineError(f"{spec.name} is a mixture of experts; this engine runs the dense "
@@ -74,6 +77,10 @@ class Engine:
         self.max_ctx = max_ctx or spec.max_ctx
         self.attention = attention
         self.pdl = bool(pdl) and config.pdl_supported(self.device)
+        if fuse_rope and spec.qk_norm:
+            raise EngineError("fuse_rope needs a model without q/k norm (their RMS spans every "
+                              "program's output)")
+        self.fuse_rope = bool(fuse_rope)
         self.W = pack_weights(spec, weights)
         dev, bf = self.device, torch.bfloat16
         s = spec
@@ -114,7 +121,7 @@ class Engine:
 
     # ------------------------------------------------------------------------------------
     def launches_per_step(self) -> int:
-        per_layer = 6 + (1 if self.attention == "splitk" else 0)
+        per_layer = 6 + (1 if self.attention == "splitk" else 0) - (1 if self.fuse_rope else 0)
         return 2 + per_layer * self.spec.layers
 
     def step_launches(self):
@@ -123,10 +130,15 @@ class Engine:
         K.embed(W["embed"], self.x, self.seq, self.pos, use_pdl=pdl)
         for li, L in enumerate(W["layers"]):
             kc, vc = self.k_cache[li], self.v_cache[li]
-            K.rms_qkv(self.x, L["input_norm"], L["w_qkv"], L["b_qkv"], self.qkv, eps,
-                      use_pdl=pdl, cfg=self.cfg["rms_qkv"])
-            K.rope_kv_write(self.qkv, self.q, kc, vc, self.cos, self.sin, self.pos,
-                            s.heads, s.kv_heads, s.head_dim, use_pdl=pdl)
+            if self.fuse_rope:
+                K.rms_qkv_rope(self.x, L["input_norm"], L["w_qkv"], L["b_qkv"], self.q, kc, vc,
+                               self.cos, self.sin, self.pos, eps, s.heads, s.kv_heads,
+                               s.head_dim, use_pdl=pdl, cfg=self.cfg["rms_qkv"])
+            else:
+                K.rms_qkv(self.x, L["input_norm"], L["w_qkv"], L["b_qkv"], self.qkv, eps,
+                          use_pdl=pdl, cfg=self.cfg["rms_qkv"])
+                K.rope_kv_write(self.qkv, self.q, kc, vc, self.cos, self.sin, self.pos,
+                                s.heads, s.kv_heads, s.head_dim, use_pdl=pdl)
             if self.attention == "plain":
                 K.attention(self.q, kc, vc, self.attn, self.pos, s.heads, s.kv_heads, s.head_dim,
                             self.cfg["attention"], use_pdl=pdl)

@@ -22,11 +22,13 @@ def w():
     return random_weights(SPEC, 0)     # bf16, what the kernels read
 
 
-@pytest.mark.parametrize("attention", ["plain", "splitk"])
-def test_engine_matches_oracle(w, attention):
+@pytest.mark.parametrize("attention,fuse_rope", [("plain", False), ("splitk", False),
+                                                 ("splitk", True)])
+def test_engine_matches_oracle(w, attention, fuse_rope):
     prompt = torch.randint(0, SPEC.vocab, (5,), generator=torch.Generator().manual_seed(7))
     ref = Oracle(SPEC, w, max_ctx=64).generate(prompt, 4).cpu()
-    e = Engine(SPEC, w, max_ctx=64, attention=attention)
+    e = Engine(SPEC, w, max_ctx=64, attention=attention, fuse_rope=fuse_rope)
+    assert e.launches_per_step() == 2 + SPEC.layers * (6 + (attention == "splitk") - fuse_rope)
     chunks = []
     got = e.generate(prompt, 4, graph=False, on_tokens=chunks.append, read_every=3)
     assert got.tolist() == ref.tolist()

@@ -2,6 +2,7 @@
 from .embed import embed  # noqa: F401
 from .rms_qkv import rms_qkv  # noqa: F401
 from .rope_kv import rope_kv_write  # noqa: F401
+from .rms_qkv_rope import rms_qkv_rope  # noqa: F401
 from .attention import attention  # noqa: F401
 from .attention_splitk import attention_splitk, chunk_for, n_splits_for  # noqa: F401
 from .o_proj_residual import o_proj_residual  # noqa: F401
