@@ -74,6 +74,11 @@ def test_ladder_slider_widget():
     assert widgets.rung_order(rows) == ["HF eager", "oracle compiled", "graph", "fused"]
     assert not widgets.row_ok(rows[1]) and widgets.row_ok(rows[0])
     assert widgets.summary(rows, "m")["best_peer"]["rung"] == "oracle compiled"
+    # a flip counts only at a recorded near tie of the reference's own logits
+    tie = dict(rows[1], flips=[{"step": 3, "margin": 0.0, "near_tie_below": 0.125}])
+    real = dict(rows[1], flips=[{"step": 3, "margin": 0.9, "near_tie_below": 0.125}])
+    assert widgets.row_ok(tie) and not widgets.row_ok(real)
+    assert not widgets.row_ok(dict(tie, refused="differs"))
 
 
 def test_book_builds():
