@@ -12,7 +12,6 @@ so an fp32 copy holds exactly the numbers the bf16 engine reads.
 """
 from __future__ import annotations
 
-import json
 import os
 import zlib
 from pathlib import Path
@@ -197,8 +196,3 @@ def load_checkpoint(path_or_id: str, spec=None, device="cpu", dtype=torch.bfloat
         w["lm_head.weight"] = w["model.embed_tokens.weight"]
     return spec, w
 
-
-def describe(weights: dict[str, torch.Tensor]) -> str:
-    total = sum(t.numel() for k, t in weights.items() if k != "lm_head.weight"
-                or t.data_ptr() != weights["model.embed_tokens.weight"].data_ptr())
-    return json.dumps({"tensors": len(weights), "params": total})

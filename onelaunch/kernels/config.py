@@ -46,9 +46,6 @@ TABLE: dict[str, dict[str, dict]] = {
     "sm_89": _DEFAULT,
 }
 
-# overrides set in this process (tests, experiments): op -> params
-OVERRIDES: dict[str, dict] = {}
-
 # tables written by a launch-configuration sweep on a GPU of that architecture
 # (`python -m onelaunch.bench --what sweepcfg --write-table`); they take precedence over
 # the hand-written entries above, and are committed with the sweep's figures in NOTES.md
@@ -77,8 +74,6 @@ def arch(device_index: int = 0) -> str:
 
 
 def get(op: str, device=None) -> dict:
-    if op in OVERRIDES:
-        return dict(OVERRIDES[op])
     a = "default"
     if device is not None and torch.device(device).type == "cuda":
         a = arch(torch.device(device).index or 0)
