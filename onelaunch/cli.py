@@ -181,6 +181,14 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def _add_engine_device(p):
+    """--device for the commands that run the Triton engine: the GPU when there is one,
+    else the CPU, where the kernels run in Triton's interpreter."""
+    p.add_argument("--device", choices=("cpu", "cuda"),
+                   default="cuda" if torch.cuda.is_available() else "cpu",
+                   help="default: cuda if a GPU is visible, else cpu (Triton interpreter)")
+
+
 def _add_generate(sub):
     p = sub.add_parser("generate", help="greedy decoding through the Triton engine (dense models)",
                        description="Prefill and decode with the engine: one CUDA graph per "
@@ -190,8 +198,7 @@ def _add_generate(sub):
     p.add_argument("--prompt-ids", default=None, help="comma-separated token ids instead of a random prompt")
     p.add_argument("--tokens", type=int, default=12, help="tokens to generate (default 12)")
     p.add_argument("--seed", type=int, default=0, help="weights and prompt seed (default 0)")
-    p.add_argument("--device", choices=("cpu", "cuda"),
-                   default="cuda" if torch.cuda.is_available() else "cpu")
+    _add_engine_device(p)
     p.add_argument("--attention", choices=("splitk", "plain"), default="splitk")
     p.add_argument("--pdl", action="store_true", help="programmatic dependent launch (Hopper+)")
     p.add_argument("--eager", action="store_true", help="launch kernels one by one, no CUDA graph")
@@ -274,8 +281,7 @@ def _add_bench(sub):
     p.add_argument("--tokens", type=int, default=12, help="greedy tokens checked (default 12)")
     p.add_argument("--iters", type=int, default=100, help="timed steps per rung (default 100)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", choices=("cpu", "cuda"),
-                   default="cuda" if torch.cuda.is_available() else "cpu")
+    _add_engine_device(p)
     p.add_argument("--no-peers", dest="peers", action="store_false",
                    help="skip the peer rungs (HF generate, the eager and compiled oracle)")
     p.add_argument("--json", default=None, help="also write the rows to this file")
