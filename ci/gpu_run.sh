@@ -34,7 +34,7 @@ has() { [[ ",$STAGES," == *",$1,"* ]]; }
 has env && run env 60 bash -c 'nvidia-smi; python3 -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__, torch.cuda.get_device_name())"'
 has check && run check_qwen 240 python3 -m onelaunch check --model qwen2.5-1.5b --device cuda --prompt-len 128 --tokens 12
 has check && run check_olmoe 240 python3 -m onelaunch check --model olmoe-1b-7b --device cuda --prompt-len 128 --tokens 12
-has tune && run tune 300 python3 -m onelaunch.bench --what sweepcfg --write-table --json work/tune.json && cp -r onelaunch/kernels/tuned work/ 2>/dev/null
+has tune && run tune 330 python3 -m onelaunch.bench --what sweepcfg --write-table --json work/tune.json && cp -r onelaunch/kernels/tuned work/ 2>/dev/null
 has bench && run bench 400 python3 -m onelaunch.bench --what kernels,ladder,sweep,long --json work/bench.json
 has peers && run peers 400 python3 -c "
 import json

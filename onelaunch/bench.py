@@ -27,7 +27,7 @@ from .specs import get_spec
 from .timing import read_bandwidth, time_ms
 from .weights import random_weights
 
-RUNGS = ("fused eager", "fused + graph", "+ split-K", "+ PDL", "+ fused RoPE")
+RUNGS = ("fused eager", "fused + graph", "+ split-K", "+ PDL", "+ fused RoPE", "+ early trigger")
 
 
 def f32(t):
@@ -266,8 +266,9 @@ def ladder_rows(spec, w, device="cuda", ctx=512, tokens=12, iters=100, read_tbps
         "+ split-K": dict(attention="splitk", graph=True, pdl=False),
         "+ PDL": dict(attention="splitk", graph=True, pdl=True),
         "+ fused RoPE": dict(attention="splitk", graph=True, pdl=True, fuse_rope=True),
+        "+ early trigger": dict(attention="splitk", graph=True, pdl="early", fuse_rope=True),
     }
-    rows, eager_tokens = [], None
+    rows, eager_tokens, prev_tokens = [], None, None
     for rung in rungs:
         st = settings[rung]
         if rung == "+ PDL" and not config.pdl_supported(dev):
@@ -285,6 +286,9 @@ def ladder_rows(spec, w, device="cuda", ctx=512, tokens=12, iters=100, read_tbps
             eager_tokens = j["tokens"]
         elif eager_tokens is not None:
             r["same_tokens_as_fused_eager"] = j["tokens"] == eager_tokens
+        if prev_tokens is not None:
+            r["same_tokens_as_previous_rung"] = j["tokens"] == prev_tokens
+        prev_tokens = j["tokens"]
         if j["ok"]:
             ms = time_engine_step(e, st["graph"], iters if st["graph"] else max(10, iters // 4), dev)
             r["ms_per_token"] = ms
@@ -364,24 +368,33 @@ def long_context_agreement(spec, w, device="cuda", ctx=32768, tokens=12, pdl=Tru
 
 
 # --------------------------------------------------------------------------------------
-def config_sweep(spec, w, device="cuda", iters=30, read_tbps=None) -> list[dict]:
-    """Time a few launch configurations of each GEMV kernel; returns one row per config."""
+def config_sweep(spec, w, device="cuda", iters=30, read_tbps=None, pdl=None) -> list[dict]:
+    """Time launch configurations of each GEMV kernel; returns one row per config.
+
+    Each config runs once per layer, back to back in one CUDA graph, with programmatic
+    dependent launch where the GPU has it (as in the engine's fastest rung), so the
+    numbers include what a kernel's boundary costs inside the step. BLOCK_K 2048 covers
+    all of K = 1536 in one tile: every weight byte of a program is requested before its
+    ``gdc_wait``. ``down``'s splits are sized to whole tiles (5 x 2048, 9 x 1024), and
+    SPLIT_K 1 is the plain GEMV with 2 rows a program."""
+    pdl = config.pdl_supported(device) if pdl is None else pdl
     grid = {
-        "rms_qkv": [dict(BLOCK_N=n, BLOCK_K=k, num_warps=nw) for n in (4, 8, 16) for k in (512, 2048)
+        "rms_qkv": [dict(BLOCK_N=n, BLOCK_K=k, num_warps=nw) for n in (2, 4, 8, 16) for k in (512, 2048)
                     for nw in (4, 8)],
         "o_proj": [dict(BLOCK_N=n, BLOCK_K=k, num_warps=nw) for n in (2, 4, 8) for k in (512, 2048)
                    for nw in (4, 8)],
-        "gate_up": [dict(BLOCK_N=n, BLOCK_K=k, num_warps=nw) for n in (4, 8, 16) for k in (512, 1024)
+        "gate_up": [dict(BLOCK_N=n, BLOCK_K=k, num_warps=nw) for n in (2, 4, 8) for k in (512, 2048)
                     for nw in (4, 8)],
-        "down": [dict(BLOCK_N=n, BLOCK_K=k, SPLIT_K=sk, num_warps=4) for n in (8, 16) for k in (256, 512)
-                 for sk in (5, 8)],
-        "lm_head": [dict(BLOCK_N=n, BLOCK_K=256, num_warps=nw) for n in (16, 32, 64) for nw in (4, 8)],
+        "down": [dict(BLOCK_N=n, BLOCK_K=k, SPLIT_K=sk, num_warps=nw) for n in (4, 8, 16)
+                 for k, sk in ((512, 5), (2048, 5), (1024, 9)) for nw in (4, 8)]
+                + [dict(BLOCK_N=2, BLOCK_K=1024, SPLIT_K=1, num_warps=nw) for nw in (4, 8)],
+        "lm_head": [dict(BLOCK_N=n, BLOCK_K=256, num_warps=nw) for n, nw in ((32, 4), (64, 4), (64, 8))],
     }
     P = pack_weights(get_spec(spec), w)          # once: packing copies the weights
     out = []
     for op, cands in grid.items():
         for c in cands:
-            r = _time_one(spec, w, device, op, c, iters, read_tbps, packed=P)
+            r = _time_one(spec, w, device, op, c, iters, read_tbps, packed=P, pdl=pdl)
             print(json.dumps(r), flush=True)     # a sweep cut short still reports
             out.append(r)
     return out
@@ -408,7 +421,7 @@ def write_table(sweep: list[dict], read_tbps: float, model: str) -> str:
     return p
 
 
-def _time_one(spec, w, device, op, c, iters, read_tbps, packed=None):
+def _time_one(spec, w, device, op, c, iters, read_tbps, packed=None, pdl=False):
     spec = get_spec(spec)
     s, dev, bf = spec, torch.device(device), torch.bfloat16
     P = packed or pack_weights(spec, w)
@@ -417,21 +430,21 @@ def _time_one(spec, w, device, op, c, iters, read_tbps, packed=None):
     try:
         if op == "rms_qkv":
             out = torch.empty(s.qkv_size, dtype=bf, device=dev)
-            fn = lambda: [K.rms_qkv(x, L["input_norm"], L["w_qkv"], L["b_qkv"], out, eps, cfg=c) for L in Ls]
+            fn = lambda: [K.rms_qkv(x, L["input_norm"], L["w_qkv"], L["b_qkv"], out, eps, use_pdl=pdl, cfg=c) for L in Ls]
             nbytes, n = Ls[0]["w_qkv"].numel() * 2, len(Ls)
         elif op == "o_proj":
             a = torch.randn(s.q_size, device=dev).to(bf)
-            fn = lambda: [K.o_proj_residual(a, L["w_o"], x, cfg=c) for L in Ls]
+            fn = lambda: [K.o_proj_residual(a, L["w_o"], x, use_pdl=pdl, cfg=c) for L in Ls]
             nbytes, n = Ls[0]["w_o"].numel() * 2, len(Ls)
         elif op == "gate_up":
             h = torch.empty(s.intermediate, dtype=bf, device=dev)
-            fn = lambda: [K.rms_gate_up_swiglu(x, L["post_norm"], L["w_gate_up"], h, eps, cfg=c) for L in Ls]
+            fn = lambda: [K.rms_gate_up_swiglu(x, L["post_norm"], L["w_gate_up"], h, eps, use_pdl=pdl, cfg=c) for L in Ls]
             nbytes, n = Ls[0]["w_gate_up"].numel() * 2, len(Ls)
         elif op == "down":
             hh = torch.randn(s.intermediate, device=dev).to(bf)
             sc = torch.zeros(16 * s.hidden, dtype=torch.float32, device=dev)
             cnt = torch.zeros(s.hidden, dtype=torch.int32, device=dev)
-            fn = lambda: [K.down_residual(hh, L["w_down"], x, sc, cnt, cfg=c) for L in Ls]
+            fn = lambda: [K.down_residual(hh, L["w_down"], x, sc, cnt, use_pdl=pdl, cfg=c) for L in Ls]
             nbytes, n = Ls[0]["w_down"].numel() * 2, len(Ls)
         else:
             n_prog = -(-s.vocab // c["BLOCK_N"])
@@ -442,12 +455,12 @@ def _time_one(spec, w, device, op, c, iters, read_tbps, packed=None):
             seq = torch.zeros(64, dtype=torch.int32, device=dev)
             p0 = torch.zeros(1, dtype=torch.int32, device=dev)
             pl = torch.full((1,), 10 ** 6, dtype=torch.int32, device=dev)
-            fn = lambda: [K.lm_head_argmax(x, P["norm"], P["lm_head"], lg, pv, pi, cnt, seq, p0, pl, eps, cfg=c)
+            fn = lambda: [K.lm_head_argmax(x, P["norm"], P["lm_head"], lg, pv, pi, cnt, seq, p0, pl, eps, use_pdl=pdl, cfg=c)
                           for _ in range(4)]
             nbytes, n = P["lm_head"].numel() * 2, 4
         us = _graph_time(fn, n, dev, iters)
         gbps = nbytes / (us * 1e-6) / 1e9
-        return {"op": op, "cfg": c, "us": us, "gbps": gbps,
+        return {"op": op, "cfg": c, "pdl": bool(pdl), "us": us, "gbps": gbps,
                 "pct_of_read": 100 * gbps / (read_tbps * 1e3) if read_tbps else None}
     except Exception as ex:
         return {"op": op, "cfg": c, "error": f"{type(ex).__name__}: {str(ex)[:200]}"}

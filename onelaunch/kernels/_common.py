@@ -60,9 +60,18 @@ def gemv_tiles(w_ptr, stride_w_n, offs_n, n_mask, x_ptr, g_ptr, rstd, w_first, k
 
 @triton.jit
 def pdl_wait(USE_PDL: tl.constexpr):
-    """Wait for the previous kernel's results (a no-op without PDL), then let the next
-    kernel start launching: its programs will issue their weight loads and wait in turn."""
-    if USE_PDL:
+    """Wait for the previous kernel's results (a no-op without PDL) and let the next kernel
+    start launching: its programs issue their weight loads and then wait in turn.
+
+    USE_PDL 1: wait, then trigger the next kernel. USE_PDL 2 ("early"): trigger first, so
+    the next kernel's programs may launch while this one still waits on its predecessor.
+    Both are safe for the same reason: nothing a kernel does before its wait writes memory
+    or reads an activation, and the wait returns only once the previous grid has finished
+    and its writes are visible (so, by induction, every grid before it too)."""
+    if USE_PDL == 2:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+    elif USE_PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
 
