@@ -9,6 +9,7 @@
 #     peers    the peer rungs (HF eager/static, oracle eager/compiled) in the same run
 #     cli      `python -m onelaunch bench`: the peers and every engine rung in one process,
 #              so every ratio (to the floor and to the best peer) comes from one run
+#     ladder   the same without the peers (the engine's rungs only: about a minute)
 #     pytest   the GPU-marked tests
 #     book     every chapter through papermill with the GPU parameters (ci/gpu_book.sh)
 # Results and logs go to $OUT (one archive, gpu-run.tar.gz, plus the last log).
@@ -44,6 +45,7 @@ for r in rows: print(json.dumps(r))
 json.dump(rows, open('work/peers.json', 'w'), indent=1)
 "
 has cli && run cli 420 python3 -m onelaunch bench --model qwen2.5-1.5b --ctx 512 --json work/cli_bench.json
+has ladder && run ladder 300 python3 -m onelaunch bench --model qwen2.5-1.5b --ctx 512 --no-peers --json work/ladder_bench.json
 has pytest && run pytest 500 python3 -m pytest -q -m gpu tests
 has book && run book 560 bash ci/gpu_book.sh "$OUT/book-gpu.tar.gz"
 cp "$LOG" "$OUT/" 2>/dev/null

@@ -157,8 +157,8 @@ def test_embed():
     assert torch.equal(x, E[41])
 
 
-@pytest.mark.parametrize("bn", [4, 16])
-def test_rms_qkv_rope_equals_the_two_kernels(bn):
+@pytest.mark.parametrize("bn,pf", [(4, 1), (16, 1), (16, 2)])
+def test_rms_qkv_rope_equals_the_two_kernels(bn, pf):
     """The fused kernel must write exactly what rms_qkv followed by rope_kv_write writes:
     the same rounding at the same points, so bit-identical q and cache slots."""
     Hq, Hkv, D, K_, C, pos = 6, 2, 16, 96, 24, 17
@@ -167,7 +167,7 @@ def test_rms_qkv_rope_equals_the_two_kernels(bn):
     w, b = rnd(N, K_, seed=32), rnd(N, seed=33)
     cos, sin = rope_cos_sin(torch.arange(C), D, 1e6, bf)
     p = torch.tensor([pos], dtype=torch.int32)
-    cfg = dict(BLOCK_N=bn, BLOCK_K=64, num_warps=4)
+    cfg = dict(BLOCK_N=bn, BLOCK_K=64, num_warps=4, PREFETCH=pf)
     # reference: the two kernels
     qkv = torch.empty(N, dtype=bf)
     q_ref, kc_ref, vc_ref = torch.empty(Hq * D, dtype=bf), torch.zeros(Hkv, C, D, dtype=bf), torch.zeros(Hkv, C, D, dtype=bf)
@@ -180,3 +180,31 @@ def test_rms_qkv_rope_equals_the_two_kernels(bn):
     assert torch.equal(q, q_ref)
     assert torch.equal(kc, kc_ref) and torch.equal(vc, vc_ref)
     assert kc[:, pos].abs().sum() > 0 and vc[:, pos].abs().sum() > 0
+
+
+@pytest.mark.parametrize("pf", [2, 3, 4])
+def test_prefetched_tiles_change_no_bit(pf):
+    """Requesting 2-4 weight tiles before the PDL wait (PREFETCH) is a schedule, not new
+    arithmetic: every GEMV kernel gives bit-for-bit what it gives with one tile. K = 200 in
+    64-wide tiles is 4 tiles, the last ragged, so PREFETCH 2 and 3 also run the loop."""
+    N, I, K_ = 37, 45, 200
+    one, more = dict(CFG, PREFETCH=1), dict(CFG, PREFETCH=pf)
+    x, g, b = rnd(K_, seed=30), 1 + 0.1 * rnd(K_, seed=31), rnd(N, seed=32)
+    w, wgu = rnd(N, K_, seed=33), rnd(2 * I, K_, seed=34)
+    outs = {}
+    for name, c in (("one", one), ("more", more)):
+        qkv, h, xo = torch.empty(N, dtype=bf), torch.empty(I, dtype=bf), b.clone()
+        K.rms_qkv(x, g, w, b, qkv, 1e-6, cfg=c)
+        K.rms_gate_up_swiglu(x, g, wgu, h, 1e-6, cfg=c)
+        K.o_proj_residual(x, w, xo, cfg=c)
+        xd = b.clone()
+        K.down_residual(x, w, xd, torch.empty(2 * N), torch.zeros(N, dtype=torch.int32),
+                        cfg=dict(c, SPLIT_K=2, BLOCK_K=64))
+        lg = torch.empty(N)
+        K.lm_head_argmax(x, g, w, lg, torch.empty(4), torch.empty(4, dtype=torch.int32),
+                         torch.zeros(1, dtype=torch.int32), torch.zeros(8, dtype=torch.int32),
+                         torch.tensor([0], dtype=torch.int32), torch.tensor([0], dtype=torch.int32),
+                         1e-6, cfg=c)
+        outs[name] = (qkv, h, xo, xd, lg)
+    for a, c in zip(outs["one"], outs["more"]):
+        assert torch.equal(a, c)

@@ -3,10 +3,11 @@ and the tile loop. All arithmetic is fp32; bf16 values are cast right after each
 (Triton's CPU interpreter does bf16 arithmetic on raw bits, so nothing here ever adds or
 multiplies bf16 values).
 
-A GEMV program owns BLOCK_N rows of W [N, K] and walks K in BLOCK_K tiles. The first tile
-is loaded by the caller *before* it waits on the previous kernel (programmatic dependent
-launch), so weight streaming overlaps the previous kernel's tail: weights never depend on
-the previous kernel, only the activation vector does.
+A GEMV program owns BLOCK_N rows of W [N, K] and walks K in BLOCK_K tiles. The first
+PREFETCH tiles (up to 4: all of K = 1536 in 512-wide tiles) are requested by the caller
+*before* it waits on the previous kernel (programmatic dependent launch), so weight
+streaming overlaps the previous kernel's tail and the activation's fetch: weights never
+depend on the previous kernel, only the activation vector does.
 """
 import triton
 import triton.language as tl
@@ -47,15 +48,76 @@ def load_x_tile(x_ptr, g_ptr, rstd, k0, k_end, BLOCK_K: tl.constexpr, HAS_NORM: 
 
 
 @triton.jit
-def gemv_tiles(w_ptr, stride_w_n, offs_n, n_mask, x_ptr, g_ptr, rstd, w_first, k_start, k_end,
-               BLOCK_K: tl.constexpr, HAS_NORM: tl.constexpr):
-    """sum_k W[offs_n, k] * x[k] for k in [k_start, k_end); ``w_first`` is the tile at
-    k_start, already loaded. Returns fp32 [BLOCK_N]."""
-    acc = w_first.to(tl.float32) * load_x_tile(x_ptr, g_ptr, rstd, k_start, k_end, BLOCK_K, HAS_NORM)[None, :]
-    for k0 in range(k_start + BLOCK_K, k_end, BLOCK_K):
+def load_w_tiles(w_ptr, stride_w_n, offs_n, n_mask, k_start, k_end, BLOCK_K: tl.constexpr,
+                 PREFETCH: tl.constexpr):
+    """The first PREFETCH (1 to 4) tiles of a program's rows, all requested at once.
+
+    Called before ``gdc_wait``: the weight bytes of those tiles are in flight while the
+    previous kernel finishes and while the activation is fetched. Tiles past ``k_end`` are
+    fully masked (no memory traffic); unused slots repeat the first tile."""
+    w0 = load_w_tile(w_ptr, stride_w_n, offs_n, n_mask, k_start, k_end, BLOCK_K)
+    w1 = w0
+    w2 = w0
+    w3 = w0
+    if PREFETCH > 1:
+        w1 = load_w_tile(w_ptr, stride_w_n, offs_n, n_mask, k_start + BLOCK_K, k_end, BLOCK_K)
+    if PREFETCH > 2:
+        w2 = load_w_tile(w_ptr, stride_w_n, offs_n, n_mask, k_start + 2 * BLOCK_K, k_end, BLOCK_K)
+    if PREFETCH > 3:
+        w3 = load_w_tile(w_ptr, stride_w_n, offs_n, n_mask, k_start + 3 * BLOCK_K, k_end, BLOCK_K)
+    return w0, w1, w2, w3
+
+
+@triton.jit
+def gemv_tiles(w_ptr, stride_w_n, offs_n, n_mask, x_ptr, g_ptr, rstd, w0, w1, w2, w3, k_start, k_end,
+               BLOCK_K: tl.constexpr, HAS_NORM: tl.constexpr, PREFETCH: tl.constexpr):
+    """sum_k W[offs_n, k] * x[k] for k in [k_start, k_end); ``w0..w3`` are the first
+    PREFETCH tiles from :func:`load_w_tiles`, the rest are loaded here. The accumulation
+    order is the same whatever PREFETCH is (tile by tile into one [BLOCK_N, BLOCK_K] fp32
+    accumulator, summed over K at the end), so the result does not depend on it.
+    Returns fp32 [BLOCK_N]."""
+    acc = w0.to(tl.float32) * load_x_tile(x_ptr, g_ptr, rstd, k_start, k_end, BLOCK_K, HAS_NORM)[None, :]
+    if PREFETCH > 1:
+        acc += w1.to(tl.float32) * load_x_tile(x_ptr, g_ptr, rstd, k_start + BLOCK_K, k_end, BLOCK_K,
+                                               HAS_NORM)[None, :]
+    if PREFETCH > 2:
+        acc += w2.to(tl.float32) * load_x_tile(x_ptr, g_ptr, rstd, k_start + 2 * BLOCK_K, k_end, BLOCK_K,
+                                               HAS_NORM)[None, :]
+    if PREFETCH > 3:
+        acc += w3.to(tl.float32) * load_x_tile(x_ptr, g_ptr, rstd, k_start + 3 * BLOCK_K, k_end, BLOCK_K,
+                                               HAS_NORM)[None, :]
+    for k0 in range(k_start + PREFETCH * BLOCK_K, k_end, BLOCK_K):
         w = load_w_tile(w_ptr, stride_w_n, offs_n, n_mask, k0, k_end, BLOCK_K).to(tl.float32)
         acc += w * load_x_tile(x_ptr, g_ptr, rstd, k0, k_end, BLOCK_K, HAS_NORM)[None, :]
     return tl.sum(acc, axis=1)
+
+
+@triton.jit
+def gemv2_tiles(wa_ptr, wb_ptr, stride_w_n, offs_n, n_mask, x_ptr, g_ptr, rstd,
+                a0, a1, a2, a3, b0, b1, b2, b3, K, BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr):
+    """Two RMS-normalised GEMVs over the same x (gate and up; the two halves of a RoPE
+    pair): like :func:`gemv_tiles` twice, bit for bit, but each normalised x tile is
+    computed once for both. Returns two fp32 [BLOCK_N]."""
+    xt = load_x_tile(x_ptr, g_ptr, rstd, 0, K, BLOCK_K, True)[None, :]
+    acc_a = a0.to(tl.float32) * xt
+    acc_b = b0.to(tl.float32) * xt
+    if PREFETCH > 1:
+        xt = load_x_tile(x_ptr, g_ptr, rstd, BLOCK_K, K, BLOCK_K, True)[None, :]
+        acc_a += a1.to(tl.float32) * xt
+        acc_b += b1.to(tl.float32) * xt
+    if PREFETCH > 2:
+        xt = load_x_tile(x_ptr, g_ptr, rstd, 2 * BLOCK_K, K, BLOCK_K, True)[None, :]
+        acc_a += a2.to(tl.float32) * xt
+        acc_b += b2.to(tl.float32) * xt
+    if PREFETCH > 3:
+        xt = load_x_tile(x_ptr, g_ptr, rstd, 3 * BLOCK_K, K, BLOCK_K, True)[None, :]
+        acc_a += a3.to(tl.float32) * xt
+        acc_b += b3.to(tl.float32) * xt
+    for k0 in range(PREFETCH * BLOCK_K, K, BLOCK_K):
+        xt = load_x_tile(x_ptr, g_ptr, rstd, k0, K, BLOCK_K, True)[None, :]
+        acc_a += load_w_tile(wa_ptr, stride_w_n, offs_n, n_mask, k0, K, BLOCK_K).to(tl.float32) * xt
+        acc_b += load_w_tile(wb_ptr, stride_w_n, offs_n, n_mask, k0, K, BLOCK_K).to(tl.float32) * xt
+    return tl.sum(acc_a, axis=1), tl.sum(acc_b, axis=1)
 
 
 @triton.jit

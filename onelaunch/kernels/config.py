@@ -83,6 +83,12 @@ def get(op: str, device=None) -> dict:
     return dict(TABLE.get(a, _DEFAULT).get(op, _DEFAULT[op]))
 
 
+def prefetch(c: dict, k_span: int) -> int:
+    """Weight tiles a program requests before its PDL wait: the entry's PREFETCH (default 1),
+    at most 4 and at most the tiles that cover ``k_span`` (one program's share of K)."""
+    return max(1, min(int(c.get("PREFETCH", 1)), 4, -(-k_span // c["BLOCK_K"])))
+
+
 def pdl_supported(device) -> bool:
     """Programmatic dependent launch needs Hopper or newer and a real GPU."""
     if interpreting() or torch.device(device).type != "cuda":

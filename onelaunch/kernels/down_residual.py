@@ -20,23 +20,24 @@ import triton
 import triton.language as tl
 
 from . import config
-from ._common import bf16_round, gemv_tiles, load_w_tile, pdl_wait, thread_fence
+from ._common import bf16_round, gemv_tiles, load_w_tiles, pdl_wait, thread_fence
 
 
 @triton.jit
 def _down_residual_kernel(h_ptr, w_ptr, x_ptr, scratch_ptr, counter_ptr, N, K, k_per_split,
                           stride_w_n, SPLIT_K: tl.constexpr, USE_PDL: tl.constexpr,
-                          FENCE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                          FENCE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                          PREFETCH: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
     k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
-    w_first = load_w_tile(w_ptr, stride_w_n, offs_n, n_mask, k_start, k_end, BLOCK_K)
+    w0, w1, w2, w3 = load_w_tiles(w_ptr, stride_w_n, offs_n, n_mask, k_start, k_end, BLOCK_K, PREFETCH)
     pdl_wait(USE_PDL)
-    y = gemv_tiles(w_ptr, stride_w_n, offs_n, n_mask, h_ptr, h_ptr, 1.0, w_first, k_start, k_end,
-                   BLOCK_K, False)
+    y = gemv_tiles(w_ptr, stride_w_n, offs_n, n_mask, h_ptr, h_ptr, 1.0, w0, w1, w2, w3, k_start, k_end,
+                   BLOCK_K, False, PREFETCH)
     if SPLIT_K == 1:
         x = tl.load(x_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
         tl.store(x_ptr + offs_n, bf16_round(x + bf16_round(y)).to(x_ptr.dtype.element_ty), mask=n_mask)
@@ -71,4 +72,4 @@ def down_residual(h, w_down, x, scratch, counter, use_pdl=False, cfg=None):
     _down_residual_kernel[(n_blocks, split)](
         h, w_down, x, scratch, counter, N, K, k_per_split, w_down.stride(0), SPLIT_K=split,
         USE_PDL=use_pdl, FENCE=not config.interpreting(), BLOCK_N=c["BLOCK_N"], BLOCK_K=bk,
-        num_warps=c["num_warps"], **kw)
+        PREFETCH=config.prefetch(c, k_per_split), num_warps=c["num_warps"], **kw)

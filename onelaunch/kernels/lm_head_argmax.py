@@ -24,21 +24,23 @@ import triton
 import triton.language as tl
 
 from . import config
-from ._common import bf16_round, gemv_tiles, load_w_tile, pdl_wait, rms_rstd, thread_fence
+from ._common import bf16_round, gemv_tiles, load_w_tiles, pdl_wait, rms_rstd, thread_fence
 
 
 @triton.jit
 def _lm_head_argmax_kernel(x_ptr, g_ptr, w_ptr, logits_ptr, part_val_ptr, part_idx_ptr,
                            counter_ptr, seq_ptr, argmax_ptr, pos_ptr, prompt_len_ptr, N, K, eps, stride_w_n,
                            n_programs, HAS_ARGMAX: tl.constexpr, FENCE: tl.constexpr, USE_PDL: tl.constexpr,
-                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr):
+                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
+                           PREFETCH: tl.constexpr):
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
-    w_first = load_w_tile(w_ptr, stride_w_n, offs_n, n_mask, 0, K, BLOCK_K)
+    w0, w1, w2, w3 = load_w_tiles(w_ptr, stride_w_n, offs_n, n_mask, 0, K, BLOCK_K, PREFETCH)
     pdl_wait(USE_PDL)
     rstd = rms_rstd(x_ptr, K, eps, BLOCK_K)
-    y = gemv_tiles(w_ptr, stride_w_n, offs_n, n_mask, x_ptr, g_ptr, rstd, w_first, 0, K, BLOCK_K, True)
+    y = gemv_tiles(w_ptr, stride_w_n, offs_n, n_mask, x_ptr, g_ptr, rstd, w0, w1, w2, w3, 0, K, BLOCK_K,
+                   True, PREFETCH)
     y = bf16_round(y)
     tl.store(logits_ptr + offs_n, y, mask=n_mask)
     y = tl.where(n_mask, y, float("-inf"))
@@ -84,7 +86,8 @@ def lm_head_argmax(x, g, w, logits, part_val, part_idx, counter, seq, pos, promp
         x, g, w, logits, part_val, part_idx, counter, seq, seq if argmax is None else argmax, pos,
         prompt_len, N, K, eps,
         w.stride(0), n_prog, HAS_ARGMAX=argmax is not None, FENCE=not config.interpreting(), USE_PDL=use_pdl,
-        BLOCK_N=c["BLOCK_N"], BLOCK_K=c["BLOCK_K"], BLOCK_R=1024, num_warps=c["num_warps"], **kw)
+        BLOCK_N=c["BLOCK_N"], BLOCK_K=c["BLOCK_K"], BLOCK_R=1024,
+        PREFETCH=config.prefetch(c, K), num_warps=c["num_warps"], **kw)
     return n_prog
 
 

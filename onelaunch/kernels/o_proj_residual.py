@@ -11,19 +11,19 @@ import triton
 import triton.language as tl
 
 from . import config
-from ._common import bf16_round, gemv_tiles, load_w_tile, pdl_wait
+from ._common import bf16_round, gemv_tiles, load_w_tiles, pdl_wait
 
 
 @triton.jit
 def _o_proj_residual_kernel(a_ptr, w_ptr, x_ptr, N, K, stride_w_n, USE_PDL: tl.constexpr,
-                            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr):
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
-    w_first = load_w_tile(w_ptr, stride_w_n, offs_n, n_mask, 0, K, BLOCK_K)
+    w0, w1, w2, w3 = load_w_tiles(w_ptr, stride_w_n, offs_n, n_mask, 0, K, BLOCK_K, PREFETCH)
     pdl_wait(USE_PDL)
-    y = gemv_tiles(w_ptr, stride_w_n, offs_n, n_mask, a_ptr, a_ptr, 1.0, w_first, 0, K,
-                   BLOCK_K, False)
+    y = gemv_tiles(w_ptr, stride_w_n, offs_n, n_mask, a_ptr, a_ptr, 1.0, w0, w1, w2, w3, 0, K,
+                   BLOCK_K, False, PREFETCH)
     y = bf16_round(y)            # the projection's bf16 output, as HF
     x = tl.load(x_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
     tl.store(x_ptr + offs_n, bf16_round(x + y).to(x_ptr.dtype.element_ty), mask=n_mask)
@@ -36,4 +36,4 @@ def o_proj_residual(attn, w_o, x, use_pdl=False, cfg=None):
     kw = {"launch_pdl": True} if use_pdl else {}
     _o_proj_residual_kernel[(triton.cdiv(N, c["BLOCK_N"]),)](
         attn, w_o, x, N, K, w_o.stride(0), USE_PDL=use_pdl, BLOCK_N=c["BLOCK_N"],
-        BLOCK_K=c["BLOCK_K"], num_warps=c["num_warps"], **kw)
+        BLOCK_K=c["BLOCK_K"], PREFETCH=config.prefetch(c, K), num_warps=c["num_warps"], **kw)

@@ -12,22 +12,23 @@ import triton
 import triton.language as tl
 
 from . import config
-from ._common import bf16_round, gemv_tiles, load_w_tile, pdl_wait, rms_rstd
+from ._common import bf16_round, gemv2_tiles, load_w_tiles, pdl_wait, rms_rstd
 
 
 @triton.jit
 def _rms_gate_up_swiglu_kernel(x_ptr, g_ptr, w_ptr, h_ptr, I, K, eps, stride_w_n,
-                               USE_PDL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                               USE_PDL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                               PREFETCH: tl.constexpr):
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < I
     up_ptr = w_ptr + I * stride_w_n
-    wg_first = load_w_tile(w_ptr, stride_w_n, offs_n, n_mask, 0, K, BLOCK_K)
-    wu_first = load_w_tile(up_ptr, stride_w_n, offs_n, n_mask, 0, K, BLOCK_K)
+    g0, g1, g2, g3 = load_w_tiles(w_ptr, stride_w_n, offs_n, n_mask, 0, K, BLOCK_K, PREFETCH)
+    u0, u1, u2, u3 = load_w_tiles(up_ptr, stride_w_n, offs_n, n_mask, 0, K, BLOCK_K, PREFETCH)
     pdl_wait(USE_PDL)
     rstd = rms_rstd(x_ptr, K, eps, BLOCK_K)
-    gate = gemv_tiles(w_ptr, stride_w_n, offs_n, n_mask, x_ptr, g_ptr, rstd, wg_first, 0, K, BLOCK_K, True)
-    up = gemv_tiles(up_ptr, stride_w_n, offs_n, n_mask, x_ptr, g_ptr, rstd, wu_first, 0, K, BLOCK_K, True)
+    gate, up = gemv2_tiles(w_ptr, up_ptr, stride_w_n, offs_n, n_mask, x_ptr, g_ptr, rstd,
+                           g0, g1, g2, g3, u0, u1, u2, u3, K, BLOCK_K, PREFETCH)
     # HF in bf16: gate and up rounded, silu(gate) rounded, then the product rounded
     gate = bf16_round(gate)
     up = bf16_round(up)
@@ -43,4 +44,5 @@ def rms_gate_up_swiglu(x, g, w_gate_up, h, eps, use_pdl=False, cfg=None):
     kw = {"launch_pdl": True} if use_pdl else {}
     _rms_gate_up_swiglu_kernel[(triton.cdiv(I, c["BLOCK_N"]),)](
         x, g, w_gate_up, h, I, K, eps, w_gate_up.stride(0), USE_PDL=use_pdl,
-        BLOCK_N=c["BLOCK_N"], BLOCK_K=c["BLOCK_K"], num_warps=c["num_warps"], **kw)
+        BLOCK_N=c["BLOCK_N"], BLOCK_K=c["BLOCK_K"], PREFETCH=config.prefetch(c, K),
+        num_warps=c["num_warps"], **kw)

@@ -14,21 +14,21 @@ import triton
 import triton.language as tl
 
 from . import config
-from ._common import bf16_round, gemv_tiles, load_w_tile, pdl_wait, rms_rstd
+from ._common import bf16_round, gemv_tiles, load_w_tiles, pdl_wait, rms_rstd
 
 
 @triton.jit
 def _rms_qkv_kernel(x_ptr, g_ptr, w_ptr, b_ptr, out_ptr, N, K, eps, stride_w_n,
                     HAS_BIAS: tl.constexpr, USE_PDL: tl.constexpr,
-                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr):
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
-    w_first = load_w_tile(w_ptr, stride_w_n, offs_n, n_mask, 0, K, BLOCK_K)  # before the wait
+    w0, w1, w2, w3 = load_w_tiles(w_ptr, stride_w_n, offs_n, n_mask, 0, K, BLOCK_K, PREFETCH)  # before the wait
     pdl_wait(USE_PDL)
     rstd = rms_rstd(x_ptr, K, eps, BLOCK_K)
-    y = gemv_tiles(w_ptr, stride_w_n, offs_n, n_mask, x_ptr, g_ptr, rstd, w_first, 0, K,
-                   BLOCK_K, True)
+    y = gemv_tiles(w_ptr, stride_w_n, offs_n, n_mask, x_ptr, g_ptr, rstd, w0, w1, w2, w3, 0, K,
+                   BLOCK_K, True, PREFETCH)
     y = bf16_round(y)          # the projection's bf16 output, as HF
     if HAS_BIAS:
         y += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
@@ -43,5 +43,6 @@ def rms_qkv(x, g, w_qkv, b_qkv, out, eps, use_pdl=False, cfg=None):
     kw = {"launch_pdl": True} if use_pdl else {}
     _rms_qkv_kernel[grid](x, g, w_qkv, b_qkv if b_qkv is not None else w_qkv, out, N, K, eps,
                           w_qkv.stride(0), HAS_BIAS=b_qkv is not None, USE_PDL=use_pdl,
-                          BLOCK_N=c["BLOCK_N"], BLOCK_K=c["BLOCK_K"], num_warps=c["num_warps"], **kw)
+                          BLOCK_N=c["BLOCK_N"], BLOCK_K=c["BLOCK_K"], PREFETCH=config.prefetch(c, K),
+                          num_warps=c["num_warps"], **kw)
     return out

@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from . import config
-from ._common import bf16_round, gemv_tiles, load_w_tile, pdl_wait, rms_rstd
+from ._common import bf16_round, gemv2_tiles, load_w_tiles, pdl_wait, rms_rstd
 
 
 @triton.jit
@@ -44,7 +44,7 @@ def _rms_qkv_rope_kernel(x_ptr, g_ptr, w_ptr, b_ptr, q_out_ptr, k_cache_ptr, v_c
                          cos_ptr, sin_ptr, pos_ptr, K, eps, stride_w_n, stride_c_h, stride_c_t,
                          HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
                          HAS_BIAS: tl.constexpr, USE_PDL: tl.constexpr,
-                         BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr):
+                         BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr):
     HALF: tl.constexpr = D // 2
     pid = tl.program_id(0)
     pair = pid * BLOCK_P + tl.arange(0, BLOCK_P)
@@ -53,12 +53,13 @@ def _rms_qkv_rope_kernel(x_ptr, g_ptr, w_ptr, b_ptr, q_out_ptr, k_cache_ptr, v_c
     rows_a = head * D + j
     rows_b = rows_a + HALF
     ok = j < HALF
-    wa_first = load_w_tile(w_ptr, stride_w_n, rows_a, ok, 0, K, BLOCK_K)
-    wb_first = load_w_tile(w_ptr, stride_w_n, rows_b, ok, 0, K, BLOCK_K)
+    a0, a1, a2, a3 = load_w_tiles(w_ptr, stride_w_n, rows_a, ok, 0, K, BLOCK_K, PREFETCH)
+    b0, b1, b2, b3 = load_w_tiles(w_ptr, stride_w_n, rows_b, ok, 0, K, BLOCK_K, PREFETCH)
     pdl_wait(USE_PDL)
     rstd = rms_rstd(x_ptr, K, eps, BLOCK_K)
-    ya = gemv_tiles(w_ptr, stride_w_n, rows_a, ok, x_ptr, g_ptr, rstd, wa_first, 0, K, BLOCK_K, True)
-    yb = gemv_tiles(w_ptr, stride_w_n, rows_b, ok, x_ptr, g_ptr, rstd, wb_first, 0, K, BLOCK_K, True)
+    # rows_b = rows_a + HALF: the second matrix is the same one, HALF rows further on
+    ya, yb = gemv2_tiles(w_ptr, w_ptr + HALF * stride_w_n, stride_w_n, rows_a, ok, x_ptr, g_ptr, rstd,
+                         a0, a1, a2, a3, b0, b1, b2, b3, K, BLOCK_K, PREFETCH)
     ya = bf16_round(ya)                                    # the projection's bf16 output
     yb = bf16_round(yb)
     if HAS_BIAS:
@@ -96,4 +97,4 @@ def rms_qkv_rope(x, g, w_qkv, b_qkv, q_out, k_cache, v_cache, cos, sin, pos, eps
         x, g, w_qkv, b_qkv if b_qkv is not None else w_qkv, q_out, k_cache, v_cache, cos, sin,
         pos, K, eps, w_qkv.stride(0), k_cache.stride(0), k_cache.stride(1), HQ=heads, HKV=kv_heads,
         D=head_dim, HAS_BIAS=b_qkv is not None, USE_PDL=use_pdl, BLOCK_P=block_p,
-        BLOCK_K=c["BLOCK_K"], num_warps=c["num_warps"], **kw)
+        BLOCK_K=c["BLOCK_K"], PREFETCH=config.prefetch(c, K), num_warps=c["num_warps"], **kw)
