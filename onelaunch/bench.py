@@ -27,7 +27,7 @@ from .specs import get_spec
 from .timing import read_bandwidth, time_ms
 from .weights import random_weights
 
-RUNGS = ("fused eager", "fused + graph", "+ split-K", "+ PDL", "+ fused RoPE", "+ early trigger")
+RUNGS = ("fused eager", "fused + graph", "+ split-K", "+ PDL", "+ fused RoPE")
 
 
 def f32(t):
@@ -266,7 +266,6 @@ def ladder_rows(spec, w, device="cuda", ctx=512, tokens=12, iters=100, read_tbps
         "+ split-K": dict(attention="splitk", graph=True, pdl=False),
         "+ PDL": dict(attention="splitk", graph=True, pdl=True),
         "+ fused RoPE": dict(attention="splitk", graph=True, pdl=True, fuse_rope=True),
-        "+ early trigger": dict(attention="splitk", graph=True, pdl="early", fuse_rope=True),
     }
     rows, eager_tokens, prev_tokens = [], None, None
     for rung in rungs:
@@ -374,25 +373,24 @@ def config_sweep(spec, w, device="cuda", iters=30, read_tbps=None, pdl=None) -> 
     Each config runs once per layer, back to back in one CUDA graph, with programmatic
     dependent launch where the GPU has it (as in the engine's fastest rung), so the
     numbers include what a kernel's boundary costs inside the step. PREFETCH is how many
-    weight tiles a program requests before its ``gdc_wait``: 3 x 512 is all of K = 1536,
-    and ``down``'s 5 splits of 2048 (9 of 1024) are 4 tiles each. The first entry of each
-    op is the previous sweep's winner (PREFETCH 1), so the table can only improve."""
+    weight tiles a program keeps in flight (requested before its ``gdc_wait``, then one
+    more per tile consumed); BLOCK_K 2048 covers all of K = 1536 in one (masked) tile.
+    The first entry of each op is the previous sweep's winner, so the table can only
+    improve."""
     pdl = config.pdl_supported(device) if pdl is None else pdl
 
     def cfgs(*rows, keys=("BLOCK_N", "BLOCK_K", "PREFETCH", "num_warps")):
         return [dict(zip(keys, r)) for r in rows]
     down_keys = ("BLOCK_N", "BLOCK_K", "PREFETCH", "num_warps", "SPLIT_K")
     grid = {
-        "rms_qkv": cfgs((8, 2048, 1, 4), (4, 512, 3, 4), (8, 512, 3, 4), (16, 512, 3, 4), (8, 512, 3, 8),
-                        (16, 512, 3, 8), (8, 256, 4, 4)),
-        "o_proj": cfgs((8, 2048, 1, 8), (4, 512, 3, 4), (8, 512, 3, 4), (16, 512, 3, 4), (4, 512, 3, 8),
-                       (8, 512, 3, 8), (16, 512, 3, 8)),
-        "gate_up": cfgs((4, 512, 1, 4), (2, 512, 3, 4), (4, 512, 3, 4), (8, 512, 3, 4), (4, 512, 3, 8),
-                        (8, 512, 3, 8), (4, 512, 2, 4)),
-        "down": cfgs((2, 1024, 1, 4, 1), (2, 1024, 4, 4, 1), (4, 512, 4, 4, 5), (8, 512, 4, 4, 5),
-                     (16, 512, 4, 4, 5), (8, 512, 4, 8, 5), (8, 256, 4, 4, 9), (16, 256, 4, 4, 9),
-                     (8, 1024, 2, 4, 5), keys=down_keys),
-        "lm_head": cfgs((64, 256, 1, 4), (64, 256, 4, 4), (32, 256, 4, 4), (32, 512, 3, 4)),
+        "rms_qkv": cfgs((8, 2048, 1, 4), (8, 512, 2, 4), (8, 512, 3, 4), (4, 512, 2, 4), (16, 512, 2, 4)),
+        "o_proj": cfgs((8, 2048, 1, 8), (8, 512, 2, 4), (8, 512, 3, 8), (16, 512, 2, 8), (4, 512, 2, 4)),
+        "gate_up": cfgs((4, 512, 2, 4), (4, 512, 3, 4), (2, 512, 2, 4), (8, 512, 2, 4), (4, 256, 4, 4),
+                        (4, 256, 3, 4), (4, 512, 2, 8)),
+        "down": cfgs((2, 1024, 4, 4, 1), (2, 1024, 2, 4, 1), (2, 1024, 3, 4, 1), (2, 512, 4, 4, 1),
+                     (4, 512, 4, 4, 1), (4, 1024, 2, 4, 1), (2, 1024, 2, 8, 1), (8, 512, 2, 4, 5),
+                     (4, 512, 3, 4, 5), keys=down_keys),
+        "lm_head": cfgs((64, 256, 1, 4), (64, 256, 2, 4), (32, 256, 2, 4), (32, 256, 3, 4)),
     }
     P = pack_weights(get_spec(spec), w)          # once: packing copies the weights
     out = []

@@ -16,8 +16,7 @@ byte-identical at every step, while the sequence grows underneath it.
 
 Modes: ``graph=False`` runs the same launches eagerly (the "fused eager" rung);
 ``attention="plain"`` uses one program per query head, ``"splitk"`` the flash-decode pair;
-``pdl=True`` launches every kernel with programmatic dependent launch (Hopper+), and
-``pdl="early"`` lets each kernel trigger its successor before, not after, its own wait;
+``pdl=True`` launches every kernel with programmatic dependent launch (Hopper+);
 ``fuse_rope=True`` does RoPE and the KV write in the QKV kernel's epilogue (one launch
 fewer per layer; not yet measured on a GPU).
 The engine covers the dense family; the MoE engine is a later chapter.
@@ -60,7 +59,7 @@ def pack_weights(spec, w: dict[str, torch.Tensor]) -> dict:
 
 class Engine:
     def __init__(self, spec, weights: dict[str, torch.Tensor], max_ctx: int | None = None,
-                 attention: str = "splitk", pdl: bool | str = False, fuse_rope: bool = False,
+                 attention: str = "splitk", pdl: bool = False, fuse_rope: bool = False,
                  device=None):
         self.spec = spec = get_spec(spec)
         if spec.is_moe:
@@ -77,10 +76,7 @@ class Engine:
             raise EngineError("the kernels read bf16 weights: build them with dtype=torch.bfloat16")
         self.max_ctx = max_ctx or spec.max_ctx
         self.attention = attention
-        if pdl not in (False, True, "early"):
-            raise EngineError("pdl must be False, True or 'early'")
-        # 0: no PDL; 1: wait, then trigger the next kernel; 2: trigger first ("early")
-        self.pdl = (2 if pdl == "early" else int(pdl)) if config.pdl_supported(self.device) else 0
+        self.pdl = bool(pdl) and config.pdl_supported(self.device)
         if fuse_rope and spec.qk_norm:
             raise EngineError("fuse_rope needs a model without q/k norm (their RMS spans every "
                               "program's output)")

@@ -49,8 +49,6 @@ def test_engine_rejects_bad_input(w):
         Engine("tiny-olmoe", random_weights("tiny-olmoe", 0))
     with pytest.raises(EngineError, match="bf16"):
         Engine(SPEC, {k: v.float() for k, v in w.items()})
-    with pytest.raises(EngineError, match="pdl must be"):
-        Engine(SPEC, w, pdl="late")
 
 
 def test_bench_table_never_prints_a_refused_time():

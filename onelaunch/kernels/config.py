@@ -84,8 +84,9 @@ def get(op: str, device=None) -> dict:
 
 
 def prefetch(c: dict, k_span: int) -> int:
-    """Weight tiles a program requests before its PDL wait: the entry's PREFETCH (default 1),
-    at most 4 and at most the tiles that cover ``k_span`` (one program's share of K)."""
+    """Weight tiles a program keeps in flight: it requests that many before its PDL wait,
+    then one more each time it consumes one. The entry's PREFETCH (default 1), at most 4
+    and at most the tiles that cover ``k_span`` (one program's share of K)."""
     return max(1, min(int(c.get("PREFETCH", 1)), 4, -(-k_span // c["BLOCK_K"])))
 
 

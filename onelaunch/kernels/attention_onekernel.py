@@ -1,0 +1,193 @@
+"""RoPE + KV-cache write + split-K flash-decode attention + its reduction, in one launch.
+
+Replaces ``rope_kv_write`` followed by ``attention_splitk`` (its partial and reduce
+kernels): three launches per layer become one, bit for bit the same results.
+
+    q[h]             = rope(qkv[q part, head h], pos)            kept in registers
+    k_cache[kh, pos] = rope(qkv[k part, head kh], pos)
+    v_cache[kh, pos] = qkv[v part, head kh]
+    per split s:  part_m[h, s], part_l[h, s], part_o[h, s, :]    (online softmax, as
+                  ``_attn_partial_kernel``: max, sum of exp, unnormalised sum of exp * v)
+    out[h]           = sum_s exp(part_m - M) part_o / sum_s exp(part_m - M) part_l,
+                       M = max_s part_m                          (as ``_attn_reduce_kernel``)
+
+Grid (Hkv, n_splits), the partial kernel's: program (kh, s) owns the chunk
+[s*CHUNK, (s+1)*CHUNK) of kv head kh's timeline and the GROUP query heads that share it.
+
+1. Every program with a chunk that holds a token rotates its GROUP query heads from the
+   un-rotated ``qkv`` with ``rope_kv``'s own helper (same products, same roundings), so
+   q never goes through memory: the q buffer's write and read-back disappear.
+2. The program whose chunk holds ``pos`` (the new token) also rotates the new k of its kv
+   head and writes k and v at ``pos``, as ``rope_kv_write`` does, then passes a barrier
+   so that all its threads see those stores before it reads its chunk. No other program
+   reads position pos (a chunk never reads past its end), so no ordering between
+   programs is needed for this.
+3. The split-K partial, as ``_attn_partial_kernel`` (same tiles, same online softmax,
+   same partial buffers).
+4. The reduction, by last arrival (the threadfence-reduction pattern, as in
+   ``down_residual``): each program writes its partials, fences, and bumps its kv head's
+   counter; every program arrives, also one whose chunk starts past the length and so
+   did nothing. The one that arrives last (n_splits arrivals) merges the valid splits of
+   each of the GROUP query heads with the reduce kernel's arithmetic in its order
+   (BLOCK_S = 32 splits a block; pass 1 the max, pass 2 rescale and sum), writes ``out``
+   and resets the counter.
+
+Buffers (all on the device; the launch shape never changes, so a CUDA graph replays it):
+
+    qkv      [(Hq + 2Hkv) D]      bf16   q|k|v of this token, before RoPE
+    k_cache  [Hkv, C, D]          bf16   one layer's cache (any strides over Hkv, C)
+    v_cache  [Hkv, C, D]          bf16   same layout as k_cache
+    cos, sin [C, D]               bf16   RoPE tables, rounded to the model dtype
+    pos      [1]                  int32  the new token's position; length = pos + 1
+    part_o   [Hq, n_splits, D]    fp32   overwritten for the valid splits
+    part_m   [Hq, n_splits]       fp32   "
+    part_l   [Hq, n_splits]       fp32   "
+    counter  [Hkv]                int32  zero between calls, left zero
+    out      [Hq D]               bf16   attention output
+
+Bytes: the KV read, 2 * length * Hkv * D * 2 per layer, as before, plus
+Hq * n_valid * (D + 2) * 4 of partials written and read back through L2 and about
+(Hq + 2Hkv) D * 2 of qkv. Why one kernel: at batch 1 the rope kernel moves about 4 KB
+and the reduce kernel a few KB, so each is all fixed cost, about 1-1.5 us a launch on an
+H200 even with PDL; merging them saves two launches per layer. The split-K stage is Dao
+et al.'s flash-decoding; the in-kernel merge is the last-block ("threadfence")
+reduction of the CUDA samples, which keeps the merge order fixed (deterministic), unlike
+atomic accumulation.
+"""
+import torch
+import triton
+import triton.language as tl
+
+from . import config
+from ._common import bf16_round, pdl_wait, thread_fence
+from .rope_kv import _rope_pair
+
+BLOCK_S = 32    # splits merged per block; the reduce kernel's, for the same summation order
+
+
+@triton.jit
+def _attn_onekernel_kernel(qkv_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, pos_ptr, out_ptr,
+                           part_o_ptr, part_m_ptr, part_l_ptr, counter_ptr,
+                           stride_c_h, stride_c_t, n_splits, scale, HQ, HKV,
+                           GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
+                           BLOCK_D: tl.constexpr, CHUNK: tl.constexpr, BLOCK_T: tl.constexpr,
+                           BLOCK_S: tl.constexpr, DOT_F32: tl.constexpr,
+                           FENCE: tl.constexpr, USE_PDL: tl.constexpr):
+    kh = tl.program_id(0)
+    split = tl.program_id(1)
+    pdl_wait(USE_PDL)
+    pos = tl.load(pos_ptr)
+    length = pos + 1
+    start = split * CHUNK
+    HALF: tl.constexpr = D // 2
+    d = tl.arange(0, BLOCK_D)
+    dm = d < D
+    if start < length:
+        end = tl.minimum(start + CHUNK, length)          # never past this chunk
+        # ---- RoPE, as rope_kv_write: rotate_half as a gather with a sign -----------------
+        partner = tl.where(d < HALF, d + HALF, d - HALF)
+        sign = tl.where(d < HALF, -1.0, 1.0)
+        cos_row = cos_ptr + pos * D
+        sin_row = sin_ptr + pos * D
+        base = kh * stride_c_h
+        if end == length:                                # this chunk holds the new token
+            y = _rope_pair(qkv_ptr + (HQ + kh) * D, cos_row, sin_row, d, partner, sign, dm)
+            slot = base + pos * stride_c_t
+            tl.store(k_cache_ptr + slot + d, bf16_round(y).to(k_cache_ptr.dtype.element_ty), mask=dm)
+            v_new = tl.load(qkv_ptr + (HQ + HKV + kh) * D + d, mask=dm, other=0.0)
+            tl.store(v_cache_ptr + slot + d, v_new, mask=dm)
+            tl.debug_barrier()                           # every thread sees k, v at pos
+        # the GROUP query heads of this kv head, rotated in registers ([GROUP_PAD, BLOCK_D];
+        # element-wise the same arithmetic as rope_kv_write's, so the same bits)
+        g = tl.arange(0, GROUP_PAD)
+        gm = g < GROUP
+        heads = kh * GROUP + g
+        qm = gm[:, None] & dm[None, :]
+        q = _rope_pair(qkv_ptr + heads[:, None] * D, cos_row, sin_row, d[None, :],
+                       partner[None, :], sign[None, :], qm)
+        q = bf16_round(q)                                # the bf16 value rope_kv_write stores
+        if DOT_F32:
+            q = q.to(tl.float32)
+        else:
+            q = q.to(k_cache_ptr.dtype.element_ty)       # exact: q is already a bf16 value
+        # ---- split-K partial, as _attn_partial_kernel ------------------------------------
+        m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+        l_i = tl.zeros([GROUP_PAD], tl.float32)
+        acc = tl.zeros([GROUP_PAD, BLOCK_D], tl.float32)
+        for t0 in range(start, end, BLOCK_T):
+            t = t0 + tl.arange(0, BLOCK_T)
+            tm = t < end
+            offs = base + t[:, None] * stride_c_t + d[None, :]
+            kv_mask = tm[:, None] & dm[None, :]
+            k = tl.load(k_cache_ptr + offs, mask=kv_mask, other=0.0)
+            v = tl.load(v_cache_ptr + offs, mask=kv_mask, other=0.0)
+            if DOT_F32:
+                k = k.to(tl.float32)
+                v = v.to(tl.float32)
+            s = tl.dot(q, tl.trans(k)) * scale                         # [GROUP_PAD, BLOCK_T]
+            s = tl.where(tm[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            alpha = tl.exp(m_i - m_new)
+            p = tl.exp(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)      # [GROUP_PAD, BLOCK_D]
+            m_i = m_new
+        row = heads * n_splits + split
+        tl.store(part_m_ptr + row, m_i, mask=gm)
+        tl.store(part_l_ptr + row, l_i, mask=gm)
+        tl.store(part_o_ptr + row[:, None] * D + d[None, :], acc, mask=qm)
+    # ---- last arrival merges: every program arrives, an empty chunk too -----------------
+    thread_fence(FENCE)                                  # this thread's partials are visible
+    tl.debug_barrier()                                   # ... and every thread's
+    arrived = tl.atomic_add(counter_ptr + kh, 1, sem="acq_rel")
+    if arrived == n_splits - 1:
+        n_valid = (length + CHUNK - 1) // CHUNK          # splits that hold any token
+        sb = tl.arange(0, BLOCK_S)
+        for i in range(GROUP):                           # as _attn_reduce_kernel, per head
+            h = kh * GROUP + i
+            # pass 1: the global max over the valid splits
+            mx = tl.full([BLOCK_S], float("-inf"), tl.float32)
+            for s0 in range(0, n_valid, BLOCK_S):
+                sm = (s0 + sb) < n_valid
+                mx = tl.maximum(mx, tl.load(part_m_ptr + h * n_splits + s0 + sb, mask=sm,
+                                            other=float("-inf"), volatile=True))
+            M = tl.max(mx, axis=0)
+            # pass 2: rescale each split by exp(m_s - M) and sum
+            den = tl.zeros([BLOCK_S], tl.float32)
+            o_acc = tl.zeros([BLOCK_S, BLOCK_D], tl.float32)
+            for s0 in range(0, n_valid, BLOCK_S):
+                sm = (s0 + sb) < n_valid
+                r = h * n_splits + s0 + sb
+                m_s = tl.load(part_m_ptr + r, mask=sm, other=float("-inf"), volatile=True)
+                w = tl.where(sm, tl.exp(m_s - M), 0.0)
+                den += w * tl.load(part_l_ptr + r, mask=sm, other=0.0, volatile=True)
+                o = tl.load(part_o_ptr + r[:, None] * D + d[None, :], mask=sm[:, None] & dm[None, :],
+                            other=0.0, volatile=True)
+                o_acc += w[:, None] * o
+            o_h = tl.sum(o_acc, axis=0) / tl.sum(den, axis=0)
+            tl.store(out_ptr + h * D + d, bf16_round(o_h).to(out_ptr.dtype.element_ty), mask=dm)
+        tl.store(counter_ptr + kh, 0)                    # zero for the next call
+
+
+def attention_onekernel(qkv, k_cache, v_cache, cos, sin, out, pos, part_o, part_m, part_l, counter,
+                        heads, kv_heads, head_dim, chunk, cfg, use_pdl=0):
+    """rope_kv_write + attention_splitk in one launch. qkv: [(Hq+2Hkv) D] before RoPE;
+    k_cache, v_cache: one layer's [Hkv, C, D] (k, v at pos written here); cos, sin: [C, D];
+    out: [Hq D]; pos: int32 [1] on the device; part_*: [Hq, n_splits(, D)] fp32;
+    counter: int32 [>= Hkv] zeros (left zero); cfg: the "attn_split" entry. use_pdl: 0, 1
+    or 2 (see pdl_wait)."""
+    n_splits = part_m.shape[1]
+    group = heads // kv_heads
+    block_t = min(cfg["BLOCK_T"], chunk)
+    assert chunk % block_t == 0, "a tile must not straddle two chunks"
+    assert head_dim % 2 == 0, "RoPE pairs element d with d + D/2"
+    assert counter.dtype == torch.int32 and counter.numel() >= kv_heads, "counter too small"
+    assert n_splits * chunk >= k_cache.shape[1], "the splits must cover the cache"
+    kw = {"launch_pdl": True} if use_pdl else {}
+    _attn_onekernel_kernel[(kv_heads, n_splits)](
+        qkv, k_cache, v_cache, cos, sin, pos, out, part_o, part_m, part_l, counter,
+        k_cache.stride(0), k_cache.stride(1), n_splits, head_dim ** -0.5, heads, kv_heads,
+        GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), D=head_dim,
+        BLOCK_D=max(16, triton.next_power_of_2(head_dim)), CHUNK=chunk, BLOCK_T=block_t,
+        BLOCK_S=BLOCK_S, DOT_F32=config.interpreting(), FENCE=not config.interpreting(),
+        USE_PDL=use_pdl, num_warps=cfg["num_warps"], **kw)

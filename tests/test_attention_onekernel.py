@@ -1,0 +1,149 @@
+"""The one-kernel attention (RoPE + KV write + split-K partial + last-arrival merge) against
+the three launches it replaces: ``rope_kv_write`` then ``attention_splitk``.
+
+The one kernel rounds at the same points and sums in the same order, so the comparison is
+bit for bit: ``out``, both caches and the valid partials must be identical, not merely
+close. As in test_splitk.py, one fixed launch (splits sized for the maximum context) must
+be right at every length: 1, a chunk minus one, a chunk, a chunk plus one, several
+multiples plus and minus one, and the maximum; and the arrival counter must be left zero,
+so the next call (the next layer, the next step) can use it.
+
+Runs in Triton's interpreter on the CPU; on a GPU machine the same tests compile the
+kernels and check the same identities there.
+"""
+import importlib
+
+import pytest
+import torch
+
+from onelaunch import kernels as K
+from onelaunch.oracle import rope_cos_sin
+
+from test_kernels import attention_ref, rel, rnd
+
+AO = importlib.import_module("onelaunch.kernels.attention_onekernel")
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+bf = torch.bfloat16
+Hq, Hkv, D = 6, 2, 16          # tiny-qwen2-like: GROUP = 3, padded to 16 rows
+MAX = 70                       # the cache; the last split is ragged
+LAYERS, LAYER = 2, 1           # caches are one layer of [layers, Hkv, C, D], as in the engine
+# (chunk, BLOCK_T): one tile a chunk, two tiles a chunk, and a single split
+CASES = [(8, 8), (16, 8), (32, 16), (128, 64)]
+
+
+def lengths_for(chunk):
+    top = (MAX // chunk) * chunk
+    ls = {1, chunk - 1, chunk, chunk + 1, 2 * chunk - 1, 2 * chunk, 2 * chunk + 1,
+          3 * chunk + 1, 4 * chunk - 1, top - 1, top, top + 1, MAX - 1, MAX}
+    return sorted(length for length in ls if 1 <= length <= MAX)
+
+
+PARAMS = [(c, bt, length) for c, bt in CASES for length in lengths_for(c)]
+
+
+def same_bits(a, b):
+    """Bit-identical (NaNs included); bf16 and fp32 compared as integers."""
+    as_int = {torch.bfloat16: torch.int16, torch.float32: torch.int32}[a.dtype]
+    return a.dtype == b.dtype and torch.equal(a.view(as_int), b.view(as_int))
+
+
+def make_state(chunk, seed=0):
+    """qkv before RoPE, the RoPE tables, and a cache full of random values: the slot at pos
+    holds garbage until a kernel writes it. Each chunk's values get their own offset, so a
+    tile that strayed into a neighbour's chunk would change the result."""
+    qkv = rnd((Hq + 2 * Hkv) * D, seed=seed + 1).to(DEV)
+    kc = rnd(LAYERS, Hkv, MAX, D, seed=seed + 2)
+    vc = rnd(LAYERS, Hkv, MAX, D, seed=seed + 3)
+    off = torch.arange(MAX).div(chunk, rounding_mode="floor").float()[None, None, :, None]
+    vc = (vc.float() + off).to(bf)
+    cos, sin = rope_cos_sin(torch.arange(MAX), D, 1e6, bf)
+    return qkv, kc.to(DEV), vc.to(DEV), cos.contiguous().to(DEV), sin.contiguous().to(DEV)
+
+
+def partials(chunk):
+    ns = K.n_splits_for(MAX, chunk)
+    nan = dict(device=DEV, dtype=torch.float32)
+    return (torch.full((Hq, ns, D), float("nan"), **nan), torch.full((Hq, ns), float("nan"), **nan),
+            torch.full((Hq, ns), float("nan"), **nan))
+
+
+def pos_of(length):
+    return torch.tensor([length - 1], dtype=torch.int32, device=DEV)
+
+
+def reference(qkv, kc, vc, cos, sin, length, chunk, cfg):
+    """The three launches the one kernel replaces, on the caches given (updated in place)."""
+    q = torch.full((Hq * D,), float("nan"), dtype=bf, device=DEV)
+    out = torch.full((Hq * D,), float("nan"), dtype=bf, device=DEV)
+    po, pm, pl = partials(chunk)
+    p = pos_of(length)
+    K.rope_kv_write(qkv, q, kc[LAYER], vc[LAYER], cos, sin, p, Hq, Hkv, D)
+    K.attention_splitk(q, kc[LAYER], vc[LAYER], out, p, po, pm, pl, Hq, Hkv, D, chunk, cfg)
+    return out, q, (po, pm, pl)
+
+
+def one_kernel(qkv, kc, vc, cos, sin, length, chunk, cfg, counter):
+    out = torch.full((Hq * D,), float("nan"), dtype=bf, device=DEV)
+    po, pm, pl = partials(chunk)
+    AO.attention_onekernel(qkv, kc[LAYER], vc[LAYER], cos, sin, out, pos_of(length), po, pm, pl,
+                           counter, Hq, Hkv, D, chunk, cfg)
+    return out, (po, pm, pl)
+
+
+def check_same(length, chunk, got, want, kc, kc_ref, vc, vc_ref):
+    (out, parts), (out_ref, _q, parts_ref) = got, want
+    n_valid = -(-length // chunk)
+    assert same_bits(kc, kc_ref), "k cache differs"
+    assert same_bits(vc, vc_ref), "v cache differs"
+    for a, b, name in zip(parts, parts_ref, ("part_o", "part_m", "part_l")):
+        assert same_bits(a[:, :n_valid].contiguous(), b[:, :n_valid].contiguous()), name
+    assert same_bits(out, out_ref), "out differs"
+
+
+@pytest.mark.parametrize("chunk,block_t,length", PARAMS)
+def test_one_kernel_equals_rope_then_splitk(chunk, block_t, length):
+    cfg = dict(BLOCK_T=block_t, num_warps=4)
+    qkv, kc, vc, cos, sin = make_state(chunk)
+    kc_ref, vc_ref = kc.clone(), vc.clone()
+    counter = torch.zeros(Hkv, dtype=torch.int32, device=DEV)
+    want = reference(qkv, kc_ref, vc_ref, cos, sin, length, chunk, cfg)
+    got = one_kernel(qkv, kc, vc, cos, sin, length, chunk, cfg, counter)
+    check_same(length, chunk, got, want, kc, kc_ref, vc, vc_ref)
+    assert not counter.any(), counter
+    # and both are attention: against an fp32 reference over the rotated q and the cache
+    assert rel(got[0], attention_ref(want[1], kc_ref[LAYER], vc_ref[LAYER], length, Hq, Hkv, D)) < 1e-2
+
+
+def test_counter_is_reused_across_calls():
+    """Decode steps in a row on the same counter, partial buffers and caches (crossing a
+    chunk boundary, and one step back to a short length): the counter left zero by one
+    call must serve the next, and stale partials of a longer call must not leak."""
+    chunk, cfg = 16, dict(BLOCK_T=8, num_warps=4)
+    _, kc, vc, cos, sin = make_state(chunk)
+    kc_ref, vc_ref = kc.clone(), vc.clone()
+    counter = torch.zeros(Hkv, dtype=torch.int32, device=DEV)
+    out = torch.empty(Hq * D, dtype=bf, device=DEV)
+    po, pm, pl = partials(chunk)
+    for step, length in enumerate((2 * chunk - 1, 2 * chunk, 2 * chunk + 1, 3)):
+        qkv = rnd((Hq + 2 * Hkv) * D, seed=100 + step).to(DEV)      # a new token each step
+        out_ref, _q, parts_ref = reference(qkv, kc_ref, vc_ref, cos, sin, length, chunk, cfg)
+        AO.attention_onekernel(qkv, kc[LAYER], vc[LAYER], cos, sin, out, pos_of(length), po, pm,
+                               pl, counter, Hq, Hkv, D, chunk, cfg)
+        check_same(length, chunk, (out, (po, pm, pl)), (out_ref, _q, parts_ref),
+                   kc, kc_ref, vc, vc_ref)
+        assert not counter.any(), (step, counter)
+
+
+def test_launcher_refuses_bad_buffers():
+    chunk = 16
+    qkv, kc, vc, cos, sin = make_state(chunk)
+    po, pm, pl = partials(chunk)
+    out = torch.empty(Hq * D, dtype=bf, device=DEV)
+    args = (qkv, kc[LAYER], vc[LAYER], cos, sin, out, pos_of(5), po, pm, pl)
+    with pytest.raises(AssertionError):      # a tile straddling two chunks
+        AO.attention_onekernel(*args, torch.zeros(Hkv, dtype=torch.int32, device=DEV),
+                               Hq, Hkv, D, 24, dict(BLOCK_T=16, num_warps=4))
+    with pytest.raises(AssertionError):      # one counter for two kv heads
+        AO.attention_onekernel(*args, torch.zeros(1, dtype=torch.int32, device=DEV),
+                               Hq, Hkv, D, chunk, dict(BLOCK_T=8, num_warps=4))
