@@ -27,7 +27,7 @@ from .specs import get_spec
 from .timing import read_bandwidth, time_ms
 from .weights import random_weights
 
-RUNGS = ("fused eager", "fused + graph", "+ split-K", "+ PDL", "+ fused RoPE")
+RUNGS = ("fused eager", "fused + graph", "+ split-K", "+ PDL", "+ RoPE in attention")
 
 
 def f32(t):
@@ -265,7 +265,7 @@ def ladder_rows(spec, w, device="cuda", ctx=512, tokens=12, iters=100, read_tbps
         "fused + graph": dict(attention="plain", graph=True, pdl=False),
         "+ split-K": dict(attention="splitk", graph=True, pdl=False),
         "+ PDL": dict(attention="splitk", graph=True, pdl=True),
-        "+ fused RoPE": dict(attention="splitk", graph=True, pdl=True, fuse_rope=True),
+        "+ RoPE in attention": dict(attention="splitk", graph=True, pdl=True, fuse_rope=True),
     }
     rows, eager_tokens, prev_tokens = [], None, None
     for rung in rungs:
@@ -367,7 +367,8 @@ def long_context_agreement(spec, w, device="cuda", ctx=32768, tokens=12, pdl=Tru
 
 
 # --------------------------------------------------------------------------------------
-def config_sweep(spec, w, device="cuda", iters=30, read_tbps=None, pdl=None) -> list[dict]:
+def config_sweep(spec, w, device="cuda", iters=30, read_tbps=None, pdl=None,
+                 grid: dict | None = None, echo: bool = True) -> list[dict]:
     """Time launch configurations of each GEMV kernel; returns one row per config.
 
     Each config runs once per layer, back to back in one CUDA graph, with programmatic
@@ -376,13 +377,13 @@ def config_sweep(spec, w, device="cuda", iters=30, read_tbps=None, pdl=None) -> 
     weight tiles a program keeps in flight (requested before its ``gdc_wait``, then one
     more per tile consumed); BLOCK_K 2048 covers all of K = 1536 in one (masked) tile.
     The first entry of each op is the previous sweep's winner, so the table can only
-    improve."""
+    improve. ``grid`` ({op: [config, ...]}) replaces the built-in list."""
     pdl = config.pdl_supported(device) if pdl is None else pdl
 
     def cfgs(*rows, keys=("BLOCK_N", "BLOCK_K", "PREFETCH", "num_warps")):
         return [dict(zip(keys, r)) for r in rows]
     down_keys = ("BLOCK_N", "BLOCK_K", "PREFETCH", "num_warps", "SPLIT_K")
-    grid = {
+    grid = grid or {
         "rms_qkv": cfgs((8, 2048, 1, 4), (8, 512, 2, 4), (8, 512, 3, 4), (4, 512, 2, 4), (16, 512, 2, 4)),
         "o_proj": cfgs((8, 2048, 1, 8), (8, 512, 2, 4), (8, 512, 3, 8), (16, 512, 2, 8), (4, 512, 2, 4)),
         "gate_up": cfgs((4, 512, 2, 4), (4, 512, 3, 4), (2, 512, 2, 4), (8, 512, 2, 4), (4, 256, 4, 4),
@@ -397,7 +398,8 @@ def config_sweep(spec, w, device="cuda", iters=30, read_tbps=None, pdl=None) -> 
     for op, cands in grid.items():
         for c in cands:
             r = _time_one(spec, w, device, op, c, iters, read_tbps, packed=P, pdl=pdl)
-            print(json.dumps(r), flush=True)     # a sweep cut short still reports
+            if echo:
+                print(json.dumps(r), flush=True)     # a sweep cut short still reports
             out.append(r)
     return out
 

@@ -17,8 +17,8 @@ byte-identical at every step, while the sequence grows underneath it.
 Modes: ``graph=False`` runs the same launches eagerly (the "fused eager" rung);
 ``attention="plain"`` uses one program per query head, ``"splitk"`` the flash-decode pair;
 ``pdl=True`` launches every kernel with programmatic dependent launch (Hopper+);
-``fuse_rope=True`` does RoPE and the KV write in the QKV kernel's epilogue (one launch
-fewer per layer; not yet measured on a GPU).
+``fuse_rope=True`` (with split-K) does RoPE and the KV write inside the split-K partial
+kernel, one launch fewer per layer (``kernels/attention_onekernel.py``).
 The engine covers the dense family; the MoE engine is a later chapter.
 """
 from __future__ import annotations
@@ -77,9 +77,9 @@ class Engine:
         self.max_ctx = max_ctx or spec.max_ctx
         self.attention = attention
         self.pdl = bool(pdl) and config.pdl_supported(self.device)
-        if fuse_rope and spec.qk_norm:
-            raise EngineError("fuse_rope needs a model without q/k norm (their RMS spans every "
-                              "program's output)")
+        if fuse_rope and (spec.qk_norm or attention != "splitk"):
+            raise EngineError("fuse_rope needs split-K attention and a model without q/k norm "
+                              "(whose RMS spans all heads)")
         self.fuse_rope = bool(fuse_rope)
         self.W = pack_weights(spec, weights)
         dev, bf = self.device, torch.bfloat16
@@ -115,6 +115,7 @@ class Engine:
         self.lm_val = torch.zeros(n_prog, dtype=torch.float32, device=dev)
         self.lm_idx = torch.zeros(n_prog, dtype=torch.int32, device=dev)
         self.lm_counter = torch.zeros(1, dtype=torch.int32, device=dev)
+        self.attn_counter = torch.zeros(s.kv_heads, dtype=torch.int32, device=dev)
         self.cfg = {op: config.get(op, dev) for op in
                     ("rms_qkv", "o_proj", "gate_up", "down", "lm_head", "attention", "attn_split")}
         self.graph = None
@@ -130,22 +131,23 @@ class Engine:
         K.embed(W["embed"], self.x, self.seq, self.pos, use_pdl=pdl)
         for li, L in enumerate(W["layers"]):
             kc, vc = self.k_cache[li], self.v_cache[li]
-            if self.fuse_rope:
-                K.rms_qkv_rope(self.x, L["input_norm"], L["w_qkv"], L["b_qkv"], self.q, kc, vc,
-                               self.cos, self.sin, self.pos, eps, s.heads, s.kv_heads,
-                               s.head_dim, use_pdl=pdl, cfg=self.cfg["rms_qkv"])
+            K.rms_qkv(self.x, L["input_norm"], L["w_qkv"], L["b_qkv"], self.qkv, eps,
+                      use_pdl=pdl, cfg=self.cfg["rms_qkv"])
+            if self.fuse_rope:   # RoPE + KV write + split-K partial, then the reduce kernel
+                K.attention_onekernel(self.qkv, kc, vc, self.cos, self.sin, self.attn, self.pos,
+                                      self.part_o, self.part_m, self.part_l, self.attn_counter,
+                                      s.heads, s.kv_heads, s.head_dim, self.chunk,
+                                      self.cfg["attn_split"], use_pdl=pdl, fuse_reduce=False)
             else:
-                K.rms_qkv(self.x, L["input_norm"], L["w_qkv"], L["b_qkv"], self.qkv, eps,
-                          use_pdl=pdl, cfg=self.cfg["rms_qkv"])
                 K.rope_kv_write(self.qkv, self.q, kc, vc, self.cos, self.sin, self.pos,
                                 s.heads, s.kv_heads, s.head_dim, use_pdl=pdl)
-            if self.attention == "plain":
-                K.attention(self.q, kc, vc, self.attn, self.pos, s.heads, s.kv_heads, s.head_dim,
-                            self.cfg["attention"], use_pdl=pdl)
-            else:
-                K.attention_splitk(self.q, kc, vc, self.attn, self.pos, self.part_o, self.part_m,
-                                   self.part_l, s.heads, s.kv_heads, s.head_dim, self.chunk,
-                                   self.cfg["attn_split"], use_pdl=pdl)
+                if self.attention == "plain":
+                    K.attention(self.q, kc, vc, self.attn, self.pos, s.heads, s.kv_heads,
+                                s.head_dim, self.cfg["attention"], use_pdl=pdl)
+                else:
+                    K.attention_splitk(self.q, kc, vc, self.attn, self.pos, self.part_o,
+                                       self.part_m, self.part_l, s.heads, s.kv_heads, s.head_dim,
+                                       self.chunk, self.cfg["attn_split"], use_pdl=pdl)
             K.o_proj_residual(self.attn, L["w_o"], self.x, use_pdl=pdl, cfg=self.cfg["o_proj"])
             K.rms_gate_up_swiglu(self.x, L["post_norm"], L["w_gate_up"], self.h, eps,
                                  use_pdl=pdl, cfg=self.cfg["gate_up"])

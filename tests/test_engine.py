@@ -49,6 +49,8 @@ def test_engine_rejects_bad_input(w):
         Engine("tiny-olmoe", random_weights("tiny-olmoe", 0))
     with pytest.raises(EngineError, match="bf16"):
         Engine(SPEC, {k: v.float() for k, v in w.items()})
+    with pytest.raises(EngineError, match="fuse_rope needs split-K"):
+        Engine(SPEC, w, attention="plain", fuse_rope=True)
 
 
 def test_bench_table_never_prints_a_refused_time():

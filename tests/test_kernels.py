@@ -157,31 +157,6 @@ def test_embed():
     assert torch.equal(x, E[41])
 
 
-@pytest.mark.parametrize("bn,pf", [(4, 1), (16, 1), (16, 2)])
-def test_rms_qkv_rope_equals_the_two_kernels(bn, pf):
-    """The fused kernel must write exactly what rms_qkv followed by rope_kv_write writes:
-    the same rounding at the same points, so bit-identical q and cache slots."""
-    Hq, Hkv, D, K_, C, pos = 6, 2, 16, 96, 24, 17
-    N = (Hq + 2 * Hkv) * D
-    x, g = rnd(K_, seed=30), 1 + 0.1 * rnd(K_, seed=31)
-    w, b = rnd(N, K_, seed=32), rnd(N, seed=33)
-    cos, sin = rope_cos_sin(torch.arange(C), D, 1e6, bf)
-    p = torch.tensor([pos], dtype=torch.int32)
-    cfg = dict(BLOCK_N=bn, BLOCK_K=64, num_warps=4, PREFETCH=pf)
-    # reference: the two kernels
-    qkv = torch.empty(N, dtype=bf)
-    q_ref, kc_ref, vc_ref = torch.empty(Hq * D, dtype=bf), torch.zeros(Hkv, C, D, dtype=bf), torch.zeros(Hkv, C, D, dtype=bf)
-    K.rms_qkv(x, g, w, b, qkv, 1e-6, cfg=cfg)
-    K.rope_kv_write(qkv, q_ref, kc_ref, vc_ref, cos, sin, p, Hq, Hkv, D)
-    # fused
-    q = torch.full((Hq * D,), float("nan"), dtype=bf)
-    kc, vc = torch.zeros(Hkv, C, D, dtype=bf), torch.zeros(Hkv, C, D, dtype=bf)
-    K.rms_qkv_rope(x, g, w, b, q, kc, vc, cos, sin, p, 1e-6, Hq, Hkv, D, cfg=cfg)
-    assert torch.equal(q, q_ref)
-    assert torch.equal(kc, kc_ref) and torch.equal(vc, vc_ref)
-    assert kc[:, pos].abs().sum() > 0 and vc[:, pos].abs().sum() > 0
-
-
 @pytest.mark.parametrize("pf", [2, 3, 4])
 def test_prefetched_tiles_change_no_bit(pf):
     """Requesting 2-4 weight tiles before the PDL wait (PREFETCH) is a schedule, not new

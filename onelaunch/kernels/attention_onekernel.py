@@ -1,7 +1,8 @@
 """RoPE + KV-cache write + split-K flash-decode attention + its reduction, in one launch.
 
 Replaces ``rope_kv_write`` followed by ``attention_splitk`` (its partial and reduce
-kernels): three launches per layer become one, bit for bit the same results.
+kernels): three launches per layer become one (two with ``fuse_reduce=False``), with
+bit for bit the same results.
 
     q[h]             = rope(qkv[q part, head h], pos)            kept in registers
     k_cache[kh, pos] = rope(qkv[k part, head kh], pos)
@@ -25,12 +26,16 @@ Grid (Hkv, n_splits), the partial kernel's: program (kh, s) owns the chunk
 3. The split-K partial, as ``_attn_partial_kernel`` (same tiles, same online softmax,
    same partial buffers).
 4. The reduction, by last arrival (the threadfence-reduction pattern, as in
-   ``down_residual``): each program writes its partials, fences, and bumps its kv head's
-   counter; every program arrives, also one whose chunk starts past the length and so
-   did nothing. The one that arrives last (n_splits arrivals) merges the valid splits of
-   each of the GROUP query heads with the reduce kernel's arithmetic in its order
-   (BLOCK_S = 32 splits a block; pass 1 the max, pass 2 rescale and sum), writes ``out``
-   and resets the counter.
+   ``down_residual``): each program that holds a token writes its partials, fences, and
+   bumps its kv head's counter. All programs read the same pos, so all know how many
+   splits hold a token (n_valid); one whose chunk starts past the length writes nothing
+   and need not arrive. The n_valid-th arrival merges the valid splits of each of the
+   GROUP query heads with the reduce kernel's arithmetic in its order (BLOCK_S = 32
+   splits a block; pass 1 the max, pass 2 rescale and sum; with a single block, both
+   passes from one load), writes ``out`` and resets the counter.
+
+With ``fuse_reduce=False`` the launcher skips step 4 and launches the split-K reduce
+kernel instead: two launches, RoPE still fused into the partial.
 
 Buffers (all on the device; the launch shape never changes, so a CUDA graph replays it):
 
@@ -47,12 +52,26 @@ Buffers (all on the device; the launch shape never changes, so a CUDA graph repl
 
 Bytes: the KV read, 2 * length * Hkv * D * 2 per layer, as before, plus
 Hq * n_valid * (D + 2) * 4 of partials written and read back through L2 and about
-(Hq + 2Hkv) D * 2 of qkv. Why one kernel: at batch 1 the rope kernel moves about 4 KB
-and the reduce kernel a few KB, so each is all fixed cost, about 1-1.5 us a launch on an
-H200 even with PDL; merging them saves two launches per layer. The split-K stage is Dao
-et al.'s flash-decoding; the in-kernel merge is the last-block ("threadfence")
-reduction of the CUDA samples, which keeps the merge order fixed (deterministic), unlike
-atomic accumulation.
+(Hq + 2Hkv) D * 2 of qkv; the q vector no longer makes a round trip through memory.
+
+Why: at batch 1 the RoPE kernel moves about 4 KB and the reduce kernel a few KB, so each
+is all fixed cost, about 1-1.5 us a launch on an H200 even with PDL; fusing saves one
+launch (RoPE) or two (RoPE and the reduce) per layer. What the merge costs in return:
+it runs in the one program that arrives last, after everything else, and walks its GROUP
+heads one after another, each one or two dependent L2 round trips (about 0.5 us each
+there). Measured on the H200 (CUDA graph of 200 calls, us a call, three launches /
+one kernel / fuse_reduce=False, PDL on):
+    qwen2.5-1.5b (GROUP 6), length 256:    8.6 / 13.2 / 8.1;   32768:  18.3 / 38.9 / 17.0
+    olmoe-1b-7b  (GROUP 1), length 64:     5.8 /  5.0 / 5.3;    4096:  17.8 / 17.8 / 16.5
+So the single launch pays only where GROUP is small and the context short; with grouped
+queries, two launches (``fuse_reduce=False``) are the faster choice at every length.
+Bit-identity of the merge with the reduce kernel on a GPU also needs the same num_warps
+(4, the reduce kernel's): its sums over splits follow the register layout, and at 8 warps
+one length of the two-pass merge differed in the last bits (still deterministic).
+
+The split-K stage is Dao et al.'s flash-decoding; the in-kernel merge is the last-block
+("threadfence") reduction of the CUDA samples, which keeps the merge order fixed
+(deterministic), unlike atomic accumulation.
 """
 import torch
 import triton
@@ -60,6 +79,7 @@ import triton.language as tl
 
 from . import config
 from ._common import bf16_round, pdl_wait, thread_fence
+from .attention_splitk import _attn_reduce_kernel
 from .rope_kv import _rope_pair
 
 BLOCK_S = 32    # splits merged per block; the reduce kernel's, for the same summation order
@@ -72,7 +92,8 @@ def _attn_onekernel_kernel(qkv_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, 
                            GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
                            BLOCK_D: tl.constexpr, CHUNK: tl.constexpr, BLOCK_T: tl.constexpr,
                            BLOCK_S: tl.constexpr, DOT_F32: tl.constexpr,
-                           FENCE: tl.constexpr, USE_PDL: tl.constexpr):
+                           LAST_ARRIVAL: tl.constexpr, FENCE: tl.constexpr,
+                           USE_PDL: tl.constexpr):
     kh = tl.program_id(0)
     split = tl.program_id(1)
     pdl_wait(USE_PDL)
@@ -136,46 +157,67 @@ def _attn_onekernel_kernel(qkv_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, 
         tl.store(part_m_ptr + row, m_i, mask=gm)
         tl.store(part_l_ptr + row, l_i, mask=gm)
         tl.store(part_o_ptr + row[:, None] * D + d[None, :], acc, mask=qm)
-    # ---- last arrival merges: every program arrives, an empty chunk too -----------------
-    thread_fence(FENCE)                                  # this thread's partials are visible
-    tl.debug_barrier()                                   # ... and every thread's
-    arrived = tl.atomic_add(counter_ptr + kh, 1, sem="acq_rel")
-    if arrived == n_splits - 1:
+    if LAST_ARRIVAL:
+        # ---- the last of the n_valid programs of kv head kh merges its GROUP heads --------
+        # Every program reads the same pos, so all agree on n_valid; a program whose chunk
+        # starts past the length writes nothing and need not arrive.
         n_valid = (length + CHUNK - 1) // CHUNK          # splits that hold any token
-        sb = tl.arange(0, BLOCK_S)
-        for i in range(GROUP):                           # as _attn_reduce_kernel, per head
-            h = kh * GROUP + i
-            # pass 1: the global max over the valid splits
-            mx = tl.full([BLOCK_S], float("-inf"), tl.float32)
-            for s0 in range(0, n_valid, BLOCK_S):
-                sm = (s0 + sb) < n_valid
-                mx = tl.maximum(mx, tl.load(part_m_ptr + h * n_splits + s0 + sb, mask=sm,
-                                            other=float("-inf"), volatile=True))
-            M = tl.max(mx, axis=0)
-            # pass 2: rescale each split by exp(m_s - M) and sum
-            den = tl.zeros([BLOCK_S], tl.float32)
-            o_acc = tl.zeros([BLOCK_S, BLOCK_D], tl.float32)
-            for s0 in range(0, n_valid, BLOCK_S):
-                sm = (s0 + sb) < n_valid
-                r = h * n_splits + s0 + sb
-                m_s = tl.load(part_m_ptr + r, mask=sm, other=float("-inf"), volatile=True)
-                w = tl.where(sm, tl.exp(m_s - M), 0.0)
-                den += w * tl.load(part_l_ptr + r, mask=sm, other=0.0, volatile=True)
-                o = tl.load(part_o_ptr + r[:, None] * D + d[None, :], mask=sm[:, None] & dm[None, :],
-                            other=0.0, volatile=True)
-                o_acc += w[:, None] * o
-            o_h = tl.sum(o_acc, axis=0) / tl.sum(den, axis=0)
-            tl.store(out_ptr + h * D + d, bf16_round(o_h).to(out_ptr.dtype.element_ty), mask=dm)
-        tl.store(counter_ptr + kh, 0)                    # zero for the next call
+        if start < length:
+            thread_fence(FENCE)                          # this thread's partials are visible
+            tl.debug_barrier()                           # ... and every thread's
+            arrived = tl.atomic_add(counter_ptr + kh, 1, sem="acq_rel")
+            if arrived == n_valid - 1:
+                sb = tl.arange(0, BLOCK_S)
+                for i in range(GROUP):                   # as _attn_reduce_kernel, per head
+                    h = kh * GROUP + i
+                    if n_valid <= BLOCK_S:
+                        # one block of splits: loaded once for both passes (one round
+                        # trip, not two); the same values and operations as the loops below
+                        sm = sb < n_valid
+                        r = h * n_splits + sb
+                        m_s = tl.load(part_m_ptr + r, mask=sm, other=float("-inf"), volatile=True)
+                        l_s = tl.load(part_l_ptr + r, mask=sm, other=0.0, volatile=True)
+                        o = tl.load(part_o_ptr + r[:, None] * D + d[None, :],
+                                    mask=sm[:, None] & dm[None, :], other=0.0, volatile=True)
+                        M = tl.max(tl.maximum(tl.full([BLOCK_S], float("-inf"), tl.float32), m_s),
+                                   axis=0)
+                        w = tl.where(sm, tl.exp(m_s - M), 0.0)
+                        den = tl.zeros([BLOCK_S], tl.float32) + w * l_s
+                        o_acc = tl.zeros([BLOCK_S, BLOCK_D], tl.float32) + w[:, None] * o
+                    else:
+                        # pass 1: the global max over the valid splits
+                        mx = tl.full([BLOCK_S], float("-inf"), tl.float32)
+                        for s0 in range(0, n_valid, BLOCK_S):
+                            sm = (s0 + sb) < n_valid
+                            mx = tl.maximum(mx, tl.load(part_m_ptr + h * n_splits + s0 + sb,
+                                                        mask=sm, other=float("-inf"), volatile=True))
+                        M = tl.max(mx, axis=0)
+                        # pass 2: rescale each split by exp(m_s - M) and sum
+                        den = tl.zeros([BLOCK_S], tl.float32)
+                        o_acc = tl.zeros([BLOCK_S, BLOCK_D], tl.float32)
+                        for s0 in range(0, n_valid, BLOCK_S):
+                            sm = (s0 + sb) < n_valid
+                            r = h * n_splits + s0 + sb
+                            m_s = tl.load(part_m_ptr + r, mask=sm, other=float("-inf"), volatile=True)
+                            w = tl.where(sm, tl.exp(m_s - M), 0.0)
+                            den += w * tl.load(part_l_ptr + r, mask=sm, other=0.0, volatile=True)
+                            o = tl.load(part_o_ptr + r[:, None] * D + d[None, :],
+                                        mask=sm[:, None] & dm[None, :], other=0.0, volatile=True)
+                            o_acc += w[:, None] * o
+                    o_h = tl.sum(o_acc, axis=0) / tl.sum(den, axis=0)
+                    tl.store(out_ptr + h * D + d, bf16_round(o_h).to(out_ptr.dtype.element_ty),
+                             mask=dm)
+                tl.store(counter_ptr + kh, 0)            # zero for the next call
 
 
 def attention_onekernel(qkv, k_cache, v_cache, cos, sin, out, pos, part_o, part_m, part_l, counter,
-                        heads, kv_heads, head_dim, chunk, cfg, use_pdl=0):
+                        heads, kv_heads, head_dim, chunk, cfg, use_pdl=0, fuse_reduce=True):
     """rope_kv_write + attention_splitk in one launch. qkv: [(Hq+2Hkv) D] before RoPE;
     k_cache, v_cache: one layer's [Hkv, C, D] (k, v at pos written here); cos, sin: [C, D];
     out: [Hq D]; pos: int32 [1] on the device; part_*: [Hq, n_splits(, D)] fp32;
-    counter: int32 [>= Hkv] zeros (left zero); cfg: the "attn_split" entry. use_pdl: 0, 1
-    or 2 (see pdl_wait)."""
+    counter: int32 [>= Hkv] zeros (left zero; unused without fuse_reduce); cfg: the
+    "attn_split" entry. use_pdl: passed to pdl_wait. fuse_reduce=False: merge with
+    the split-K reduce kernel, a second launch, instead of by last arrival."""
     n_splits = part_m.shape[1]
     group = heads // kv_heads
     block_t = min(cfg["BLOCK_T"], chunk)
@@ -189,5 +231,10 @@ def attention_onekernel(qkv, k_cache, v_cache, cos, sin, out, pos, part_o, part_
         k_cache.stride(0), k_cache.stride(1), n_splits, head_dim ** -0.5, heads, kv_heads,
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), D=head_dim,
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)), CHUNK=chunk, BLOCK_T=block_t,
-        BLOCK_S=BLOCK_S, DOT_F32=config.interpreting(), FENCE=not config.interpreting(),
-        USE_PDL=use_pdl, num_warps=cfg["num_warps"], **kw)
+        BLOCK_S=BLOCK_S, DOT_F32=config.interpreting(), LAST_ARRIVAL=fuse_reduce,
+        FENCE=not config.interpreting(), USE_PDL=use_pdl, num_warps=cfg["num_warps"], **kw)
+    if not fuse_reduce:                                  # two launches: the reduce kernel
+        _attn_reduce_kernel[(heads,)](
+            part_o, part_m, part_l, out, pos, n_splits, D=head_dim,
+            BLOCK_D=triton.next_power_of_2(head_dim), CHUNK=chunk, BLOCK_S=BLOCK_S,
+            USE_PDL=use_pdl, num_warps=4, **kw)
