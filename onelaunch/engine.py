@@ -18,7 +18,8 @@ Modes: ``graph=False`` runs the same launches eagerly (the "fused eager" rung);
 ``attention="plain"`` uses one program per query head, ``"splitk"`` the flash-decode pair;
 ``pdl=True`` launches every kernel with programmatic dependent launch (Hopper+);
 ``fuse_rope=True`` (with split-K) does RoPE and the KV write inside the split-K partial
-kernel, one launch fewer per layer (``kernels/attention_onekernel.py``).
+kernel, one launch fewer per layer (``kernels/attention_onekernel.py``); on the H200 it
+measured 0.01-0.03 ms a token slower than the separate RoPE kernel, so no rung uses it.
 The engine covers the dense family; the MoE engine is a later chapter.
 """
 from __future__ import annotations
