@@ -102,16 +102,22 @@ def check_same(length, chunk, got, want, kc, kc_ref, vc, vc_ref):
     assert same_bits(out, out_ref), "out differs"
 
 
-@pytest.mark.parametrize("chunk,block_t,length", PARAMS)
-def test_one_kernel_equals_rope_then_splitk(chunk, block_t, length):
-    cfg = dict(BLOCK_T=block_t, num_warps=4)
-    qkv, kc, vc, cos, sin = make_state(chunk)
+def run_both(length, chunk, cfg, **state):
+    """The one kernel and the three-kernel reference on copies of one state; checks they
+    write the same bits and that the counter is left zero. Returns (got, want, caches)."""
+    qkv, kc, vc, cos, sin = make_state(chunk, **state)
     kc_ref, vc_ref = kc.clone(), vc.clone()
     counter = torch.zeros(Hkv, dtype=torch.int32, device=DEV)
     want = reference(qkv, kc_ref, vc_ref, cos, sin, length, chunk, cfg)
     got = one_kernel(qkv, kc, vc, cos, sin, length, chunk, cfg, counter)
     check_same(length, chunk, got, want, kc, kc_ref, vc, vc_ref)
     assert not counter.any(), counter
+    return got, want, kc_ref, vc_ref
+
+
+@pytest.mark.parametrize("chunk,block_t,length", PARAMS)
+def test_one_kernel_equals_rope_then_splitk(chunk, block_t, length):
+    got, want, kc_ref, vc_ref = run_both(length, chunk, dict(BLOCK_T=block_t, num_warps=4))
     # and both are attention: against an fp32 reference over the rotated q and the cache
     assert rel(got[0], attention_ref(want[1], kc_ref[LAYER], vc_ref[LAYER], length, Hq, Hkv, D)) < 1e-2
 
@@ -123,14 +129,7 @@ BIG = 16 * 40 + 5             # 41 splits of 16: more than one merge block of BL
 def test_more_splits_than_one_merge_block(length):
     """Past BLOCK_S = 32 valid splits the merge walks the splits in blocks (two passes);
     the last block is ragged."""
-    chunk, cfg = 16, dict(BLOCK_T=16, num_warps=4)
-    qkv, kc, vc, cos, sin = make_state(chunk, cap=BIG)
-    kc_ref, vc_ref = kc.clone(), vc.clone()
-    counter = torch.zeros(Hkv, dtype=torch.int32, device=DEV)
-    want = reference(qkv, kc_ref, vc_ref, cos, sin, length, chunk, cfg)
-    got = one_kernel(qkv, kc, vc, cos, sin, length, chunk, cfg, counter)
-    check_same(length, chunk, got, want, kc, kc_ref, vc, vc_ref)
-    assert not counter.any(), counter
+    run_both(length, 16, dict(BLOCK_T=16, num_warps=4), cap=BIG)
 
 
 @pytest.mark.parametrize("length", [1, 17, MAX])
