@@ -30,9 +30,9 @@ Grid (Hkv, n_splits), the partial kernel's: program (kh, s) owns the chunk
    bumps its kv head's counter. All programs read the same pos, so all know how many
    splits hold a token (n_valid); one whose chunk starts past the length writes nothing
    and need not arrive. The n_valid-th arrival merges the valid splits of each of the
-   GROUP query heads with the reduce kernel's arithmetic in its order (BLOCK_S = 32
-   splits a block; pass 1 the max, pass 2 rescale and sum; with a single block, both
-   passes from one load), writes ``out`` and resets the counter.
+   GROUP query heads with the reduce kernel's own helper (``merge_head``: BLOCK_S = 32
+   splits a block; pass 1 the max, pass 2 rescale and sum), writes ``out`` and resets
+   the counter.
 
 With ``fuse_reduce=False`` the launcher skips step 4 and launches the split-K reduce
 kernel instead: two launches, RoPE still fused into the partial.
@@ -79,7 +79,7 @@ import triton.language as tl
 
 from . import config
 from ._common import bf16_round, pdl_wait, thread_fence
-from .attention_splitk import _attn_reduce_kernel
+from .attention_splitk import _attn_reduce_kernel, merge_head, partial_tiles, store_partials
 from .rope_kv import _rope_pair
 
 BLOCK_S = 32    # splits merged per block; the reduce kernel's, for the same summation order
@@ -112,7 +112,8 @@ def _attn_onekernel_kernel(qkv_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, 
         sin_row = sin_ptr + pos * D
         base = kh * stride_c_h
         if end == length:                                # this chunk holds the new token
-            y = _rope_pair(qkv_ptr + (HQ + kh) * D, cos_row, sin_row, d, partner, sign, dm)
+            y = _rope_pair(qkv_ptr + (HQ + kh) * D, cos_row, sin_row, d, partner, sign, dm,
+                           qkv_ptr, 1.0, False)
             slot = base + pos * stride_c_t
             tl.store(k_cache_ptr + slot + d, bf16_round(y).to(k_cache_ptr.dtype.element_ty), mask=dm)
             v_new = tl.load(qkv_ptr + (HQ + HKV + kh) * D + d, mask=dm, other=0.0)
@@ -125,38 +126,17 @@ def _attn_onekernel_kernel(qkv_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, 
         heads = kh * GROUP + g
         qm = gm[:, None] & dm[None, :]
         q = _rope_pair(qkv_ptr + heads[:, None] * D, cos_row, sin_row, d[None, :],
-                       partner[None, :], sign[None, :], qm)
+                       partner[None, :], sign[None, :], qm, qkv_ptr, 1.0, False)
         q = bf16_round(q)                                # the bf16 value rope_kv_write stores
         if DOT_F32:
             q = q.to(tl.float32)
         else:
             q = q.to(k_cache_ptr.dtype.element_ty)       # exact: q is already a bf16 value
-        # ---- split-K partial, as _attn_partial_kernel ------------------------------------
-        m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-        l_i = tl.zeros([GROUP_PAD], tl.float32)
-        acc = tl.zeros([GROUP_PAD, BLOCK_D], tl.float32)
-        for t0 in range(start, end, BLOCK_T):
-            t = t0 + tl.arange(0, BLOCK_T)
-            tm = t < end
-            offs = base + t[:, None] * stride_c_t + d[None, :]
-            kv_mask = tm[:, None] & dm[None, :]
-            k = tl.load(k_cache_ptr + offs, mask=kv_mask, other=0.0)
-            v = tl.load(v_cache_ptr + offs, mask=kv_mask, other=0.0)
-            if DOT_F32:
-                k = k.to(tl.float32)
-                v = v.to(tl.float32)
-            s = tl.dot(q, tl.trans(k)) * scale                         # [GROUP_PAD, BLOCK_T]
-            s = tl.where(tm[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            alpha = tl.exp(m_i - m_new)
-            p = tl.exp(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)      # [GROUP_PAD, BLOCK_D]
-            m_i = m_new
-        row = heads * n_splits + split
-        tl.store(part_m_ptr + row, m_i, mask=gm)
-        tl.store(part_l_ptr + row, l_i, mask=gm)
-        tl.store(part_o_ptr + row[:, None] * D + d[None, :], acc, mask=qm)
+        # ---- split-K partial: the helpers _attn_partial_kernel uses ----------------------
+        m_i, l_i, acc = partial_tiles(q, k_cache_ptr, v_cache_ptr, base, start, end, stride_c_t,
+                                      d, dm, scale, GROUP_PAD, BLOCK_D, BLOCK_T, DOT_F32)
+        store_partials(part_o_ptr, part_m_ptr, part_l_ptr, heads, gm, split, n_splits, m_i, l_i,
+                       acc, d, dm, D)
     if LAST_ARRIVAL:
         # ---- the last of the n_valid programs of kv head kh merges its GROUP heads --------
         # Every program reads the same pos, so all agree on n_valid; a program whose chunk
@@ -167,44 +147,10 @@ def _attn_onekernel_kernel(qkv_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, 
             tl.debug_barrier()                           # ... and every thread's
             arrived = tl.atomic_add(counter_ptr + kh, 1, sem="acq_rel")
             if arrived == n_valid - 1:
-                sb = tl.arange(0, BLOCK_S)
-                for i in range(GROUP):                   # as _attn_reduce_kernel, per head
+                for i in range(GROUP):                   # the reduce kernel's merge, per head
                     h = kh * GROUP + i
-                    if n_valid <= BLOCK_S:
-                        # one block of splits: loaded once for both passes (one round
-                        # trip, not two); the same values and operations as the loops below
-                        sm = sb < n_valid
-                        r = h * n_splits + sb
-                        m_s = tl.load(part_m_ptr + r, mask=sm, other=float("-inf"), volatile=True)
-                        l_s = tl.load(part_l_ptr + r, mask=sm, other=0.0, volatile=True)
-                        o = tl.load(part_o_ptr + r[:, None] * D + d[None, :],
-                                    mask=sm[:, None] & dm[None, :], other=0.0, volatile=True)
-                        M = tl.max(tl.maximum(tl.full([BLOCK_S], float("-inf"), tl.float32), m_s),
-                                   axis=0)
-                        w = tl.where(sm, tl.exp(m_s - M), 0.0)
-                        den = tl.zeros([BLOCK_S], tl.float32) + w * l_s
-                        o_acc = tl.zeros([BLOCK_S, BLOCK_D], tl.float32) + w[:, None] * o
-                    else:
-                        # pass 1: the global max over the valid splits
-                        mx = tl.full([BLOCK_S], float("-inf"), tl.float32)
-                        for s0 in range(0, n_valid, BLOCK_S):
-                            sm = (s0 + sb) < n_valid
-                            mx = tl.maximum(mx, tl.load(part_m_ptr + h * n_splits + s0 + sb,
-                                                        mask=sm, other=float("-inf"), volatile=True))
-                        M = tl.max(mx, axis=0)
-                        # pass 2: rescale each split by exp(m_s - M) and sum
-                        den = tl.zeros([BLOCK_S], tl.float32)
-                        o_acc = tl.zeros([BLOCK_S, BLOCK_D], tl.float32)
-                        for s0 in range(0, n_valid, BLOCK_S):
-                            sm = (s0 + sb) < n_valid
-                            r = h * n_splits + s0 + sb
-                            m_s = tl.load(part_m_ptr + r, mask=sm, other=float("-inf"), volatile=True)
-                            w = tl.where(sm, tl.exp(m_s - M), 0.0)
-                            den += w * tl.load(part_l_ptr + r, mask=sm, other=0.0, volatile=True)
-                            o = tl.load(part_o_ptr + r[:, None] * D + d[None, :],
-                                        mask=sm[:, None] & dm[None, :], other=0.0, volatile=True)
-                            o_acc += w[:, None] * o
-                    o_h = tl.sum(o_acc, axis=0) / tl.sum(den, axis=0)
+                    o_h = merge_head(part_o_ptr, part_m_ptr, part_l_ptr, h, n_splits, n_valid,
+                                     d, dm, D, BLOCK_D, BLOCK_S, True)
                     tl.store(out_ptr + h * D + d, bf16_round(o_h).to(out_ptr.dtype.element_ty),
                              mask=dm)
                 tl.store(counter_ptr + kh, 0)            # zero for the next call

@@ -32,6 +32,75 @@ from ._common import bf16_round, pdl_wait
 
 
 @triton.jit
+def partial_tiles(q, k_cache_ptr, v_cache_ptr, base, start, end, stride_c_t, d, dm, scale,
+                  GROUP_PAD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr,
+                  DOT_F32: tl.constexpr):
+    """The online softmax of one chunk [start, end) of one kv head's timeline, for the
+    GROUP_PAD query rows in ``q`` ([GROUP_PAD, BLOCK_D], bf16, or fp32 with DOT_F32).
+    Returns (m, l, acc): the max score, sum of exp(s - m), and unnormalised sum of
+    exp(s - m) v, per row. Shared by every kernel that computes split-K partials."""
+    m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([GROUP_PAD], tl.float32)
+    acc = tl.zeros([GROUP_PAD, BLOCK_D], tl.float32)
+    for t0 in range(start, end, BLOCK_T):
+        t = t0 + tl.arange(0, BLOCK_T)
+        tm = t < end
+        offs = base + t[:, None] * stride_c_t + d[None, :]
+        kv_mask = tm[:, None] & dm[None, :]
+        k = tl.load(k_cache_ptr + offs, mask=kv_mask, other=0.0)
+        v = tl.load(v_cache_ptr + offs, mask=kv_mask, other=0.0)
+        if DOT_F32:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        s = tl.dot(q, tl.trans(k)) * scale                         # [GROUP_PAD, BLOCK_T]
+        s = tl.where(tm[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)      # [GROUP_PAD, BLOCK_D]
+        m_i = m_new
+    return m_i, l_i, acc
+
+
+@triton.jit
+def store_partials(part_o_ptr, part_m_ptr, part_l_ptr, heads, gm, split, n_splits, m_i, l_i, acc,
+                   d, dm, D: tl.constexpr):
+    row = heads * n_splits + split
+    tl.store(part_m_ptr + row, m_i, mask=gm)
+    tl.store(part_l_ptr + row, l_i, mask=gm)
+    tl.store(part_o_ptr + row[:, None] * D + d[None, :], acc, mask=gm[:, None] & dm[None, :])
+
+
+@triton.jit
+def merge_head(part_o_ptr, part_m_ptr, part_l_ptr, h, n_splits, n_valid, d, dm,
+               D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+               VOLATILE: tl.constexpr):
+    """Query head h's output from its first n_valid split partials (fp32 [BLOCK_D]):
+    pass 1 the global max M, pass 2 sum_s exp(m_s - M) o_s / sum_s exp(m_s - M) l_s.
+    VOLATILE: read past L1 (partials written by other programs of the same launch)."""
+    s = tl.arange(0, BLOCK_S)
+    mx = tl.full([BLOCK_S], float("-inf"), tl.float32)
+    for s0 in range(0, n_valid, BLOCK_S):
+        sm = (s0 + s) < n_valid
+        mx = tl.maximum(mx, tl.load(part_m_ptr + h * n_splits + s0 + s, mask=sm,
+                                    other=float("-inf"), volatile=VOLATILE))
+    M = tl.max(mx, axis=0)
+    den = tl.zeros([BLOCK_S], tl.float32)
+    acc = tl.zeros([BLOCK_S, BLOCK_D], tl.float32)
+    for s0 in range(0, n_valid, BLOCK_S):
+        sm = (s0 + s) < n_valid
+        row = h * n_splits + s0 + s
+        m_s = tl.load(part_m_ptr + row, mask=sm, other=float("-inf"), volatile=VOLATILE)
+        w = tl.where(sm, tl.exp(m_s - M), 0.0)
+        den += w * tl.load(part_l_ptr + row, mask=sm, other=0.0, volatile=VOLATILE)
+        o = tl.load(part_o_ptr + row[:, None] * D + d[None, :], mask=sm[:, None] & dm[None, :],
+                    other=0.0, volatile=VOLATILE)
+        acc += w[:, None] * o
+    return tl.sum(acc, axis=0) / tl.sum(den, axis=0)
+
+
+@triton.jit
 def _attn_partial_kernel(q_ptr, k_cache_ptr, v_cache_ptr, part_o_ptr, part_m_ptr, part_l_ptr,
                          pos_ptr, stride_c_h, stride_c_t, n_splits, scale,
                          GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
@@ -52,32 +121,10 @@ def _attn_partial_kernel(q_ptr, k_cache_ptr, v_cache_ptr, part_o_ptr, part_m_ptr
         q = tl.load(q_ptr + heads[:, None] * D + d[None, :], mask=gm[:, None] & dm[None, :], other=0.0)
         if DOT_F32:
             q = q.to(tl.float32)
-        m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-        l_i = tl.zeros([GROUP_PAD], tl.float32)
-        acc = tl.zeros([GROUP_PAD, BLOCK_D], tl.float32)
-        base = kh * stride_c_h
-        for t0 in range(start, end, BLOCK_T):
-            t = t0 + tl.arange(0, BLOCK_T)
-            tm = t < end
-            offs = base + t[:, None] * stride_c_t + d[None, :]
-            kv_mask = tm[:, None] & dm[None, :]
-            k = tl.load(k_cache_ptr + offs, mask=kv_mask, other=0.0)
-            v = tl.load(v_cache_ptr + offs, mask=kv_mask, other=0.0)
-            if DOT_F32:
-                k = k.to(tl.float32)
-                v = v.to(tl.float32)
-            s = tl.dot(q, tl.trans(k)) * scale                         # [GROUP_PAD, BLOCK_T]
-            s = tl.where(tm[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            alpha = tl.exp(m_i - m_new)
-            p = tl.exp(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)      # [GROUP_PAD, BLOCK_D]
-            m_i = m_new
-        row = heads * n_splits + split
-        tl.store(part_m_ptr + row, m_i, mask=gm)
-        tl.store(part_l_ptr + row, l_i, mask=gm)
-        tl.store(part_o_ptr + row[:, None] * D + d[None, :], acc, mask=gm[:, None] & dm[None, :])
+        m_i, l_i, acc = partial_tiles(q, k_cache_ptr, v_cache_ptr, kh * stride_c_h, start, end,
+                                      stride_c_t, d, dm, scale, GROUP_PAD, BLOCK_D, BLOCK_T, DOT_F32)
+        store_partials(part_o_ptr, part_m_ptr, part_l_ptr, heads, gm, split, n_splits, m_i, l_i,
+                       acc, d, dm, D)
 
 
 @triton.jit
@@ -88,27 +135,10 @@ def _attn_reduce_kernel(part_o_ptr, part_m_ptr, part_l_ptr, out_ptr, pos_ptr, n_
     pdl_wait(USE_PDL)
     length = tl.load(pos_ptr) + 1
     n_valid = (length + CHUNK - 1) // CHUNK                # splits that hold any token
-    s = tl.arange(0, BLOCK_S)
     d = tl.arange(0, BLOCK_D)
     dm = d < D
-    # pass 1: the global max over the valid splits
-    mx = tl.full([BLOCK_S], float("-inf"), tl.float32)
-    for s0 in range(0, n_valid, BLOCK_S):
-        sm = (s0 + s) < n_valid
-        mx = tl.maximum(mx, tl.load(part_m_ptr + h * n_splits + s0 + s, mask=sm, other=float("-inf")))
-    M = tl.max(mx, axis=0)
-    # pass 2: rescale each split by exp(m_s - M) and sum
-    den = tl.zeros([BLOCK_S], tl.float32)
-    acc = tl.zeros([BLOCK_S, BLOCK_D], tl.float32)
-    for s0 in range(0, n_valid, BLOCK_S):
-        sm = (s0 + s) < n_valid
-        row = h * n_splits + s0 + s
-        m_s = tl.load(part_m_ptr + row, mask=sm, other=float("-inf"))
-        w = tl.where(sm, tl.exp(m_s - M), 0.0)
-        den += w * tl.load(part_l_ptr + row, mask=sm, other=0.0)
-        o = tl.load(part_o_ptr + row[:, None] * D + d[None, :], mask=sm[:, None] & dm[None, :], other=0.0)
-        acc += w[:, None] * o
-    out = tl.sum(acc, axis=0) / tl.sum(den, axis=0)
+    out = merge_head(part_o_ptr, part_m_ptr, part_l_ptr, h, n_splits, n_valid, d, dm, D, BLOCK_D,
+                     BLOCK_S, False)
     tl.store(out_ptr + h * D + d, bf16_round(out).to(out_ptr.dtype.element_ty), mask=dm)
 
 

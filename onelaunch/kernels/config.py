@@ -1,4 +1,5 @@
-"""Launch configurations, chosen per GPU architecture in the launchers (never in kernels).
+"""Launch configurations, chosen per GPU architecture and weight shape in the launchers
+(never in kernels).
 
 Every fused kernel is memory-bound at batch 1, so a configuration is about bytes in flight:
 enough programs to give every SM work, and tiles large enough that each SM keeps tens of
@@ -28,6 +29,9 @@ _DEFAULT = {
     "lm_head":     dict(BLOCK_N=32, BLOCK_K=256, num_warps=4),   # not 64x512: it spilled (6%)
     "attention":   dict(BLOCK_T=64, num_warps=4),
     "attn_split":  dict(BLOCK_T=64, num_warps=4),
+    "router":      dict(BLOCK_N=4, BLOCK_K=512, num_warps=4),
+    "moe_gate_up": dict(BLOCK_N=8, BLOCK_K=512, num_warps=4),
+    "moe_down":    dict(BLOCK_N=8, BLOCK_K=512, num_warps=4),
 }
 
 TABLE: dict[str, dict[str, dict]] = {
@@ -73,14 +77,40 @@ def arch(device_index: int = 0) -> str:
     return f"sm_{major}{minor}"
 
 
-def get(op: str, device=None) -> dict:
+def _nearest(entries: dict, shape) -> dict | None:
+    """The entry measured at the shape nearest ``shape`` (N, K) in log space. ``entries``
+    maps "N,K" to a config; a plain config (no shape) matches any shape."""
+    if "BLOCK_N" in entries or "BLOCK_T" in entries:
+        return entries
+    if not entries:
+        return None
+    if shape is None:
+        return next(iter(entries.values()))
+    import math
+
+    def dist(key):
+        n, k = (int(v) for v in key.split(","))
+        return abs(math.log(n / shape[0])) + abs(math.log(k / shape[1]))
+    return entries[min(entries, key=dist)]
+
+
+def get(op: str, device=None, shape: tuple[int, int] | None = None) -> dict:
+    """The launch configuration of ``op`` on ``device`` for a weight of ``shape`` (N, K):
+    a tuned table's entry for that shape, else the one measured nearest to it, else the
+    hand-written table of the architecture, else the defaults."""
     a = "default"
     if device is not None and torch.device(device).type == "cuda":
         a = arch(torch.device(device).index or 0)
     t = tuned(a)
     if op in t:
-        return dict(t[op])
+        c = _nearest(t[op], shape)
+        if c is not None:
+            return dict(c)
     return dict(TABLE.get(a, _DEFAULT).get(op, _DEFAULT[op]))
+
+
+def shape_key(shape) -> str:
+    return f"{shape[0]},{shape[1]}"
 
 
 def prefetch(c: dict, k_span: int) -> int:

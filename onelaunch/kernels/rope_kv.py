@@ -1,8 +1,13 @@
-"""Fused RoPE + KV-cache write.
+"""Fused (q/k RMSNorm +) RoPE + KV-cache write.
 
     q[h]            = rope(qkv[q part, head h], pos)             -> q_out [Hq, D]
     k_cache[kh,pos] = rope(qkv[k part, head kh], pos)            -> cache slot
     v_cache[kh,pos] = qkv[v part, head kh]
+
+OLMoE first RMS-normalises the whole q (Hq D values) and the whole k (Hkv D) with gains
+q_norm, k_norm (``QK_NORM``). That statistic spans every head, so each program reads the
+whole q (or k) it belongs to, 4 KB from L2, and computes it itself: the norm rides in this
+launch instead of needing a second kernel or a last-arrival reduction in the QKV GEMV.
 
 rotate_half is computed from a gathered index: element d pairs with d +- D/2 and takes a
 sign, so no half is ever concatenated. cos/sin come from a table [max_ctx, D] (rounded to
@@ -16,13 +21,16 @@ index_copy per cache).
 import triton
 import triton.language as tl
 
-from ._common import bf16_round, pdl_wait
+from ._common import bf16_round, pdl_wait, rms_rstd
 
 
 @triton.jit
-def _rope_pair(src_ptr, cos_ptr, sin_ptr, d, partner, sign, dm):
+def _rope_pair(src_ptr, cos_ptr, sin_ptr, d, partner, sign, dm, g_ptr, rstd, HAS_NORM: tl.constexpr):
     x = tl.load(src_ptr + d, mask=dm, other=0.0).to(tl.float32)
     xp = tl.load(src_ptr + partner, mask=dm, other=0.0).to(tl.float32)
+    if HAS_NORM:   # OLMoE's q/k RMSNorm (HF's rounding: x * rstd to bf16, times the gain)
+        x = bf16_round(bf16_round(x * rstd) * tl.load(g_ptr + d, mask=dm, other=0.0).to(tl.float32))
+        xp = bf16_round(bf16_round(xp * rstd) * tl.load(g_ptr + partner, mask=dm, other=0.0).to(tl.float32))
     c = tl.load(cos_ptr + d, mask=dm, other=0.0).to(tl.float32)
     s = tl.load(sin_ptr + d, mask=dm, other=0.0).to(tl.float32)
     # HF in bf16: q*cos and rotate_half(q)*sin are each rounded, then their sum
@@ -33,8 +41,9 @@ def _rope_pair(src_ptr, cos_ptr, sin_ptr, d, partner, sign, dm):
 
 @triton.jit
 def _rope_kv_write_kernel(qkv_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, pos_ptr,
-                          stride_c_h, stride_c_t, HQ, HKV,
-                          D: tl.constexpr, BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr):
+                          qn_ptr, kn_ptr, eps, stride_c_h, stride_c_t, HQ, HKV,
+                          D: tl.constexpr, BLOCK_D: tl.constexpr, QK_NORM: tl.constexpr,
+                          BLOCK_R: tl.constexpr, USE_PDL: tl.constexpr):
     h = tl.program_id(0)
     pdl_wait(USE_PDL)
     pos = tl.load(pos_ptr)
@@ -46,11 +55,19 @@ def _rope_kv_write_kernel(qkv_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, cos_ptr,
     cos_row = cos_ptr + pos * D
     sin_row = sin_ptr + pos * D
     if h < HQ:
-        y = _rope_pair(qkv_ptr + h * D, cos_row, sin_row, d, partner, sign, dm)
+        rstd = 1.0
+        if QK_NORM:   # the norm spans all heads of q: every program reads the whole q
+            rstd = rms_rstd(qkv_ptr, HQ * D, eps, BLOCK_R)
+        y = _rope_pair(qkv_ptr + h * D, cos_row, sin_row, d, partner, sign, dm,
+                       qn_ptr + h * D, rstd, QK_NORM)
         tl.store(q_out_ptr + h * D + d, bf16_round(y).to(q_out_ptr.dtype.element_ty), mask=dm)
     else:
         kh = h - HQ
-        y = _rope_pair(qkv_ptr + (HQ + kh) * D, cos_row, sin_row, d, partner, sign, dm)
+        rstd = 1.0
+        if QK_NORM:
+            rstd = rms_rstd(qkv_ptr + HQ * D, HKV * D, eps, BLOCK_R)
+        y = _rope_pair(qkv_ptr + (HQ + kh) * D, cos_row, sin_row, d, partner, sign, dm,
+                       kn_ptr + kh * D, rstd, QK_NORM)
         slot = kh * stride_c_h + pos * stride_c_t
         tl.store(k_cache_ptr + slot + d, bf16_round(y).to(k_cache_ptr.dtype.element_ty), mask=dm)
         v = tl.load(qkv_ptr + (HQ + HKV + kh) * D + d, mask=dm, other=0.0)
@@ -58,11 +75,16 @@ def _rope_kv_write_kernel(qkv_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, cos_ptr,
 
 
 def rope_kv_write(qkv, q_out, k_cache, v_cache, cos, sin, pos, heads, kv_heads, head_dim,
-                  use_pdl=False):
+                  use_pdl=False, q_norm=None, k_norm=None, eps=0.0):
     """qkv: [(Hq+2Hkv) D]; q_out: [Hq D]; k_cache, v_cache: one layer's [Hkv, C, D];
-    cos, sin: [C, D]; pos: int32 [1] on the device."""
+    cos, sin: [C, D]; pos: int32 [1] on the device. With ``q_norm`` [Hq D] and ``k_norm``
+    [Hkv D] (OLMoE), q and k are RMS-normalised over all their heads before RoPE."""
+    qk_norm = q_norm is not None
+    assert qk_norm == (k_norm is not None), "q_norm and k_norm come together"
     kw = {"launch_pdl": True} if use_pdl else {}
     _rope_kv_write_kernel[(heads + kv_heads,)](
-        qkv, q_out, k_cache, v_cache, cos, sin, pos, k_cache.stride(0), k_cache.stride(1),
-        heads, kv_heads, D=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
-        USE_PDL=use_pdl, num_warps=1, **kw)
+        qkv, q_out, k_cache, v_cache, cos, sin, pos, q_norm if qk_norm else qkv,
+        k_norm if qk_norm else qkv, eps, k_cache.stride(0), k_cache.stride(1),
+        heads, kv_heads, D=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), QK_NORM=qk_norm,
+        BLOCK_R=min(1024, triton.next_power_of_2(heads * head_dim)), USE_PDL=use_pdl,
+        num_warps=1 if not qk_norm else 4, **kw)
