@@ -110,10 +110,14 @@ class Oracle(torch.nn.Module):
             gate = F.linear(x, self.w(p + "gate_proj.weight"))
             up = F.linear(x, self.w(p + "up_proj.weight"))
             return F.linear(F.silu(gate) * up, self.w(p + "down_proj.weight"))
-        # router: softmax over all experts in fp32, top-k, no renormalisation
+        # router: softmax over all experts in fp32, top-k, no renormalisation. Router
+        # logits are bf16, so exact ties between experts are common; torch.topk leaves
+        # their order unspecified (on the CPU it put expert 25 before a tied 20), so the
+        # top-k is a stable sort: most probable first, the lower index first among equals
         logits = F.linear(x, self.w(p + "gate.weight"))                            # [T, E]
         probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
-        topw, topi = torch.topk(probs, s.top_k, dim=-1)                             # [T, k]
+        topw, topi = torch.sort(probs, dim=-1, descending=True, stable=True)
+        topw, topi = topw[:, :s.top_k], topi[:, :s.top_k]                           # [T, k]
         topw = topw.to(x.dtype)
         out = []
         # the gather below copies k experts' weights per token (OLMoE: 67 MB a token), so a
