@@ -291,9 +291,13 @@ def ladder_rows(spec, w, device="cuda", ctx=512, tokens=12, iters=100, read_tbps
             r["same_tokens_as_previous_rung"] = j["tokens"] == prev_tokens
         prev_tokens = j["tokens"]
         if j["ok"]:
+            p0 = int(e.pos)
             ms = time_engine_step(e, st["graph"], iters if st["graph"] else max(10, iters // 4), dev)
             r["ms_per_token"] = ms
             r["x_floor"] = ms / floor if floor else None
+            if spec.is_moe:      # the timed steps read many experts, not one set from L2
+                r["distinct_experts"] = e.distinct_experts(p0, int(e.pos))
+                r["timed_steps"] = int(e.pos) - p0
         else:
             r["ms_per_token"] = None
             r["refused"] = "teacher-forced choices differ from the oracle beyond a near tie: " + \
@@ -366,6 +370,51 @@ def long_context_agreement(spec, w, device="cuda", ctx=32768, tokens=12, pdl=Tru
     n = agreement(got, ref)
     return {"model": spec.name, "ctx": ctx, "agree": f"{n}/{tokens}", "min_margin": min(margins),
             "engine": got.tolist(), "oracle": ref.tolist()}
+
+
+# --------------------------------------------------------------------------------------
+# per op, from the engine's own plan
+# --------------------------------------------------------------------------------------
+def plan_op_rows(spec, w, device="cuda", ctx: int = 512, iters: int = 50, read_tbps=None,
+                 pdl: bool = False) -> list[dict]:
+    """Microseconds per launch of each op of the plan, in the step's own buffers and
+    configurations: an engine is checked against the oracle (teacher-forced, the ladder's
+    rule) and run to position ``ctx``; then, for each op, all its launches of one step
+    (every layer) are captured in one CUDA graph and replayed. Bytes are the plan's, so
+    ``excess_us`` is the time beyond what the bytes need at the measured bandwidth.
+    Returns [] and a refusal row if the engine fails the oracle check."""
+    from . import plan as plan_mod
+    spec = get_spec(spec)
+    dev = torch.device(device)
+    tokens = 8
+    g = torch.Generator().manual_seed(11)
+    prompt = torch.randint(0, spec.vocab, (ctx,), generator=g)
+    e = Engine(spec, w, max_ctx=ctx + tokens + 64, attention="splitk", pdl=pdl)
+    ref = oracle_tokens(spec, w, prompt, tokens, ctx + tokens + 64)
+    j = judge(e, prompt, ref, graph=True)
+    if not j["ok"]:
+        return [{"model": spec.name, "op": "all", "refused": "engine fails the oracle check",
+                 "flips": j["flips"]}]
+    e.pos.fill_(ctx)
+    e.prompt_len.fill_(1 << 30)              # timing: positions advance, no token written
+    rows = []
+    for op in dict.fromkeys(L.op for L in e.plan):
+        launches = [L for L in e.plan if L.op == op]
+        saved = e.pos.clone()
+
+        def run(ls=launches):            # (the LM head advances pos by one a replay)
+            for L in ls:
+                L.run()
+        us = _graph_time(run, len(launches), dev, iters)
+        e.pos.copy_(saved)
+        nbytes = launches[0].bytes_at(ctx)
+        bound = nbytes / (read_tbps * 1e12) * 1e6 if read_tbps else None
+        rows.append({"model": spec.name, "op": op, "launches": len(launches), "us": us,
+                     "bytes": nbytes, "bytes_us": bound,
+                     "excess_us": us - bound if bound is not None else None,
+                     "pct_of_read": 100 * bound / us if bound else None, "ctx": ctx,
+                     "pdl": e.pdl})
+    return rows
 
 
 # --------------------------------------------------------------------------------------
@@ -494,20 +543,32 @@ def main(argv=None):
         out["config_sweep"] = config_sweep(spec, w, dev, read_tbps=bw)
         if a.write_table:
             print("wrote", write_table(out["config_sweep"], bw, spec.name))
-    if "kernels" in what:
+    if "kernels" in what and not spec.is_moe:
         out["kernels"] = kernel_rows(spec, w, dev, ctx=a.ctx, read_tbps=bw)
         for r in out["kernels"]:
+            print(json.dumps(r))
+    if "ops" in what:
+        out["ops"] = plan_op_rows(spec, w, dev, ctx=a.ctx, read_tbps=bw)
+        for r in out["ops"]:
+            print(json.dumps(r))
+    if "peers" in what:      # the peers in this process: every ratio from one run
+        from .peers import peer_rungs
+        out["peers"] = peer_rungs(spec.name, ctx=a.ctx, device=dev, iters=50, new_tokens=32)
+        for r in out["peers"]:
+            r["floor_ms"] = spec.floor_ms(bw, a.ctx)
             print(json.dumps(r))
     if "ladder" in what:
         out["ladder"] = ladder_rows(spec, w, dev, ctx=a.ctx, iters=a.iters, read_tbps=bw)
         for r in out["ladder"]:
             print(json.dumps(r))
+    longest = spec.max_ctx - 96                      # room for the timed steps
     if "sweep" in what:
-        out["sweep"] = sweep_rows(spec, w, dev, read_tbps=bw)
+        ctxs = [c for c in (128, 512, 1024, 2048, 4000, 8192, 16384, 32768) if c <= longest]
+        out["sweep"] = sweep_rows(spec, w, dev, ctxs=tuple(ctxs), read_tbps=bw)
         for r in out["sweep"]:
             print(json.dumps(r))
     if "long" in what:
-        out["long"] = long_context_agreement(spec, w, dev)
+        out["long"] = long_context_agreement(spec, w, dev, ctx=min(32768, 4000 if spec.is_moe else longest))
         print(json.dumps(out["long"]))
     if a.json:
         with open(a.json, "w") as f:
