@@ -376,7 +376,7 @@ def long_context_agreement(spec, w, device="cuda", ctx=32768, tokens=12, pdl=Tru
 # per op, from the engine's own plan
 # --------------------------------------------------------------------------------------
 def plan_op_rows(spec, w, device="cuda", ctx: int = 512, iters: int = 50, read_tbps=None,
-                 pdl: bool = False) -> list[dict]:
+                 pdl: bool = False, tokens: int = 8) -> list[dict]:
     """Microseconds per launch of each op of the plan, in the step's own buffers and
     configurations: an engine is checked against the oracle (teacher-forced, the ladder's
     rule) and run to position ``ctx``; then, for each op, all its launches of one step
@@ -386,7 +386,6 @@ def plan_op_rows(spec, w, device="cuda", ctx: int = 512, iters: int = 50, read_t
     from . import plan as plan_mod
     spec = get_spec(spec)
     dev = torch.device(device)
-    tokens = 8
     g = torch.Generator().manual_seed(11)
     prompt = torch.randint(0, spec.vocab, (ctx,), generator=g)
     e = Engine(spec, w, max_ctx=ctx + tokens + 64, attention="splitk", pdl=pdl)
