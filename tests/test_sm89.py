@@ -8,9 +8,11 @@ alignment, constexprs) and compiled to a cubin by the ``ptxas`` that Triton ship
 never launched. This needs Triton's compiler, not its interpreter, so it runs in a
 subprocess without ``TRITON_INTERPRET``.
 
-The configurations: for each op, the entry of ``config.TABLE["sm_89"]`` and, where a sweep
-wrote one, of ``kernels/tuned/sm_89.json`` (``config.get`` prefers the latter); the split-K
-chunk for every context length the specs allow; no PDL (it needs sm_90).
+The configurations: for each op, the entry of ``config.TABLE["sm_89"]``, the entry of
+``kernels/tuned/sm_89.json`` where there is one (``config.get`` prefers it), and every
+candidate of the launch-configuration sweep (``bench.config_sweep``), any of which the
+sweep may write into that file on a 4090; the split-K chunk for every context length the
+specs allow; no PDL (it needs sm_90).
 
 Adding a kernel: add a case to ``CASES`` (a function that calls its launcher). The test
 fails if a ``_*_kernel`` in ``onelaunch/kernels/`` is compiled by no case.
@@ -35,12 +37,33 @@ MODELS = ("qwen2.5-1.5b", "olmoe-1b-7b")
 
 
 # ---- the cases: one per launcher, over the sm_89 table's configurations ----------------
+def _sweep_candidates() -> dict[str, list[dict]]:
+    """{op: [config, ...]}: what ``bench.config_sweep`` would time (and so may write into
+    ``tuned/sm_89.json``), read by running it with the timing replaced by a recorder."""
+    from onelaunch import bench
+    seen: dict[str, list[dict]] = {}
+    time_one, pack = bench._time_one, bench.pack_weights
+    bench._time_one = lambda spec, w, dev, op, c, *a, **k: seen.setdefault(op, []).append(dict(c)) or {}
+    bench.pack_weights = lambda *a, **k: None
+    try:
+        bench.config_sweep("qwen2.5-1.5b", None, device="cpu", pdl=False, echo=False)
+    finally:
+        bench._time_one, bench.pack_weights = time_one, pack
+    return seen
+
+
+_SWEEP: dict[str, list[dict]] = {}
+
+
 def _sm89_configs(op: str) -> list[dict]:
-    """The configurations ``config.get(op)`` can return on an sm_89 GPU."""
+    """The configurations ``config.get(op)`` can return on an sm_89 GPU, now or after a
+    sweep there."""
     from onelaunch.kernels import config
+    if not _SWEEP:
+        _SWEEP.update(_sweep_candidates())
     out = []
     for c in (config.TABLE["sm_89"].get(op, config.TABLE["default"][op]),
-              config.tuned("sm_89").get(op)):
+              config.tuned("sm_89").get(op), *_SWEEP.get(op, [])):
         if c is not None and dict(c) not in out:
             out.append(dict(c))
     return out
