@@ -313,6 +313,110 @@ def one_run(rows: list[dict]) -> tuple[list[dict], list[dict]]:
     return groups[keep], [r for g, rs in groups.items() if g != keep for r in rs]
 
 
+def _png(fig) -> bytes:
+    import matplotlib.pyplot as plt
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def _head(fig, head: str, smoke: bool, fig_h: float, note: str):
+    lines = [head] + ([f"CPU SMOKE RUN, NOT A MEASUREMENT ({note})"] if smoke else [])
+    fig.text(0.012, 1 - 0.12 / fig_h, "\n".join(lines), va="top", ha="left",
+             fontsize=FONT + 1, color="#c92a2a" if smoke else "black", linespacing=1.35)
+
+
+def bandwidth_figure(rows: list[dict], read_tbps: float, head: str = "", smoke: bool = False,
+                     highlight=("attention (plain)",)):
+    """Chapter 3's kernels: each kernel's bytes over its time (GB/s, whole numbers), with
+    the streaming-read bandwidth of the same run as a dashed line; the values sit right of
+    the axes, where the line does not cross them. ``rows``: ``bench.kernel_rows`` rows
+    (``kernel``, ``gbps``, ``pct_of_read``, ``bytes``); rows with no time are left out and
+    named in the caption."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    shown = [r for r in rows if r.get("gbps") is not None]
+    n = max(1, len(shown))
+    head_h = 0.1 + 0.2 * (1 + bool(smoke))
+    ax_h, above, below = 0.42 * n + 0.2, 0.4, 0.6
+    fig_h = head_h + above + ax_h + below
+    label_w = 0.12 + 0.075 * max([len(r["kernel"]) for r in shown] + [8])   # 10 pt text
+    fig = plt.figure(figsize=(FIG_W, fig_h), dpi=DPI)
+    ax = fig.add_axes([label_w / FIG_W, below / fig_h,
+                       (FIG_W - label_w - VALUE_W) / FIG_W, ax_h / fig_h])
+    read = read_tbps * 1e3
+    ys = list(range(len(shown)))
+    ax.barh(ys, [r["gbps"] for r in shown], height=0.62,
+            color=["#c92a2a" if r["kernel"] in highlight else "#1f6fb4" for r in shown])
+    side = ax.get_yaxis_transform()
+    for y, r in zip(ys, shown):
+        ax.text(1.03, y - 0.2, f"{r['gbps']:,.0f} GB/s, {r['pct_of_read']:.0f}%",
+                transform=side, va="center", fontsize=FONT, clip_on=False)
+        size = (f"{r['bytes'] / 1e6:.3g} MB" if r["bytes"] >= 1e6
+                else f"{r['bytes'] / 1e3:.3g} kB")
+        ax.text(1.03, y + 0.22, size, transform=side, va="center",
+                fontsize=FONT, color="#555555", clip_on=False)
+    ax.axvline(read, color="black", ls="--", lw=1.2,
+               label=f"streaming read, this run: {read:,.0f} GB/s")
+    ax.set_yticks(ys)
+    ax.set_yticklabels([r["kernel"] for r in shown], fontsize=FONT)
+    ax.set_ylim(n - 0.5, -0.5)
+    ax.set_xlim(0, max([read] + [r["gbps"] for r in shown]) * 1.08)
+    ax.tick_params(axis="x", labelsize=FONT)
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:,.0f}"))
+    ax.set_xlabel("GB/s (bytes the kernel must move / its time)", fontsize=FONT)
+    ax.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), fontsize=FONT, frameon=False,
+              borderaxespad=0.1)
+    ax.grid(axis="x", alpha=0.2)
+    _head(fig, head, smoke, fig_h, "Triton interpreter, tiny model")
+    missing = [r["kernel"] for r in rows if r.get("gbps") is None]
+    best = max(shown, key=lambda r: r["pct_of_read"]) if shown else None
+    cap = (f"The figure draws {len(shown)} kernels" + (
+        f"; the closest to the read bandwidth is {best['kernel']}, at "
+        f"{best['pct_of_read']:.0f}%" if best else "") +
+        (f"; not timed (check failed): {', '.join(missing)}" if missing else "") + ".")
+    return _Figure(_png(fig), cap)
+
+
+def sweep_figure(rows: list[dict], head: str = "", smoke: bool = False):
+    """Chapter 5's sweep: ms per token of the final step against the context, with the
+    floor of the same run; each point's ratio to the floor on a white ground above it, so
+    no line crosses a label. ``rows``: ``bench.sweep_rows`` rows."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    head_h = 0.1 + 0.2 * (1 + bool(smoke))
+    fig_h = head_h + 4.0
+    fig = plt.figure(figsize=(FIG_W, fig_h), dpi=DPI)
+    ax = fig.add_axes([0.9 / FIG_W, 0.65 / fig_h, (FIG_W - 1.1) / FIG_W, 3.0 / fig_h])
+    cs = [r["ctx"] for r in rows]
+    ms = [r["ms_per_token"] for r in rows]
+    ax.plot(cs, ms, "o-", color="#1f6fb4", label=f"{rows[0]['rung']} (graph)" if rows else "")
+    ax.plot(cs, [r["floor_ms"] for r in rows], "s--", color="black",
+            label="bandwidth floor, this run")
+    for r in rows:
+        ax.annotate(f"{r['x_floor']:.2f}x", (r["ctx"], r["ms_per_token"]),
+                    textcoords="offset points", xytext=(0, 9), ha="center", fontsize=FONT,
+                    bbox=dict(boxstyle="square,pad=0.1", fc="white", ec="none"), zorder=5)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(cs)
+    ax.set_xticklabels([f"{c:,}" for c in cs], fontsize=FONT)
+    ax.tick_params(axis="y", labelsize=FONT)
+    ax.set_ylim(0, max(ms + [1e-9]) * 1.25)
+    ax.set_xlabel("context (tokens, log scale)", fontsize=FONT)
+    ax.set_ylabel("ms per token", fontsize=FONT)
+    ax.legend(fontsize=FONT, frameon=False, loc="lower right")
+    ax.grid(alpha=0.2)
+    _head(fig, head, smoke, fig_h, "Triton interpreter, tiny model, no graph")
+    xs = [r["x_floor"] for r in rows]
+    cap = (f"The figure draws the step at {len(rows)} contexts, from {min(cs):,} to "
+           f"{max(cs):,} tokens: between {min(xs):.2f} and {max(xs):.2f} times the floor."
+           if rows else "No sweep rows.")
+    return _Figure(_png(fig), cap)
+
+
 def ladder_frames(data: dict, ctx: int | None = None, models: list[str] | None = None):
     """(rungs, frames, info) for a ladder file's rows of one run at one context length;
     ``info["left_out"]`` lists the rows of other runs, which are not drawn."""
