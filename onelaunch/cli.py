@@ -177,13 +177,13 @@ def cmd_generate(args) -> int:
     from .text import TextStream, encode, load_tokenizer, progress, stop_ids
     from .weights import load_checkpoint, random_weights
     text = args.prompt is not None
-    if args.model is None and args.checkpoint is None:
-        raise UsageError(f"generate needs --model NAME or --checkpoint PATH (known models: "
-                         f"{', '.join(SPECS)})")
     if text and args.prompt_ids is not None:
         raise UsageError("give the prompt as text (--prompt) or as ids (--prompt-ids), not both")
     if args.chat and not text:
         raise UsageError("--chat wraps --prompt TEXT in the chat template: add --prompt")
+    if args.model is None and args.checkpoint is None:
+        raise UsageError(f"generate needs --model NAME or --checkpoint PATH (known models: "
+                         f"{', '.join(SPECS)})")
     if text and args.checkpoint is None:
         raise UsageError("--prompt TEXT needs the checkpoint's tokenizer: add --checkpoint PATH "
                          "(random weights take --prompt-ids or --prompt-len)")
@@ -256,7 +256,8 @@ def cmd_generate(args) -> int:
     line = f"time to first token {ttft:.3f} s ({n}-token prompt, {args.prefill} prefill)"
     rest = len(got) - stamps[0][1]
     if rest > 0:
-        line += f"; decode {(stamps[-1][0] - stamps[0][0]) / rest * 1e3:.3f} ms/token over {rest} tokens"
+        line += (f"; decode {(stamps[-1][0] - stamps[0][0]) / rest * 1e3:.3f} ms/token over "
+                 f"{rest} token{'s' if rest > 1 else ''}")
     if stream is not None and stream.stopped:
         line += "; the reply ended (a stop token)"
     print(line + note)
