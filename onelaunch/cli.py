@@ -206,7 +206,9 @@ def cmd_generate(args) -> int:
     n = prompt.numel()
     max_ctx = args.max_ctx or min(spec.max_ctx, n + tokens + 64)
     batched = args.prefill == "batched"
-    stream = TextStream(tok, () if args.ignore_eos else stop_ids(tok, args.checkpoint)) if text else None
+    stream = None
+    if text:
+        stream = TextStream(tok, () if args.ignore_eos else stop_ids(tok, args.checkpoint))
     got, stamps = [], []                       # ids as read; (time, how many) at each read
     bar = progress(total=tokens, desc="generate", unit="tok") if not text else None
 
@@ -227,7 +229,8 @@ def cmd_generate(args) -> int:
         mode = ("CUDA graph" if graph else "eager launches") + (
             ", split-K" if args.attention == "splitk" else ", plain attention") + (
             ", PDL" if e.pdl else "")
-        source = f"checkpoint {args.checkpoint}" if args.checkpoint else f"random weights, seed {args.seed}"
+        source = (f"checkpoint {args.checkpoint}" if args.checkpoint
+                  else f"random weights, seed {args.seed}")
         print(f"{spec.name} on {device} ({mode}; {source}): prompt {n} ids"
               f"{' (chat template)' if args.chat else ''}, {tokens} tokens at most, "
               f"{args.prefill} prefill")
@@ -294,7 +297,8 @@ def _add_generate(sub):
     p.add_argument("--chat", action="store_true",
                    help="wrap --prompt in the tokenizer's chat template (instruct models)")
     p.add_argument("--prompt-len", type=int, default=16, help="random prompt length (default 16)")
-    p.add_argument("--prompt-ids", default=None, help="comma-separated token ids instead of a random prompt")
+    p.add_argument("--prompt-ids", default=None,
+                   help="comma-separated token ids instead of a random prompt")
     p.add_argument("--tokens", type=int, default=None,
                    help="tokens to generate at most (default 128 with --prompt, else 12)")
     p.add_argument("--ignore-eos", action="store_true",

@@ -181,10 +181,10 @@ class Oracle(torch.nn.Module):
         x = self.w("model.embed_tokens.weight")[tokens]                             # [T, H]
         for li in range(s.layers):
             p = f"model.layers.{li}."
-            x = x + self.attention(li, rms_norm(x, self.w(p + "input_layernorm.weight"), s.rms_eps),
-                                   pos, live)
-            x = x + self.mlp(li, rms_norm(x, self.w(p + "post_attention_layernorm.weight"), s.rms_eps),
-                             all_experts)
+            h = rms_norm(x, self.w(p + "input_layernorm.weight"), s.rms_eps)
+            x = x + self.attention(li, h, pos, live)
+            h = rms_norm(x, self.w(p + "post_attention_layernorm.weight"), s.rms_eps)
+            x = x + self.mlp(li, h, all_experts)
         return x
 
     def forward(self, tokens: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:

@@ -45,8 +45,9 @@ def stop_ids(tok, path_or_id: str | None = None) -> set[int]:
     """Ids that end a reply: the tokenizer's end-of-text token and the checkpoint's
     ``generation_config.json`` ``eos_token_id`` (an int or a list), where there is one."""
     out = {tok.eos_token_id} if tok.eos_token_id is not None else set()
-    if path_or_id is not None and (Path(path_or_id) / "generation_config.json").exists():
-        eos = json.loads((Path(path_or_id) / "generation_config.json").read_text()).get("eos_token_id")
+    gen = Path(path_or_id) / "generation_config.json" if path_or_id is not None else None
+    if gen is not None and gen.exists():
+        eos = json.loads(gen.read_text()).get("eos_token_id")
         out |= set(eos if isinstance(eos, list) else [] if eos is None else [eos])
     return out
 

@@ -31,9 +31,10 @@ def stand_in(spec, max_ctx, w=None):
     """An object with exactly the attributes prefill may use of an engine (its contract),
     so the MoE path is tested whatever the engine covers."""
     shape = (spec.layers, spec.kv_heads, max_ctx, spec.head_dim)
+    bf = torch.bfloat16
     return SimpleNamespace(
         spec=spec, max_ctx=max_ctx, device=torch.device("cpu"), hf_weights=w,
-        k_cache=torch.zeros(shape, dtype=torch.bfloat16), v_cache=torch.zeros(shape, dtype=torch.bfloat16),
+        k_cache=torch.zeros(shape, dtype=bf), v_cache=torch.zeros(shape, dtype=bf),
         seq=torch.zeros(max_ctx + 1, dtype=torch.int32), pos=torch.zeros(1, dtype=torch.int32),
         prompt_len=torch.zeros(1, dtype=torch.int32))
 
