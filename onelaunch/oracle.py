@@ -114,9 +114,12 @@ class Oracle(torch.nn.Module):
             # before the CLI has chosen Triton's interpreter
             from torch.nn.attention.bias import causal_lower_right
             K, V = self.k_cache[li, :, :live], self.v_cache[li, :, :live]          # [Hkv, live, D]
-            if s.heads > s.kv_heads:     # GQA: the flash kernel wants one K/V head per query head
-                K = K.repeat_interleave(s.heads // s.kv_heads, dim=0)               # [Hq, live, D]
-                V = V.repeat_interleave(s.heads // s.kv_heads, dim=0)
+            if s.heads > s.kv_heads:
+                # GQA: one K/V head per query head for the flash kernel (expand + reshape is
+                # repeat_interleave without an index tensor)
+                g, shape = s.heads // s.kv_heads, (s.heads, live, s.head_dim)
+                K = K[:, None].expand(-1, g, -1, -1).reshape(shape)                 # [Hq, live, D]
+                V = V[:, None].expand(-1, g, -1, -1).reshape(shape)
             out = F.scaled_dot_product_attention(                                   # [1, Hq, T, D]
                 q.transpose(0, 1)[None], K[None], V[None],
                 attn_mask=causal_lower_right(T, live))
