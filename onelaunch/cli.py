@@ -263,11 +263,16 @@ def cmd_bench(args) -> int:
             + (f"; read bandwidth {bw:.2f} TB/s, floor {spec.floor_ms(bw, args.ctx):.3f} ms/token"
                if bw else "; CPU smoke run (Triton interpreter): times are not speeds"))
     print(head)
-    print_ladder(rows)
+    print_ladder(rows, out=sys.stdout)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"read_tbps": bw, "rows": rows}, f, indent=1)
         print(f"wrote {args.json}")
+    refused = bench.gate_failures(rows)
+    if refused:   # the table above shows them; the run fails
+        print(f"FAILED: {len(refused)} rung(s) refused by the oracle check: "
+              + ", ".join(r["rung"] for r in refused), file=sys.stderr)
+        return 1
     return 0
 
 
@@ -275,7 +280,7 @@ def _add_bench(sub):
     p = sub.add_parser("bench", help="every rung of the ladder, checked against the oracle",
                        description="Measure the read bandwidth, then each rung (ms/token, the "
                        "ratio to the floor of this run, greedy agreement with the oracle). A rung "
-                       "whose oracle check fails gets no time.")
+                       "whose oracle check fails gets no time, and the command then exits 1.")
     p.add_argument("--model", required=True, help="qwen2.5-1.5b (GPU) or tiny-qwen2 (CPU)")
     p.add_argument("--ctx", type=int, default=512, help="context of the timed steps (default 512)")
     p.add_argument("--tokens", type=int, default=12, help="greedy tokens checked (default 12)")
