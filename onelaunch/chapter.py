@@ -200,3 +200,31 @@ def family_key(spec) -> str:
     """``"dense"`` or ``"moe"``: glue names say which model a number is about, the same
     on the CPU (tiny models) and the GPU (full size)."""
     return "moe" if spec.is_moe else "dense"
+
+
+class GateFailed(RuntimeError):
+    """A check in a chapter failed. The cell has already shown its rows; raising makes
+    papermill, and so the CPU test run and the GPU book run, fail."""
+
+
+def require(rows, what: str, show: bool = False) -> None:
+    """Raise :class:`GateFailed` if any of ``rows`` (kernel rows, ladder rows, peer rows,
+    sweep rows, or one result dict) failed its check: refused, a ``check`` other than
+    "pass", an ``error``, or ``ok`` False. Call it after the cell has shown the rows, or
+    with ``show=True`` to show them (as a table) before raising."""
+    from .agree import failures
+    bad = failures(rows)
+    if not bad:
+        return
+    if show:
+        table([rows] if isinstance(rows, dict) else list(rows))
+    def name(r):
+        return r.get("kernel") or r.get("rung") or r.get("op") or r.get("model", "?")
+
+    def why(r):
+        return (r.get("refused") or r.get("error") or
+                (r.get("check") if r.get("check") not in (None, "pass") else None) or
+                f"agree {r.get('agree')}")
+    lines = [f"{name(r)} (ctx {r['ctx']})" if "ctx" in r else name(r) for r in bad]
+    raise GateFailed(f"{what}: {len(bad)} failed their check: " +
+                     "; ".join(f"{n}: {why(r)}" for n, r in zip(lines, bad)))

@@ -351,34 +351,38 @@ def cmd_bench(args) -> int:
     from . import bench
     from .timing import read_bandwidth
     from .weights import random_weights
-    if spec.is_moe:
-        raise UsageError(f"{spec.name} is a mixture of experts: the engine's ladder covers the "
-                         "dense models so far (try --model qwen2.5-1.5b)")
-    if device == "cpu" and spec.name not in ("tiny-qwen2",):
-        raise UsageError("on the CPU the kernels run in Triton's interpreter: use --model tiny-qwen2")
+    if device == "cpu" and spec.name not in ("tiny-qwen2", "tiny-olmoe"):
+        raise UsageError("on the CPU the kernels run in Triton's interpreter: use --model "
+                         "tiny-qwen2 or tiny-olmoe")
     if args.ctx < 1 or args.ctx + args.tokens + args.iters + 64 > spec.max_ctx:
         raise UsageError(f"--ctx must be between 1 and {spec.max_ctx - args.tokens - args.iters - 64}")
     bw = read_bandwidth(device) if device == "cuda" else None
     rows = []
+    w = random_weights(spec, args.seed, device=device)      # one set, shared by every rung
     if args.peers:
         from .peers import peer_rungs
         rows += peer_rungs(spec.name, ctx=args.ctx, device=device, iters=min(args.iters, 50),
-                           new_tokens=32 if device == "cuda" else 4)
+                           new_tokens=32 if device == "cuda" else 4,
+                           weights=w if device == "cuda" else None)
         if bw is not None:   # one floor for the whole report: the bandwidth measured here
             for r in rows:
                 r["floor_ms"] = spec.floor_ms(bw, args.ctx)
-    w = random_weights(spec, args.seed, device=device)
     rows += bench.ladder_rows(spec, w, device, ctx=args.ctx, tokens=args.tokens, iters=args.iters,
                               read_tbps=bw)
     head = (f"{spec.name}, batch 1, ctx {args.ctx}, on {torch.cuda.get_device_name() if device == 'cuda' else 'CPU'}"
             + (f"; read bandwidth {bw:.2f} TB/s, floor {spec.floor_ms(bw, args.ctx):.3f} ms/token"
                if bw else "; CPU smoke run (Triton interpreter): times are not speeds"))
     print(head)
-    print_ladder(rows)
+    print_ladder(rows, out=sys.stdout)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"read_tbps": bw, "rows": rows}, f, indent=1)
         print(f"wrote {args.json}")
+    refused = bench.gate_failures(rows)
+    if refused:   # the table above shows them; the run fails
+        print(f"FAILED: {len(refused)} rung(s) refused by the oracle check: "
+              + ", ".join(r["rung"] for r in refused), file=sys.stderr)
+        return 1
     return 0
 
 
@@ -386,8 +390,9 @@ def _add_bench(sub):
     p = sub.add_parser("bench", help="every rung of the ladder, checked against the oracle",
                        description="Measure the read bandwidth, then each rung (ms/token, the "
                        "ratio to the floor of this run, greedy agreement with the oracle). A rung "
-                       "whose oracle check fails gets no time.")
-    p.add_argument("--model", required=True, help="qwen2.5-1.5b (GPU) or tiny-qwen2 (CPU)")
+                       "whose oracle check fails gets no time, and the command then exits 1.")
+    p.add_argument("--model", required=True, help="qwen2.5-1.5b or olmoe-1b-7b (GPU); "
+                   "tiny-qwen2 or tiny-olmoe (CPU)")
     p.add_argument("--ctx", type=int, default=512, help="context of the timed steps (default 512)")
     p.add_argument("--tokens", type=int, default=12, help="greedy tokens checked (default 12)")
     p.add_argument("--iters", type=int, default=100, help="timed steps per rung (default 100)")

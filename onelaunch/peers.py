@@ -1,7 +1,10 @@
 """Peers: what a user would run instead of our kernels, measured at batch 1 in this process.
 
-Four rungs, each timed per decode token at context ``ctx`` and checked token for token
-against the eager oracle's greedy output over the same prompt:
+Four rungs, each checked against the eager oracle over the same prompt, then timed per
+decode token at context ``ctx``. The check is the one our rungs pass
+(:mod:`onelaunch.agree`): each peer is teacher-forced along the oracle's greedy tokens
+(fed the oracle's token at every step, its own argmax recorded), every step is judged by
+the agreement rule, and a peer with a real flip is refused: its row gets no time.
 
 ``HF eager``         transformers ``generate``, greedy, dynamic cache: the default.
 ``HF static``        ``generate(..., cache_implementation="static")``: transformers compiles
@@ -33,19 +36,13 @@ from dataclasses import dataclass, asdict, field
 
 import torch
 
+from . import agree
 from .oracle import Oracle
 from .specs import get_spec
 from .timing import read_bandwidth, time_ms
 from .weights import hf_model, random_weights
 
 RUNGS = ("HF eager", "HF static", "oracle eager", "oracle compiled")
-# Logit gap below which a greedy flip counts as a near-tie: 8 bf16 ulps at |logit| 8-16,
-# where the top logits of these random-weight models sit. At full Qwen shape in bf16 (CPU,
-# 48-token prompt) HF with sdpa differs from the oracle by up to 0.31 (mean 0.05) in the
-# last 8 positions' logits, HF with eager attention by 0; the oracle's own top-1/top-2 gaps
-# there were 0.125, 0, 1.0, 0.56, ...: exact ties happen, so flips are expected.
-NEAR_TIE = 0.5
-
 
 def _is_cuda(device) -> bool:
     return torch.device(device).type == "cuda"
@@ -68,14 +65,13 @@ def make_prompt(spec, ctx: int, seed: int = 0, device="cpu") -> torch.Tensor:
 # ---------------------------------------------------------------------------------------
 @dataclass
 class Agreement:
-    """Greedy tokens of a rung against the reference's. ``k`` is the length of the common
-    prefix: after the first flip the two runs continue from different contexts, so later
-    positions say nothing. ``margin`` is the reference's top-1 minus top-2 logit at the
-    first flip (None when all agree): a flip at a near-tie is rounding, not a bug."""
+    """Free-running greedy tokens of a rung against the reference's: ``k`` is the length
+    of the common prefix (after the first flip the two runs continue from different
+    contexts, so later positions say nothing; the check that gates a peer is
+    teacher-forced: :func:`check_tokens`)."""
     k: int
     n: int
     first_flip: int | None = None
-    margin: float | None = None
 
     def __str__(self):
         return f"{self.k}/{self.n}"
@@ -84,12 +80,8 @@ class Agreement:
     def full(self) -> bool:
         return self.k == self.n
 
-    @property
-    def near_tie(self) -> bool:
-        return self.margin is not None and self.margin < NEAR_TIE
 
-
-def agreement(ids, ref_ids, ref_margins=None) -> Agreement:
+def agreement(ids, ref_ids) -> Agreement:
     """Compare greedy ids [n] with the reference's [>= n] (prefix agreement)."""
     a = torch.as_tensor(ids).flatten().cpu()
     b = torch.as_tensor(ref_ids).flatten().cpu()[: a.numel()]
@@ -98,8 +90,14 @@ def agreement(ids, ref_ids, ref_margins=None) -> Agreement:
     if diff.numel() == 0:
         return Agreement(n, n)
     i = int(diff[0])
-    m = None if ref_margins is None else float(torch.as_tensor(ref_margins).flatten()[i])
-    return Agreement(i, n, i, m)
+    return Agreement(i, n, i)
+
+
+def check_tokens(ref_logits: torch.Tensor, forced_choices) -> dict:
+    """The gate of a peer: its teacher-forced choices [n] judged against the oracle's
+    logits [>= n, V] by the agreement rule (:func:`onelaunch.agree.judge_tokens`)."""
+    got = torch.as_tensor(forced_choices).flatten().cpu()
+    return agree.judge_tokens(ref_logits[: got.numel()], got)
 
 
 # ---------------------------------------------------------------------------------------
@@ -131,6 +129,37 @@ def hf_generate(model, prompt: torch.Tensor, new_tokens: int, mode: str = "eager
     with torch.no_grad():
         out = model.generate(ids, **kw)
     return out[0, ids.shape[1]:]
+
+
+def hf_teacher_forced(model, prompt: torch.Tensor, forced: torch.Tensor, mode: str = "eager",
+                      max_cache_len: int | None = None) -> torch.Tensor:
+    """HF's own greedy choice at each of ``len(forced)`` decode steps when fed the
+    reference's tokens ``forced`` [n]: the same ``generate`` call as :func:`hf_generate`
+    (same decode path, cache and compiled forward), with a logits processor that forces
+    ``forced[i]`` at step i and the raw logits kept (``output_logits``). Returns the
+    argmax of each step's raw logits: ids [n]."""
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    forced = torch.as_tensor(forced).flatten().to(prompt.device)
+    n0 = prompt.numel()
+
+    class ForceTokens(LogitsProcessor):
+        def __call__(self, input_ids, scores):
+            out = torch.full_like(scores, float("-inf"))
+            out[:, forced[input_ids.shape[1] - n0]] = 0.0
+            return out
+
+    ids = prompt.view(1, -1)
+    kw = dict(max_new_tokens=forced.numel(), min_new_tokens=forced.numel(), do_sample=False,
+              num_beams=1, attention_mask=torch.ones_like(ids), pad_token_id=0,
+              logits_processor=LogitsProcessorList([ForceTokens()]), output_logits=True,
+              return_dict_in_generate=True)
+    if mode == "static":
+        kw.update(cache_implementation="static", max_cache_len=max_cache_len)
+    with torch.no_grad():
+        out = model.generate(ids, **kw)
+    assert torch.equal(out.sequences[0, n0:], forced), "generate did not follow the forced tokens"
+    return torch.stack([lg[0].float().argmax() for lg in out.logits]).cpu()
 
 
 def hf_generate_ms(spec, weights, ctx: int, new_tokens: int = 128, mode: str = "eager",
@@ -202,11 +231,16 @@ def _prefill_chunk(spec, n: int, itemsize: int = 4, budget_bytes: float = 1 << 3
 
 @torch.no_grad()
 def oracle_greedy(oracle: Oracle, prompt: torch.Tensor, new_tokens: int, step=None,
-                  compiled: bool = False):
+                  compiled: bool = False, forced=None, return_logits: bool = False):
     """Greedy decoding with the oracle: a chunked eager prefill, then ``new_tokens - 1``
     decode steps through ``step(tok[1], pos[1]) -> logits[1, V]`` (the oracle itself by
     default, or :func:`compiled_oracle_step`). Returns ``(ids[new_tokens],
-    margins[new_tokens])``, margins being top-1 minus top-2 logit of each choice.
+    margins[new_tokens])``, margins being top-1 minus top-2 logit of each choice, and with
+    ``return_logits`` also the logits [new_tokens, V] (fp32, on the CPU).
+
+    ``forced`` (ids [>= new_tokens - 1]) teacher-forces the run: step i + 1 is fed
+    ``forced[i]`` instead of the argmax at step i; ``ids`` are still the step's own
+    argmax choices, which is what the agreement rule judges.
 
     The position is a device tensor advanced in place and the token never leaves the
     device, so the loop makes no host sync until the end."""
@@ -217,6 +251,8 @@ def oracle_greedy(oracle: Oracle, prompt: torch.Tensor, new_tokens: int, step=No
     if n + new_tokens > oracle.max_ctx:
         raise ValueError(f"prompt ({n}) + new tokens ({new_tokens}) exceeds the oracle's "
                          f"cache ({oracle.max_ctx})")
+    if forced is not None:
+        forced = torch.as_tensor(forced).flatten().to(dev)
     oracle.reset()
     c = _prefill_chunk(oracle.spec, n, oracle.dtype.itemsize)
     for lo in range(0, n, c):
@@ -225,19 +261,23 @@ def oracle_greedy(oracle: Oracle, prompt: torch.Tensor, new_tokens: int, step=No
     last = logits[-1]                                                          # [V] fp32
     pos = torch.tensor([n], device=dev)                                        # [1]
     cur = torch.zeros(1, dtype=torch.long, device=dev)                         # [1]
-    ids, margins = [], []
+    ids, margins, all_logits = [], [], []
     for i in range(new_tokens):
         tok = last.argmax()                                                    # first max, as HF
         top2 = last.topk(2).values
         ids.append(tok)
         margins.append(top2[0] - top2[1])
+        if return_logits:
+            all_logits.append(last.float().cpu())
         if i + 1 < new_tokens:
-            cur.copy_(tok)  # a plain [1] tensor, like the timed call's: no recompile on views
+            # a plain [1] tensor, like the timed call's: no recompile on views
+            cur.copy_(tok if forced is None else forced[i])
             if compiled:
                 torch.compiler.cudagraph_mark_step_begin()
             last = step(cur, pos)[-1]  # read before the next replay overwrites it
             pos += 1
-    return torch.stack(ids), torch.stack(margins)
+    out = (torch.stack(ids), torch.stack(margins))
+    return out + (torch.stack(all_logits),) if return_logits else out
 
 
 def oracle_step_ms(oracle: Oracle, ctx: int, iters: int = 50, device="cuda",
@@ -416,13 +456,16 @@ def count_launches(fn, device="cuda", warmup: int = 1, top: int = 15) -> LaunchC
 def peer_rungs(spec_name, ctx: int = 512, device="cuda", iters: int = 50,
                new_tokens: int = 64, seed: int = 0, eager_new_tokens: int | None = None,
                rungs=RUNGS, weights=None, hf_attn: str = "sdpa") -> list[dict]:
-    """Measure the peer rungs of one model at context ``ctx``: ladder rows
+    """Check, then measure, the peer rungs of one model at context ``ctx``: ladder rows
     ``{model, rung, ctx, ms_per_token, floor_ms, agree, read_tbps, ...}``.
 
     Random weights are built once (bf16 on a GPU, fp32 on the CPU) and shared by every
-    rung (pass ``weights`` to reuse a dict). ``agree`` is "k/N": the prefix of greedy
-    tokens a rung shares with the eager oracle over the same prompt (``flip_margin`` is
-    the oracle's logit gap at the first flip). HF eager generates ``eager_new_tokens``
+    rung (pass ``weights`` to reuse a dict). Each peer is first teacher-forced along the
+    eager oracle's greedy tokens over the same prompt and judged by the agreement rule
+    (:mod:`onelaunch.agree`): ``agree`` is "k/N" over every step, ``flips`` lists each
+    step that differs (both logits, the gap, the verdict), and a peer with a real flip is
+    refused (``refused``, no time), as our rungs are. ``agree_free`` is the prefix its
+    free-running timed run shares with the oracle. HF eager runs ``eager_new_tokens``
     (default: 32 on a GPU, where it is slow, else ``new_tokens``); the other rungs
     ``new_tokens``. The floor comes from the streaming-read bandwidth measured here (no
     floor on the CPU). ``hf_attn`` is the HF rungs' attention (sdpa, as a user runs it)."""
@@ -445,21 +488,28 @@ def peer_rungs(spec_name, ctx: int = 512, device="cuda", iters: int = 50,
     prompt = make_prompt(spec, ctx, seed, device)
     oracle = Oracle(spec, weights, max_ctx=max_ctx).eval()
     n_ref = max(new_tokens, eager_new_tokens)
-    ref_ids, ref_margins = oracle_greedy(oracle, prompt, n_ref)
+    ref_ids, _, ref_logits = oracle_greedy(oracle, prompt, n_ref, return_logits=True)
 
-    def row(rung, ms, agree: Agreement | None, n, note=""):
-        r = {"model": spec.name, "rung": rung, "ctx": ctx,
-             "ms_per_token": None if ms is None else round(ms, 4),
+    def row(rung, n, check: dict | None, note=""):
+        r = {"model": spec.name, "rung": rung, "ctx": ctx, "ms_per_token": None,
              "floor_ms": None if floor is None else round(floor, 4),
-             "agree": None if agree is None else str(agree),
-             "read_tbps": None if bw is None else round(bw, 3),
-             "x_floor": None if (floor is None or ms is None) else round(ms / floor, 3),
+             "agree": None if check is None else check["agree"],
+             "read_tbps": None if bw is None else round(bw, 3), "x_floor": None,
              "new_tokens": n, "device": str(device), "dtype": str(dtype).replace("torch.", "")}
-        if agree is not None and not agree.full:
-            r["first_flip"] = agree.first_flip
-            r["flip_margin"] = None if agree.margin is None else round(agree.margin, 4)
+        if check is not None:
+            r["flips"] = agree.disagreements(check)
+            r["rule"] = f"teacher-forced; gap < {agree.NEAR_TIE_ULPS} bf16 ulps of the top logit"
+            if not check["ok"]:
+                r["refused"] = ("teacher-forced choices differ from the oracle beyond a near "
+                                "tie: " + agree.describe(check))
         if note:
             r["note"] = note
+        return r
+
+    def timed(r, ms):
+        if not r.get("refused"):                   # a refused peer's time is never shown
+            r["ms_per_token"] = round(ms, 4)
+            r["x_floor"] = None if floor is None else round(ms / floor, 3)
         return r
 
     rows = []
@@ -469,27 +519,37 @@ def peer_rungs(spec_name, ctx: int = 512, device="cuda", iters: int = 50,
             mode = "eager" if rung == "HF eager" else "static"
             n = eager_new_tokens if mode == "eager" else new_tokens
             hf = set_hf_attn(hf_model(spec, weights), hf_attn) if hf is None else hf
-            info = {}
-            ms, ids = hf_generate_ms(spec, weights, ctx, n, mode, device, model=hf,
-                                     prompt=prompt, seed=seed, info=info, attn=hf_attn)
+            cache_len = prompt.numel() + n + 1 if mode == "static" else None   # as the timing's
+            tf = hf_teacher_forced(hf, prompt, ref_ids[:n], mode, cache_len)
             note = ""
             if mode == "static" and not hf_static_compiles(device):
                 note = "cpu smoke: static cache, not compiled (transformers compiles on GPUs only)"
-            r = row(rung, ms, agreement(ids, ref_ids, ref_margins), n, note)
-            r.update(t_one_ms=round(info["t_one_ms"], 3), t_long_ms=round(info["t_long_ms"], 3),
-                     graphs_while_timing=info["graphs_while_timing"], attn=hf_attn)
+            r = row(rung, n, check_tokens(ref_logits, tf), note)
+            if not r.get("refused"):
+                info = {}
+                ms, ids = hf_generate_ms(spec, weights, ctx, n, mode, device, model=hf,
+                                         prompt=prompt, seed=seed, info=info, attn=hf_attn)
+                timed(r, ms)
+                r.update(agree_free=str(agreement(ids, ref_ids)),
+                         t_one_ms=round(info["t_one_ms"], 3), t_long_ms=round(info["t_long_ms"], 3),
+                         graphs_while_timing=info["graphs_while_timing"])
+            r["attn"] = hf_attn
             rows.append(r)
         elif rung == "oracle eager":
             ms = oracle_step_ms(oracle, ctx, iters, device)
-            rows.append(row(rung, ms, None, n_ref, "the reference for agree"))
+            rows.append(timed(row(rung, n_ref, None, "the reference for agree"), ms))
         else:
             g0 = dynamo_graphs()
             step = compiled_oracle_step(oracle)
-            ids, _ = compiled_oracle_greedy(oracle, prompt, new_tokens, step)
-            ms = compiled_oracle_step_ms(oracle, ctx, iters, device, step=step)
+            tf, _ = oracle_greedy(oracle, prompt, new_tokens, step=step, compiled=True,
+                                  forced=ref_ids)
             mode = step.mode or "default"
             note = step.note or f"torch.compile(mode={mode!r}, backend={step.backend!r})"
-            r = row(rung, ms, agreement(ids, ref_ids, ref_margins), new_tokens, note)
+            r = row(rung, new_tokens, check_tokens(ref_logits, tf), note)
+            if not r.get("refused"):
+                ids, _ = compiled_oracle_greedy(oracle, prompt, new_tokens, step)
+                timed(r, compiled_oracle_step_ms(oracle, ctx, iters, device, step=step))
+                r["agree_free"] = str(agreement(ids, ref_ids))
             r["graphs"] = dynamo_graphs() - g0  # new graphs: 1 (0 if reused), never more
             rows.append(r)
     return rows
