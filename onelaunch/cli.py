@@ -143,29 +143,8 @@ def _generate(e, prompt, tokens, graph, batched, on_tokens, read_every, weights)
     """``Engine.generate`` with the prompt prefilled in batched chunks (``batched``) or one
     step per token, handing ``on_tokens`` the first new token alone, as soon as it exists
     (so the caller can time it), then every ``read_every`` tokens."""
-    import inspect
-    if "batched_prefill" in inspect.signature(e.generate).parameters:
-        return e.generate(prompt, tokens, graph=graph, on_tokens=on_tokens,
-                          read_every=read_every, batched_prefill=batched)
-    # The engine of today has no batched_prefill: the same loop from outside (to delete
-    # once Engine.generate calls prefill itself).
-    from .prefill import prefill
-    ids = e.check_prompt(prompt, tokens)
-    n = ids.numel()
-    if graph and e.graph is None:
-        e.capture()
-    if batched:
-        prefill(e, ids, weights=weights)
-    else:
-        e.start(ids)
-    done = 0
-    for i in range(n - 1 if batched else 0, n - 1 + tokens):
-        e.step(graph)
-        ready = i + 2 - n
-        if ready > 0 and (ready - done >= read_every or done == 0 or ready == tokens):
-            on_tokens(e.seq[n + done: n + ready].tolist())
-            done = ready
-    return e.seq[n: n + tokens].cpu().long()
+    return e.generate(prompt, tokens, graph=graph, on_tokens=on_tokens, read_every=read_every,
+                      batched_prefill=batched)
 
 
 def cmd_generate(args) -> int:

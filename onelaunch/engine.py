@@ -197,23 +197,31 @@ class Engine:
 
     @torch.no_grad()
     def generate(self, prompt_ids, max_new_tokens: int, graph: bool = True,
-                 on_tokens=None, read_every: int = 64):
-        """Greedy decoding. Prefill runs the same step over the prompt (each step writes one
-        KV slot); every step after the prompt appends its argmax on the GPU and the next
-        step reads it there. The host never waits per token: with ``on_tokens`` (a
-        callback taking a list of ids) it reads the new tokens every ``read_every``
-        steps, a batched read for streaming output; otherwise once, at the end."""
+                 on_tokens=None, read_every: int = 64, batched_prefill: bool = False):
+        """Greedy decoding. The prompt fills the cache either by the same step run over it
+        (each step writes one KV slot), or with ``batched_prefill`` in a few large chunks
+        (``prefill.prefill``: the oracle's batched math writing into this cache), after
+        which the step consumes the last prompt token. Every step after the prompt appends
+        its argmax on the GPU and the next step reads it there. The host never waits per
+        token: with ``on_tokens`` (a callback taking a list of ids) it reads the first new
+        token as soon as it exists (time to first token), then every ``read_every`` new
+        tokens, a batched read for streaming output; otherwise once, at the end."""
         ids = self.check_prompt(prompt_ids, max_new_tokens)
         n = ids.numel()
         if graph and self.graph is None:
             self.capture()
-        self.start(ids)
-        steps = n - 1 + max_new_tokens
+        first = 0
+        if batched_prefill and n > 1:
+            from .prefill import prefill
+            prefill(self, ids)
+            first = n - 1
+        else:
+            self.start(ids)
         done = 0                                       # tokens handed to on_tokens so far
-        for i in range(steps):
+        for i in range(first, n - 1 + max_new_tokens):
             self.step(graph)
             ready = i + 2 - n                          # tokens generated after this step
-            if on_tokens is not None and ready - done >= read_every:
+            if on_tokens is not None and ready > 0 and (done == 0 or ready - done >= read_every):
                 on_tokens(self.seq[n + done: n + ready].tolist())
                 done = ready
         out = self.seq[n: n + max_new_tokens].tolist()
