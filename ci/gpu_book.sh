@@ -37,7 +37,7 @@ echo "[gpu_book] commit $ONELAUNCH_COMMIT; $("$PY" -c 'import torch; print(torch
 BEFORE=$(mktemp -d)
 cp -r results/. "$BEFORE/" 2>/dev/null || true
 rc=0
-"$PY" ci/notebooks.py gpu --mem-gb "${ONELAUNCH_GPU_MEM_GB:-24}" "$@" || rc=$?
+"$PY" ci/notebooks.py gpu "$@" --mem-gb "${ONELAUNCH_GPU_MEM_GB:-24}" || rc=$?
 # results written where git was missing say commit "unknown": name the commit run
 "$PY" - <<'PYEOF'
 import json, os, pathlib
