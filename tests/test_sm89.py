@@ -192,8 +192,27 @@ def case_lm_head(spec):
             yield {**c, "argmax": argmax is not None}
 
 
+def case_moe(spec):
+    from onelaunch import kernels as K
+    if not spec.is_moe:
+        return
+    H, I, E, k = spec.hidden, spec.intermediate, spec.experts, spec.top_k
+    for c in _sm89_configs("router"):
+        K.moe_router(_t(H), _t(H), _t(E, H), _t(H), _t(E, dtype="f32"), _t(k, dtype="i32"),
+                     _t(k, dtype="f32"), _t(1, dtype="i32"), _t(1, dtype="i32"), 1e-5,
+                     log=_t(8, spec.layers, k, dtype="i32"), cfg=c)
+        yield {"op": "router", **c}
+    for c in _sm89_configs("moe_gate_up"):
+        K.moe_gate_up_swiglu(_t(H), _t(E, 2 * I, H), _t(k, dtype="i32"), _t(k, I), cfg=c)
+        yield {"op": "moe_gate_up", **c}
+    for c in _sm89_configs("moe_down"):
+        K.moe_down_residual(_t(k, I), _t(E, H, I), _t(k, dtype="i32"), _t(k, dtype="f32"), _t(H),
+                            _t(k * H, dtype="f32"), _t(H, dtype="i32"), cfg=c)
+        yield {"op": "moe_down", **c}
+
+
 CASES = [case_embed, case_rms_qkv, case_rope_kv, case_attention, case_attention_splitk,
-         case_attention_onekernel, case_o_proj, case_gate_up, case_down, case_lm_head]
+         case_attention_onekernel, case_o_proj, case_gate_up, case_down, case_lm_head, case_moe]
 
 
 # ---- compiling without a GPU ----------------------------------------------------------
