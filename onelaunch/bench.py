@@ -462,22 +462,26 @@ def forced_from_cache(e: Engine, o: Oracle, start: int, tokens: torch.Tensor, gr
 
 def sweep_rows(spec, w, device="cuda", ctxs=(128, 512, 2048, 8192, 16384, 32768), iters=50,
                read_tbps=None, pdl=True, attention="splitk", check_tokens: int = 2) -> list[dict]:
-    """ms/token of the graph-captured step at each context (one engine sized for the largest;
-    the cache holds random keys/values: timing does not depend on their values).
+    """ms/token of the graph-captured step at each context (one engine sized for the largest).
+
+    The cache holds the keys and values of a real prompt: random token ids run through the
+    model by the batched prefill (``prefill.prefill``, the oracle's math). A cache of
+    random numbers would time the same, but its attention is far from any a model produces
+    and the bf16 roundings of the two implementations then drift apart by more than the
+    near-tie threshold (measured: a refused flip of exactly 8 ulps at ctx 2048).
 
     Before a context is timed, the captured step is checked there: the oracle takes a copy
     of the engine's cache and both decode ``check_tokens`` forced tokens from that context;
     the engine's choices are judged by the agreement rule. A context that fails is
     reported refused, with no time."""
+    from .prefill import prefill
     spec = get_spec(spec)
     dev = torch.device(device)
     max_ctx = max(ctxs) + iters + check_tokens + 16
     e = Engine(spec, w, max_ctx=max_ctx, attention=attention, pdl=pdl)
-    o = Oracle(spec, w, max_ctx=max_ctx)
     g = torch.Generator(device="cpu").manual_seed(2)
-    for li in range(spec.layers):  # random cache, layer by layer (keeps peak memory low)
-        e.k_cache[li].copy_(torch.randn(e.k_cache[li].shape, generator=g).to(dev, torch.bfloat16))
-        e.v_cache[li].copy_(torch.randn(e.v_cache[li].shape, generator=g).to(dev, torch.bfloat16))
+    prefill(e, torch.randint(0, spec.vocab, (max(ctxs) + 1,), generator=g), progress=False)
+    o = Oracle(spec, w, max_ctx=max_ctx)
     e.capture()
     rows = []
     for c in ctxs:
@@ -642,6 +646,93 @@ def config_sweep(spec, w, device="cuda", iters=30, read_tbps=None, pdl=None,
     return out
 
 
+# the plan's ops whose launch configuration a step sweep tries, and the weight each reads
+PLAN_SWEEP_WEIGHT = {"rms_qkv": "w_qkv", "o_proj": "w_o", "gate_up": "w_gate_up", "down": "w_down",
+                     "router": "w_router", "moe_gate_up": "w_experts_gate_up",
+                     "moe_down": "w_experts_down"}
+
+
+def plan_config_sweep(spec, w, device="cuda", grid: dict | None = None, ctx: int = 512,
+                      iters: int = 100, tokens: int = 4, read_tbps=None, echo: bool = True) -> list[dict]:
+    """Launch configurations tried in the whole step, one op at a time (greedy: each op
+    keeps the best found so far for the ops before it). Every trial engine is checked
+    against the oracle (teacher-forced, the agreement rule) before its graph step is timed
+    at context ``ctx`` with PDL; a trial that fails is reported, never timed. Rows carry the
+    op, the weight shape the entry is keyed by, the config, and ms per token."""
+    spec = get_spec(spec)
+    dev = torch.device(device)
+    pdl = config.pdl_supported(dev)
+    c = lambda *r, keys=("BLOCK_N", "BLOCK_K", "PREFETCH", "num_warps"): dict(zip(keys, r))
+    grid = grid or ({
+        "router": [c(4, 512, 1, 4), c(1, 2048, 1, 4), c(2, 2048, 1, 4), c(2, 512, 4, 4), c(8, 512, 2, 4)],
+        "moe_gate_up": [c(8, 512, 1, 4), c(8, 512, 2, 4), c(4, 512, 2, 4), c(16, 512, 2, 4),
+                        c(4, 1024, 2, 4), c(8, 256, 4, 4)],
+        "moe_down": [c(8, 512, 1, 4), c(8, 512, 2, 4), c(4, 512, 2, 4), c(16, 512, 2, 4),
+                     c(4, 1024, 1, 4), c(2, 1024, 1, 4), c(16, 1024, 1, 8)],
+        "rms_qkv": [c(8, 2048, 1, 4), c(8, 512, 2, 4), c(16, 512, 2, 4), c(4, 512, 3, 4)],
+        "o_proj": [c(8, 2048, 1, 8), c(4, 512, 2, 4), c(8, 512, 2, 4), c(16, 512, 2, 8)],
+    } if spec.is_moe else {})
+    g = torch.Generator().manual_seed(9)
+    prompt = torch.randint(0, spec.vocab, (ctx,), generator=g)
+    max_ctx = ctx + tokens + iters + 64
+    ref = oracle_tokens(spec, w, prompt, tokens, max_ctx)
+    best: dict[str, dict] = {}
+    rows = []
+    for op, cands in grid.items():
+        timed = []
+        for cfg in cands:
+            e = Engine(spec, w, max_ctx=max_ctx, pdl=pdl, cfgs={**best, op: cfg})
+            weight = e.W["layers"][0][PLAN_SWEEP_WEIGHT[op]]
+            r = {"op": op, "shape": list(weight.shape[-2:]), "cfg": cfg, "pdl": e.pdl}
+            try:
+                j = judge(e, prompt, ref, graph=True)
+                r["agree"] = j["agree"]
+                if j["ok"]:
+                    r["ms_per_token"] = time_engine_step(e, True, iters, dev)
+                    r["x_floor"] = (r["ms_per_token"] / spec.floor_ms(read_tbps, ctx)
+                                    if read_tbps else None)
+                    timed.append(r)
+                else:
+                    r["refused"] = refusal(agree.disagreements(j))
+            except Exception as ex:                      # reported, never skipped silently
+                r["error"] = f"{type(ex).__name__}: {str(ex)[:200]}"
+            if echo:
+                print(json.dumps(r), flush=True)
+            rows.append(r)
+            del e
+        if timed:
+            best[op] = min(timed, key=lambda r: r["ms_per_token"])["cfg"]
+    return rows
+
+
+def write_plan_table(rows: list[dict], model: str) -> str:
+    """Merge the fastest config of each (op, shape) of a step sweep into
+    ``kernels/tuned/<arch>.json``, keyed by the weight shape."""
+    import os
+    import datetime
+    best = {}
+    for r in rows:
+        if r.get("ms_per_token") is None:
+            continue
+        k = (r["op"], config.shape_key(r["shape"]))
+        if k not in best or r["ms_per_token"] < best[k]["ms_per_token"]:
+            best[k] = r
+    arch = config.arch(0)
+    p = os.path.join(config.TUNED_DIR, f"{arch}.json")
+    d = json.load(open(p)) if os.path.exists(p) else {"arch": arch, "ops": {}}
+    for (op, key), r in best.items():
+        entries = d["ops"].setdefault(op, {})
+        if "BLOCK_N" in entries:                         # a flat entry of an older sweep
+            entries = d["ops"][op] = {}
+        entries[key] = r["cfg"]
+        d.setdefault("step_sweeps", {})[f"{op} {key}"] = {
+            "model": model, "ms_per_token": r["ms_per_token"], "date": datetime.date.today().isoformat()}
+    with open(p, "w") as f:
+        json.dump(d, f, indent=1)
+    config.tuned.cache_clear()
+    return p
+
+
 def write_table(sweep: list[dict], read_tbps: float, model: str) -> str:
     """Keep the fastest configuration of each op (ties: the first in grid order), among
     the configurations that passed their check."""
@@ -788,6 +879,10 @@ def main(argv=None):
     out = {"read_tbps": bw}
     what = a.what.split(",")
     failed = []
+    if "sweepplan" in what:
+        out["plan_sweep"] = plan_config_sweep(spec, w, dev, ctx=a.ctx, read_tbps=bw)
+        if a.write_table:
+            print("wrote", write_plan_table(out["plan_sweep"], spec.name))
     if "sweepcfg" in what:
         out["config_sweep"] = config_sweep(spec, w, dev, read_tbps=bw)
         failed += gate_failures(out["config_sweep"])

@@ -44,7 +44,7 @@ class EngineError(ValueError):
 class Engine:
     def __init__(self, spec, weights: dict[str, torch.Tensor], max_ctx: int | None = None,
                  attention: str = "splitk", pdl: bool = False, fuse_rope: bool = False,
-                 device=None):
+                 device=None, cfgs: dict | None = None):
         self.spec = spec = get_spec(spec)
         if attention not in ("plain", "splitk"):
             raise EngineError("attention must be 'plain' or 'splitk'")
@@ -65,6 +65,7 @@ class Engine:
             raise EngineError("fuse_rope needs split-K attention and a model without q/k norm "
                               "(whose RMS spans all heads)")
         self.fuse_rope = bool(fuse_rope)
+        self.cfgs = dict(cfgs or {})                    # op -> launch config (a sweep's trial)
         self.hf_weights = weights                       # the HF-named dict (prefill reads it)
         self.W = pack_weights(spec, weights)
         dev, s = self.device, spec
@@ -105,7 +106,10 @@ class Engine:
                 self.buf("part_o", (s.heads, n, s.head_dim), torch.float32))
 
     def cfg(self, op: str, weight: torch.Tensor | None = None) -> dict:
-        """The launch configuration of ``op`` for ``weight``'s shape on this GPU."""
+        """The launch configuration of ``op`` for ``weight``'s shape on this GPU (or the one
+        this engine was given for ``op``)."""
+        if op in self.cfgs:
+            return dict(self.cfgs[op])
         return plan.default_cfg(op, self.device, weight)
 
     def __getattr__(self, name):          # engine.qkv, engine.part_o, ...: the named buffers
