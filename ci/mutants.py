@@ -1,0 +1,154 @@
+"""Deliberate bugs, one at a time: the CPU tests must fail for every one of them.
+
+    python ci/mutants.py             # every mutant; a table; exit 1 if a mutant survives
+    python ci/mutants.py -k bias     # the mutants whose name contains "bias"
+    python ci/mutants.py --list      # the mutants and the edit each makes
+    python ci/mutants.py -j 2        # two at a time (each run is one pytest process)
+
+Each mutant is one small text edit to one kernel file: the kind of bug a tolerance that is
+too loose, a test on round shapes, or a check of the wrong quantity lets through (a
+dropped last tile, a dropped column, a split-K boundary off by one, a lost residual, a
+RoPE sign, a dropped bias, the argmax tie order, the RMS epsilon, and for the mixture of
+experts the expert id and the routing weight). The script copies the package and the
+tests to a scratch directory (the working tree is never touched), applies the edit there,
+runs the tests named for that mutant in Triton's CPU interpreter and records which
+failed. A mutant that no test catches is a hole in the suite: the script exits 1.
+
+Run it before resolving any kernel issue, and after changing a kernel: an edit whose text
+no longer occurs in its file is reported "stale" (exit 1), so the list keeps up with the
+kernels. A mutant of a file that this tree does not have (the MoE kernels, before they
+land) is reported "absent", not run. ``tests/test_gates.py`` runs the same kind of bug
+through the whole gate (kernel row, ladder, sweep): see ``bias_dropped`` there.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+KERNELS = "onelaunch/kernels/"
+FAST = "tests/test_kernels.py"          # every kernel against its reference: ~1 minute
+
+
+@dataclass
+class Mutant:
+    name: str
+    file: str                             # under onelaunch/kernels/
+    old: str                              # exact text; its first occurrence is replaced
+    new: str
+    tests: list[str] = field(default_factory=lambda: [FAST])
+
+
+MUTANTS = [
+    Mutant("dropped last K tile", "_common.py",
+           "for k0 in range(k_start + BLOCK_K, k_end, BLOCK_K):",
+           "for k0 in range(k_start + BLOCK_K, k_end - BLOCK_K, BLOCK_K):"),
+    Mutant("dropped last row block", "rms_qkv.py",
+           'grid = (triton.cdiv(N, c["BLOCK_N"]),)', 'grid = (N // c["BLOCK_N"],)'),
+    Mutant("dropped K column", "_common.py",
+           "mask = n_mask[:, None] & (offs_k[None, :] < k_end)",
+           "mask = n_mask[:, None] & (offs_k[None, :] < k_end - 1)"),
+    Mutant("split-K boundary off by one", "down_residual.py",
+           "k_end = tl.minimum(k_start + k_per_split, K)",
+           "k_end = tl.minimum(k_start + k_per_split + 1, K)"),
+    Mutant("lost residual (o_proj)", "o_proj_residual.py",
+           "bf16_round(x + y)", "bf16_round(y)"),
+    Mutant("lost residual (down)", "down_residual.py",
+           "bf16_round(x + bf16_round(y))", "bf16_round(bf16_round(y))"),
+    Mutant("RoPE sign", "rope_kv.py",
+           "sign = tl.where(d < HALF, -1.0, 1.0)", "sign = tl.where(d < HALF, 1.0, -1.0)"),
+    Mutant("dropped bias", "rms_qkv.py",
+           "y += tl.load(b_ptr + offs_n", "y += 0.0 * tl.load(b_ptr + offs_n",
+           [FAST, "tests/test_gates.py::test_kernel_rows_pass_and_fail_loudly"]),
+    Mutant("argmax tie order", "lm_head_argmax.py",
+           "take = v > run_val", "take = v >= run_val"),
+    Mutant("RMS epsilon", "_common.py",
+           "tl.sum(acc, axis=0) / K + eps)", "tl.sum(acc, axis=0) / K)"),
+    Mutant("MoE expert id", "moe_experts.py",
+           "e = tl.load(ids_ptr + slot)", "e = tl.load(ids_ptr + 0)"),
+    Mutant("MoE routing weight", "moe_experts.py",
+           "tl.load(wts_ptr + slot)", "tl.load(wts_ptr)"),
+]
+
+
+def scratch_copy(dst: Path) -> None:
+    """The package, the tests and the pytest configuration, without build outputs."""
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
+    for d in ("onelaunch", "tests"):
+        shutil.copytree(ROOT / d, dst / d, ignore=ignore)
+    for f in ("pyproject.toml", "pytest.ini", "setup.cfg", "conftest.py"):
+        if (ROOT / f).exists():
+            shutil.copy2(ROOT / f, dst / f)
+
+
+def run(m: Mutant, python: str) -> dict:
+    path = ROOT / KERNELS / m.file
+    if not path.exists():
+        return {"mutant": m.name, "status": "absent", "caught_by": [], "seconds": 0.0}
+    text = path.read_text()
+    if m.old not in text:
+        return {"mutant": m.name, "status": "stale", "caught_by": [], "seconds": 0.0}
+    t0 = time.time()
+    with tempfile.TemporaryDirectory(prefix="mutant-") as tmp:
+        tmp = Path(tmp)
+        scratch_copy(tmp)
+        (tmp / KERNELS / m.file).write_text(text.replace(m.old, m.new, 1))
+        env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(tmp),
+                   PYTHONDONTWRITEBYTECODE="1")
+        p = subprocess.run([python, "-m", "pytest", "-q", "-rf", "-p", "no:cacheprovider",
+                            "-m", "not gpu", *m.tests], cwd=tmp, env=env,
+                           capture_output=True, text=True)
+    out = p.stdout + p.stderr
+    failed = sorted(set(re.findall(r"^(?:FAILED|ERROR) (\S+)", out, re.M)))
+    status = "caught" if p.returncode != 0 else "SURVIVED"
+    if p.returncode not in (0, 1):       # not a test failure: collection error, crash, ...
+        failed = failed or [f"pytest exit {p.returncode}: " + out.strip().splitlines()[-1][:120]]
+    return {"mutant": m.name, "status": status, "caught_by": failed,
+            "seconds": round(time.time() - t0, 1), "tail": out[-2000:]}
+
+
+def short(test_id: str) -> str:
+    return test_id.replace("tests/", "").replace(".py::", "::")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python ci/mutants.py", description=__doc__.split("\n\n")[0])
+    ap.add_argument("-k", default="", help="only mutants whose name contains this")
+    ap.add_argument("-j", "--jobs", type=int, default=1, help="mutants run at a time")
+    ap.add_argument("--list", action="store_true", help="print the mutants and exit")
+    ap.add_argument("--python", default=sys.executable)
+    a = ap.parse_args(argv)
+    todo = [m for m in MUTANTS if a.k.lower() in m.name.lower()]
+    if a.list:
+        for m in todo:
+            print(f"{m.name:30} {m.file}: {m.old!r} -> {m.new!r}")
+        return 0
+    t0 = time.time()
+    with ThreadPoolExecutor(max_workers=max(1, a.jobs)) as ex:
+        results = []
+        for r in ex.map(lambda m: run(m, a.python), todo):
+            results.append(r)
+            print(f"{r['mutant']:30} {r['status']:9} {r['seconds']:6.1f} s  "
+                  f"{', '.join(short(t) for t in r['caught_by'][:4])}"
+                  f"{' ...' if len(r['caught_by']) > 4 else ''}", flush=True)
+    bad = [r for r in results if r["status"] in ("SURVIVED", "stale")]
+    for r in bad:
+        print(f"\n--- {r['mutant']}: {r['status']}\n{r.get('tail', '')}", file=sys.stderr)
+    n_run = sum(r["status"] in ("caught", "SURVIVED") for r in results)
+    print(f"\n{sum(r['status'] == 'caught' for r in results)} of {n_run} mutants caught "
+          f"({sum(r['status'] == 'absent' for r in results)} absent from this tree) "
+          f"in {time.time() - t0:.0f} s")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
