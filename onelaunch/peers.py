@@ -15,7 +15,12 @@ the agreement rule, and a peer with a real flip is refused: its row gets no time
                      gpt-fast recipe. The KV cache and the weights are module buffers
                      (static addresses, so mutating the cache is allowed inside a CUDA
                      graph) and the position is a device tensor, so one graph serves
-                     every step. The strongest peer that runs on the lent GPU.
+                     every step.
+``gpt-fast compiled`` (:func:`fast_decode_rows`, GPU only, not in :data:`RUNGS` yet)
+                     :class:`FastDecode`, the step as gpt-fast writes it (fused QKV and
+                     gate/up, weights and static cache as module state, SDPA), compiled
+                     with ``mode="max-autotune"`` and ``"reduce-overhead"``; the faster
+                     mode that passes the check is shown. The strongest compiled peer.
 
 ``generate`` is timed whole and decode isolated as
 ``(T(1 + n new) - T(1 new)) / n``: the prefill and the per-call set-up cancel. The oracle
