@@ -11,6 +11,13 @@
 #              so every ratio (to the floor and to the best peer) comes from one run
 #     ladder   the same without the peers (the engine's rungs only: about a minute)
 #     pytest   the GPU-marked tests
+#     tokens   the engine before and after a refactor, same session: tokens and step time
+#              (carry .old = `git archive OLD onelaunch | tar -x -C .old`)
+#     moe      OLMoE: the plan's per-op times, the ladder, the context sweep, agreement at 4000
+#     moepeers OLMoE: the peers and the ladder rungs in one process
+#     moetune  OLMoE: launch configurations tried in the whole step, checked, the fastest
+#              written to kernels/tuned/<arch>.json keyed by weight shape
+#     qwenops  Qwen: the plan's per-op times and the ladder rungs
 #     book     every chapter through papermill with the GPU parameters (ci/gpu_book.sh)
 # Results and logs go to $OUT (one archive, gpu-run.tar.gz, plus the last log).
 set -uo pipefail
@@ -46,6 +53,14 @@ json.dump(rows, open('work/peers.json', 'w'), indent=1)
 "
 has cli && run cli 420 python3 -m onelaunch bench --model qwen2.5-1.5b --ctx 512 --json work/cli_bench.json
 has ladder && run ladder 300 python3 -m onelaunch bench --model qwen2.5-1.5b --ctx 512 --no-peers --json work/ladder_bench.json
+has tokens && [ -d .old/onelaunch ] && for v in old new old new; do
+  if [ $v = old ]; then pp=$PWD/.old; else pp=$PWD; fi
+  run tokens_$v 150 env PYTHONPATH=$pp python3 ci/engine_tokens.py qwen2.5-1.5b 512 work/tokens_$v.json --pdl
+done
+has moe && run moe 300 python3 -m onelaunch.bench --model olmoe-1b-7b --what ops,ladder,sweep,long --json work/olmoe_bench.json
+has moetune && run moetune 420 python3 -m onelaunch.bench --model olmoe-1b-7b --what sweepplan --write-table --json work/olmoe_plan_sweep.json && cp -r onelaunch/kernels/tuned work/
+has qwenops && run qwenops 240 python3 -m onelaunch.bench --model qwen2.5-1.5b --what ops,ladder --json work/qwen_ops.json
+has moepeers && run moepeers 500 python3 -m onelaunch.bench --model olmoe-1b-7b --what peers,ladder --json work/olmoe_peers.json
 has pytest && run pytest 500 python3 -m pytest -q -m gpu tests
 has book && run book 560 bash ci/gpu_book.sh "$OUT/book-gpu.tar.gz"
 cp "$LOG" "$OUT/" 2>/dev/null

@@ -15,13 +15,20 @@ papermill, like ``papermill -p``). ``-p NAME VALUE`` (VALUE as YAML) adds to eit
   exits non-zero if any cell of any chapter raises.
 * ``gpu`` writes the executed notebooks to ``notebooks/<stem>.ipynb``: the committed
   outputs the book renders. The commit they come from is ``$ONELAUNCH_COMMIT`` or ``git
-  rev-parse HEAD`` and is stored in the notebook's metadata (``onelaunch.commit``).
+  rev-parse HEAD`` and is stored in the notebook's metadata (``onelaunch.commit``), with
+  the run's id (``onelaunch.run``: one id for every chapter of one invocation, also in
+  every results file the chapters write), the chapter's wall time and torch's peak GPU
+  memory. GPU memory is capped at ``--mem-gb`` (default 24 GB, an RTX 4090's; 0: no cap)
+  through ``ONELAUNCH_GPU_MEM_GB`` (:mod:`onelaunch.memcap`), applied in each chapter's
+  kernel by an IPython startup file before the first cell.
 * ``stage`` lays out the book's sources in ``_build/src`` for ``jupyter-book build``: the
   config, ``book/``, ``_static/`` and, per chapter, the committed GPU notebook (with a
   visible note if the package changed since its run) or else a CPU execution (reused
   from the scratch folder when its source and the package are unchanged, with
   ``--reuse``). Staging keeps CPU smoke outputs out of ``notebooks/``, where only GPU
-  runs are committed.
+  runs are committed. A GPU notebook whose code matches its source is staged with the
+  source's prose (``ci/refresh_prose.py``, applied to the staged copy), so a prose edit
+  shows in the book without a rerun and without touching the committed notebook.
 """
 from __future__ import annotations
 
@@ -36,11 +43,13 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "ci"))
 NOTEBOOKS = ROOT / "notebooks"
 SCRATCH = ROOT / "_build" / "cpu-notebooks"
 STAGE = ROOT / "_build" / "src"
 KERNELSPEC = {"name": "python3", "display_name": "Python 3", "language": "python"}
 DEFAULT_GPU = {"device": "cuda"}
+DEFAULT_GPU_MEM_GB = 24      # an RTX 4090: every chapter must fit (book/run_yourself.md)
 
 
 def chapters(names=()) -> list[Path]:
@@ -101,8 +110,29 @@ def commit() -> str:
         return "unknown"
 
 
+_IPYTHONDIR: list[Path] = []
+
+
+def kernel_startup() -> Path:
+    """An IPython directory whose startup file applies the memory cap and records the
+    peak (:data:`onelaunch.memcap.KERNEL_STARTUP`); papermill's kernel inherits
+    ``IPYTHONDIR``, so it runs before every chapter's first cell. Made once a process."""
+    import tempfile
+    if _IPYTHONDIR:
+        return _IPYTHONDIR[0]
+    sys.path.insert(0, str(ROOT))
+    from onelaunch.memcap import KERNEL_STARTUP
+    d = Path(tempfile.mkdtemp(prefix="onelaunch-ipython-"))
+    (d / "profile_default" / "startup").mkdir(parents=True)
+    (d / "profile_default" / "startup" / "00-onelaunch.py").write_text(KERNEL_STARTUP)
+    _IPYTHONDIR.append(d)
+    return d
+
+
 def execute(src: Path, out: Path, run: str, extra: dict, timeout: int) -> float:
     """Execute one chapter with papermill; raises if a cell raises. Returns seconds."""
+    import tempfile
+
     import nbformat
     import papermill as pm
     nb = read_source(src)
@@ -119,26 +149,49 @@ def execute(src: Path, out: Path, run: str, extra: dict, timeout: int) -> float:
     pp = os.environ.get("PYTHONPATH", "")
     if str(ROOT) not in pp.split(os.pathsep):
         os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([pp] if pp else []))
+    os.environ["IPYTHONDIR"] = str(kernel_startup())
+    fd, peak_file = tempfile.mkstemp(prefix=f"{src.stem}-peak-", suffix=".json")
+    os.close(fd)
+    os.environ["ONELAUNCH_PEAK_FILE"] = peak_file
     try:
         pm.execute_notebook(str(tmp), str(out), parameters=params, kernel_name="python3",
                             cwd=str(NOTEBOOKS), progress_bar=False, log_output=False,
                             execution_timeout=timeout, report_mode=False)
     finally:
         tmp.unlink(missing_ok=True)
+        peak_text = Path(peak_file).read_text()
+        Path(peak_file).unlink(missing_ok=True)
     seconds = time.time() - t0
     done = nbformat.read(out, as_version=4)
     done.metadata["onelaunch"] = {
         **done.metadata.get("onelaunch", {}),
-        "run": run, "commit": env_commit, "parameters": params,
+        "run": run, "run_id": os.environ.get("ONELAUNCH_RUN"), "commit": env_commit,
+        "parameters": params,
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "seconds": round(seconds, 1), "source_hash": source_hash(src),
         "package_hash": package_hash(),
+        # torch's peak in the chapter's kernel, and the cap it ran under (GB = GiB)
+        "gpu_memory": json.loads(peak_text) if peak_text.strip() else None,
+        "gpu_mem_cap_gb": float(os.environ["ONELAUNCH_GPU_MEM_GB"])
+        if os.environ.get("ONELAUNCH_GPU_MEM_GB") else None,
     }
     nbformat.write(done, out)
     return seconds
 
 
-def run_all(run: str, names, out_dir: Path, extra: dict, timeout: int) -> int:
+def run_all(run: str, names, out_dir: Path, extra: dict, timeout: int,
+            mem_gb: float | None = None) -> int:
+    if run == "gpu":
+        # one id for every chapter of this invocation (and every results file they write)
+        os.environ.setdefault("ONELAUNCH_RUN", f"{commit()}-"
+                              f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}")
+        gb = DEFAULT_GPU_MEM_GB if mem_gb is None else mem_gb
+        if gb:
+            os.environ["ONELAUNCH_GPU_MEM_GB"] = f"{gb:g}"
+        else:
+            os.environ.pop("ONELAUNCH_GPU_MEM_GB", None)
+        print(f"[notebooks] run {os.environ['ONELAUNCH_RUN']}; GPU memory cap "
+              f"{os.environ.get('ONELAUNCH_GPU_MEM_GB', 'none')} GB", flush=True)
     failed = []
     for src in chapters(names):
         out = out_dir / f"{src.stem}.ipynb"
@@ -176,6 +229,14 @@ def _insert_note(nb, text: str):
     nb.cells.insert(at, cell)
 
 
+def _refresh_prose(nb_path: Path) -> bool:
+    import contextlib
+    import io
+    from refresh_prose import refresh
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        return refresh(nb_path)
+
+
 def stage(reuse: bool, timeout: int) -> int:
     import nbformat
     sys.path.insert(0, str(ROOT))
@@ -193,13 +254,18 @@ def stage(reuse: bool, timeout: int) -> int:
         gpu_nb = NOTEBOOKS / f"{src.stem}.ipynb"
         dest = STAGE / "notebooks" / gpu_nb.name
         if gpu_nb.exists():
-            nb = nbformat.read(gpu_nb, as_version=4)
+            # the source's prose over the executed code and outputs (code must match:
+            # check_stale), applied to the staged copy; the committed notebook is untouched
+            shutil.copy2(src, dest.with_suffix(".md"))
+            shutil.copy2(gpu_nb, dest)
+            fresh = _refresh_prose(dest)
+            dest.with_suffix(".md").unlink()
+            nb = nbformat.read(dest, as_version=4)
             note = staleness_note(src.stem, nb.metadata.get("onelaunch", {}).get("commit"))
             if note:
                 _insert_note(nb, note)
-                print(f"[stage] {src.stem}: GPU run, package changed since (note added)")
-            else:
-                print(f"[stage] {src.stem}: GPU run")
+            print(f"[stage] {src.stem}: GPU run" + ("" if fresh else ", prose as run (code differs)")
+                  + (", package changed since (note added)" if note else ""))
             nbformat.write(nb, dest)
             continue
         out = SCRATCH / gpu_nb.name
@@ -227,6 +293,9 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per cell")
     ap.add_argument("--reuse", action="store_true",
                     help="stage: reuse CPU runs whose source and package are unchanged")
+    ap.add_argument("--mem-gb", type=float, default=None,
+                    help=f"gpu: cap torch's GPU memory at this many GB (default "
+                         f"{DEFAULT_GPU_MEM_GB}, an RTX 4090; 0: no cap)")
     a = ap.parse_args(argv)
     import yaml
     extra = {k: yaml.safe_load(v) for k, v in a.p}
@@ -237,7 +306,7 @@ def main(argv=None) -> int:
     if a.what == "stage":
         return stage(a.reuse, a.timeout)
     out_dir = a.out or (SCRATCH if a.what == "cpu" else NOTEBOOKS)
-    return run_all(a.what, a.chapters, out_dir.resolve(), extra, a.timeout)
+    return run_all(a.what, a.chapters, out_dir.resolve(), extra, a.timeout, a.mem_gb)
 
 
 if __name__ == "__main__":

@@ -415,9 +415,13 @@ def ladder_rows(spec, w, device="cuda", ctx=512, tokens=12, iters=100, read_tbps
             r["same_tokens_as_previous_rung"] = j["tokens"] == prev_tokens
         prev_tokens = j["tokens"]
         if j["ok"]:
+            p0 = int(e.pos)
             ms = time_engine_step(e, st["graph"], iters if st["graph"] else max(10, iters // 4), dev)
             r["ms_per_token"] = ms
             r["x_floor"] = ms / floor if floor else None
+            if spec.is_moe:      # the timed steps read many experts, not one set from L2
+                r["distinct_experts"] = e.distinct_experts(p0, int(e.pos))
+                r["timed_steps"] = int(e.pos) - p0
         else:
             r["ms_per_token"] = None
             r["refused"] = refusal(j["flips"])
@@ -458,22 +462,26 @@ def forced_from_cache(e: Engine, o: Oracle, start: int, tokens: torch.Tensor, gr
 
 def sweep_rows(spec, w, device="cuda", ctxs=(128, 512, 2048, 8192, 16384, 32768), iters=50,
                read_tbps=None, pdl=True, attention="splitk", check_tokens: int = 2) -> list[dict]:
-    """ms/token of the graph-captured step at each context (one engine sized for the largest;
-    the cache holds random keys/values: timing does not depend on their values).
+    """ms/token of the graph-captured step at each context (one engine sized for the largest).
+
+    The cache holds the keys and values of a real prompt: random token ids run through the
+    model by the batched prefill (``prefill.prefill``, the oracle's math). A cache of
+    random numbers would time the same, but its attention is far from any a model produces
+    and the bf16 roundings of the two implementations then drift apart by more than the
+    near-tie threshold (measured: a refused flip of exactly 8 ulps at ctx 2048).
 
     Before a context is timed, the captured step is checked there: the oracle takes a copy
     of the engine's cache and both decode ``check_tokens`` forced tokens from that context;
     the engine's choices are judged by the agreement rule. A context that fails is
     reported refused, with no time."""
+    from .prefill import prefill
     spec = get_spec(spec)
     dev = torch.device(device)
     max_ctx = max(ctxs) + iters + check_tokens + 16
     e = Engine(spec, w, max_ctx=max_ctx, attention=attention, pdl=pdl)
-    o = Oracle(spec, w, max_ctx=max_ctx)
     g = torch.Generator(device="cpu").manual_seed(2)
-    for li in range(spec.layers):  # random cache, layer by layer (keeps peak memory low)
-        e.k_cache[li].copy_(torch.randn(e.k_cache[li].shape, generator=g).to(dev, torch.bfloat16))
-        e.v_cache[li].copy_(torch.randn(e.v_cache[li].shape, generator=g).to(dev, torch.bfloat16))
+    prefill(e, torch.randint(0, spec.vocab, (max(ctxs) + 1,), generator=g), progress=False)
+    o = Oracle(spec, w, max_ctx=max_ctx)
     e.capture()
     rows = []
     for c in ctxs:
@@ -547,6 +555,50 @@ def long_context_agreement(spec, w, device="cuda", ctx=32768, tokens=12, pdl=Tru
 
 
 # --------------------------------------------------------------------------------------
+# per op, from the engine's own plan
+# --------------------------------------------------------------------------------------
+def plan_op_rows(spec, w, device="cuda", ctx: int = 512, iters: int = 50, read_tbps=None,
+                 pdl: bool = False, tokens: int = 8) -> list[dict]:
+    """Microseconds per launch of each op of the plan, in the step's own buffers and
+    configurations: an engine is checked against the oracle (teacher-forced, the ladder's
+    rule) and run to position ``ctx``; then, for each op, all its launches of one step
+    (every layer) are captured in one CUDA graph and replayed. Bytes are the plan's, so
+    ``excess_us`` is the time beyond what the bytes need at the measured bandwidth.
+    Returns [] and a refusal row if the engine fails the oracle check."""
+    from . import plan as plan_mod
+    spec = get_spec(spec)
+    dev = torch.device(device)
+    g = torch.Generator().manual_seed(11)
+    prompt = torch.randint(0, spec.vocab, (ctx,), generator=g)
+    e = Engine(spec, w, max_ctx=ctx + tokens + 64, attention="splitk", pdl=pdl)
+    ref = oracle_tokens(spec, w, prompt, tokens, ctx + tokens + 64)
+    j = judge(e, prompt, ref, graph=True)
+    if not j["ok"]:
+        return [{"model": spec.name, "op": "all", "refused": "engine fails the oracle check",
+                 "flips": j["flips"]}]
+    e.pos.fill_(ctx)
+    e.prompt_len.fill_(1 << 30)              # timing: positions advance, no token written
+    rows = []
+    for op in dict.fromkeys(L.op for L in e.plan):
+        launches = [L for L in e.plan if L.op == op]
+        saved = e.pos.clone()
+
+        def run(ls=launches):            # (the LM head advances pos by one a replay)
+            for L in ls:
+                L.run()
+        us = _graph_time(run, len(launches), dev, iters)
+        e.pos.copy_(saved)
+        nbytes = launches[0].bytes_at(ctx)
+        bound = nbytes / (read_tbps * 1e12) * 1e6 if read_tbps else None
+        rows.append({"model": spec.name, "op": op, "launches": len(launches), "us": us,
+                     "bytes": nbytes, "bytes_us": bound,
+                     "excess_us": us - bound if bound is not None else None,
+                     "pct_of_read": 100 * bound / us if bound else None, "ctx": ctx,
+                     "pdl": e.pdl})
+    return rows
+
+
+# --------------------------------------------------------------------------------------
 # launch configurations
 # --------------------------------------------------------------------------------------
 def config_sweep(spec, w, device="cuda", iters=30, read_tbps=None, pdl=None,
@@ -592,6 +644,93 @@ def config_sweep(spec, w, device="cuda", iters=30, read_tbps=None, pdl=None,
         print(f"config sweep: {len(bad)} of {len(out)} configurations failed their check "
               "or raised (rows above); they were not timed", flush=True)
     return out
+
+
+# the plan's ops whose launch configuration a step sweep tries, and the weight each reads
+PLAN_SWEEP_WEIGHT = {"rms_qkv": "w_qkv", "o_proj": "w_o", "gate_up": "w_gate_up", "down": "w_down",
+                     "router": "w_router", "moe_gate_up": "w_experts_gate_up",
+                     "moe_down": "w_experts_down"}
+
+
+def plan_config_sweep(spec, w, device="cuda", grid: dict | None = None, ctx: int = 512,
+                      iters: int = 100, tokens: int = 4, read_tbps=None, echo: bool = True) -> list[dict]:
+    """Launch configurations tried in the whole step, one op at a time (greedy: each op
+    keeps the best found so far for the ops before it). Every trial engine is checked
+    against the oracle (teacher-forced, the agreement rule) before its graph step is timed
+    at context ``ctx`` with PDL; a trial that fails is reported, never timed. Rows carry the
+    op, the weight shape the entry is keyed by, the config, and ms per token."""
+    spec = get_spec(spec)
+    dev = torch.device(device)
+    pdl = config.pdl_supported(dev)
+    c = lambda *r, keys=("BLOCK_N", "BLOCK_K", "PREFETCH", "num_warps"): dict(zip(keys, r))
+    grid = grid or ({
+        "router": [c(4, 512, 1, 4), c(1, 2048, 1, 4), c(2, 2048, 1, 4), c(2, 512, 4, 4), c(8, 512, 2, 4)],
+        "moe_gate_up": [c(8, 512, 1, 4), c(8, 512, 2, 4), c(4, 512, 2, 4), c(16, 512, 2, 4),
+                        c(4, 1024, 2, 4), c(8, 256, 4, 4)],
+        "moe_down": [c(8, 512, 1, 4), c(8, 512, 2, 4), c(4, 512, 2, 4), c(16, 512, 2, 4),
+                     c(4, 1024, 1, 4), c(2, 1024, 1, 4), c(16, 1024, 1, 8)],
+        "rms_qkv": [c(8, 2048, 1, 4), c(8, 512, 2, 4), c(16, 512, 2, 4), c(4, 512, 3, 4)],
+        "o_proj": [c(8, 2048, 1, 8), c(4, 512, 2, 4), c(8, 512, 2, 4), c(16, 512, 2, 8)],
+    } if spec.is_moe else {})
+    g = torch.Generator().manual_seed(9)
+    prompt = torch.randint(0, spec.vocab, (ctx,), generator=g)
+    max_ctx = ctx + tokens + iters + 64
+    ref = oracle_tokens(spec, w, prompt, tokens, max_ctx)
+    best: dict[str, dict] = {}
+    rows = []
+    for op, cands in grid.items():
+        timed = []
+        for cfg in cands:
+            e = Engine(spec, w, max_ctx=max_ctx, pdl=pdl, cfgs={**best, op: cfg})
+            weight = e.W["layers"][0][PLAN_SWEEP_WEIGHT[op]]
+            r = {"op": op, "shape": list(weight.shape[-2:]), "cfg": cfg, "pdl": e.pdl}
+            try:
+                j = judge(e, prompt, ref, graph=True)
+                r["agree"] = j["agree"]
+                if j["ok"]:
+                    r["ms_per_token"] = time_engine_step(e, True, iters, dev)
+                    r["x_floor"] = (r["ms_per_token"] / spec.floor_ms(read_tbps, ctx)
+                                    if read_tbps else None)
+                    timed.append(r)
+                else:
+                    r["refused"] = refusal(agree.disagreements(j))
+            except Exception as ex:                      # reported, never skipped silently
+                r["error"] = f"{type(ex).__name__}: {str(ex)[:200]}"
+            if echo:
+                print(json.dumps(r), flush=True)
+            rows.append(r)
+            del e
+        if timed:
+            best[op] = min(timed, key=lambda r: r["ms_per_token"])["cfg"]
+    return rows
+
+
+def write_plan_table(rows: list[dict], model: str) -> str:
+    """Merge the fastest config of each (op, shape) of a step sweep into
+    ``kernels/tuned/<arch>.json``, keyed by the weight shape."""
+    import os
+    import datetime
+    best = {}
+    for r in rows:
+        if r.get("ms_per_token") is None:
+            continue
+        k = (r["op"], config.shape_key(r["shape"]))
+        if k not in best or r["ms_per_token"] < best[k]["ms_per_token"]:
+            best[k] = r
+    arch = config.arch(0)
+    p = os.path.join(config.TUNED_DIR, f"{arch}.json")
+    d = json.load(open(p)) if os.path.exists(p) else {"arch": arch, "ops": {}}
+    for (op, key), r in best.items():
+        entries = d["ops"].setdefault(op, {})
+        if "BLOCK_N" in entries:                         # a flat entry of an older sweep
+            entries = d["ops"][op] = {}
+        entries[key] = r["cfg"]
+        d.setdefault("step_sweeps", {})[f"{op} {key}"] = {
+            "model": model, "ms_per_token": r["ms_per_token"], "date": datetime.date.today().isoformat()}
+    with open(p, "w") as f:
+        json.dump(d, f, indent=1)
+    config.tuned.cache_clear()
+    return p
 
 
 def write_table(sweep: list[dict], read_tbps: float, model: str) -> str:
@@ -740,21 +879,36 @@ def main(argv=None):
     out = {"read_tbps": bw}
     what = a.what.split(",")
     failed = []
+    if "sweepplan" in what:
+        out["plan_sweep"] = plan_config_sweep(spec, w, dev, ctx=a.ctx, read_tbps=bw)
+        if a.write_table:
+            print("wrote", write_plan_table(out["plan_sweep"], spec.name))
     if "sweepcfg" in what:
         out["config_sweep"] = config_sweep(spec, w, dev, read_tbps=bw)
         failed += gate_failures(out["config_sweep"])
         if a.write_table:
             print("wrote", write_table(out["config_sweep"], bw, spec.name))
-    for key, fn in (("kernels", lambda: kernel_rows(spec, w, dev, ctx=a.ctx, read_tbps=bw)),
+    longest = spec.max_ctx - 96                      # room for the timed steps
+    ctxs = tuple(c for c in (128, 512, 1024, 2048, 4000, 8192, 16384, 32768) if c <= longest)
+    if "peers" in what:      # the peers in this process: every ratio from one run
+        from .peers import peer_rungs
+        out["peers"] = peer_rungs(spec.name, ctx=a.ctx, device=dev, iters=50, new_tokens=32,
+                                  weights=w)
+        for r in out["peers"]:
+            r["floor_ms"] = spec.floor_ms(bw, a.ctx)
+            print(json.dumps(r))
+        failed += gate_failures(out["peers"])
+    for key, fn in (("kernels", lambda: [] if spec.is_moe else kernel_rows(spec, w, dev, ctx=a.ctx, read_tbps=bw)),
+                    ("ops", lambda: plan_op_rows(spec, w, dev, ctx=a.ctx, read_tbps=bw)),
                     ("ladder", lambda: ladder_rows(spec, w, dev, ctx=a.ctx, iters=a.iters, read_tbps=bw)),
-                    ("sweep", lambda: sweep_rows(spec, w, dev, read_tbps=bw))):
+                    ("sweep", lambda: sweep_rows(spec, w, dev, ctxs=ctxs, read_tbps=bw))):
         if key in what:
             out[key] = fn()
             for r in out[key]:
                 print(json.dumps(r))
             failed += gate_failures(out[key])
     if "long" in what:
-        out["long"] = long_context_agreement(spec, w, dev)
+        out["long"] = long_context_agreement(spec, w, dev, ctx=min(32768, 4000 if spec.is_moe else longest))
         print(json.dumps(out["long"]))
         if not out["long"]["ok"]:
             failed.append(out["long"])

@@ -106,10 +106,51 @@ def _hf_generate(model, prompt, tokens):
     return out[0, prompt.numel():].cpu()
 
 
+LAYER_PREFIX = "model.layers."
+
+
+def _upcast_one_layer_at_a_time(model) -> None:
+    """Hooks on each decoder layer: before it runs, its parameters become fp32 copies of
+    their (bf16) values; after it, the copies are dropped. The layer computes exactly as
+    an fp32 layer would, but only one layer's fp32 copy exists at any time."""
+    def before(layer, args):
+        layer._onelaunch_held = [(p, p.data) for p in layer.parameters()]
+        for p, data in layer._onelaunch_held:
+            p.data = data.to(torch.float32)
+
+    def after(layer, args, out):
+        for p, data in layer._onelaunch_held:
+            p.data = data
+        del layer._onelaunch_held
+
+    for layer in model.model.layers:
+        layer.register_forward_pre_hook(before)
+        layer.register_forward_hook(after)
+
+
+def fp32_reference(spec, weights: dict[str, torch.Tensor], piecewise: bool):
+    """The Hugging Face model that computes in fp32 over ``weights`` (whose values are
+    bf16-representable). Whole: an fp32 copy of every tensor (OLMoE: 28 GB). Piecewise:
+    the embedding, final norm and LM head in fp32, the decoder layers kept as they are and
+    upcast one at a time while they run (OLMoE: its 13.8 GB of bf16 plus one layer in fp32,
+    1.7 GB), with the same numbers."""
+    if not piecewise:
+        return hf_model(spec, _convert(weights, None, torch.float32))
+    outer = _convert({k: t for k, t in weights.items() if not k.startswith(LAYER_PREFIX)},
+                     None, torch.float32)
+    first = "model.embed_tokens.weight"      # hf_model builds in the first tensor's dtype
+    mixed = {first: outer[first], **outer,
+             **{k: t for k, t in weights.items() if k.startswith(LAYER_PREFIX)}}
+    model = hf_model(spec, mixed)
+    _upcast_one_layer_at_a_time(model)
+    return model
+
+
 def compare_with_hf(spec_or_name, device="cpu", tokens: int = 12, prompt_len: int = 7,
                     seed: int = 0, prompt_ids=None, max_ctx: int | None = None,
                     weights: dict[str, torch.Tensor] | None = None,
-                    hf_generate: bool | None = None, oracle_dtype=None) -> dict:
+                    hf_generate: bool | None = None, oracle_dtype=None,
+                    piecewise: bool | None = None) -> dict:
     """Run the oracle and HF on one prompt and report how far apart they are.
 
     ``weights`` (HF names, any dtype) replaces the seeded random weights, e.g. a loaded
@@ -117,6 +158,8 @@ def compare_with_hf(spec_or_name, device="cpu", tokens: int = 12, prompt_len: in
     the oracle's cache; on a GPU the cache defaults to prompt + tokens, to save memory.
     ``hf_generate`` (default: on the CPU) also runs HF's own greedy ``generate``.
     ``oracle_dtype`` defaults to bf16 on a GPU and fp32 on the CPU; the reference is fp32.
+    ``piecewise`` (default: whenever the oracle is not fp32) builds that reference one
+    decoder layer at a time (:func:`fp32_reference`), so OLMoE's check fits in 24 GB.
 
     Returns a dict: ``agree`` ("k/N"), ``max_abs_err``, ``rel_err`` (over the std of HF's
     logits), ``min_margin``, ``disagreements`` (step, ids, HF margin and the gap HF sees
@@ -140,10 +183,12 @@ def compare_with_hf(spec_or_name, device="cpu", tokens: int = 12, prompt_len: in
         else:
             weights = _convert(weights, device, oracle_dtype)
         ids, o_logits = _oracle_decode(spec, weights, prompt, tokens, cache)
-        # the fp32 reference: on the CPU the same dict; on a GPU an fp32 copy of the bf16
-        # values, made after the oracle's cache is gone (OLMoE in fp32 is 28 GB)
-        weights = _convert(weights, device, torch.float32)
-        model = hf_model(spec, weights)
+        # the fp32 reference: on the CPU the same dict; on a GPU fp32 copies of the bf16
+        # values, made after the oracle's cache is gone, one decoder layer at a time
+        # (OLMoE in fp32 is 28 GB, more than a 24 GB GPU holds)
+        if piecewise is None:
+            piecewise = oracle_dtype != torch.float32
+        model = fp32_reference(spec, weights, piecewise)
         del weights
         h_logits = _hf_teacher_forced(model, prompt, ids)
         gen_ids = _hf_generate(model, prompt, tokens) if hf_generate else None

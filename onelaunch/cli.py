@@ -135,49 +135,123 @@ def _kernels_on(device: str) -> None:
         os.environ["TRITON_INTERPRET"] = "1"
 
 
+class _Stop(Exception):
+    """Raised from the token callback when the reply has ended (a stop id was read)."""
+
+
+def _generate(e, prompt, tokens, graph, batched, on_tokens, read_every, weights):
+    """``Engine.generate`` with the prompt prefilled in batched chunks (``batched``) or one
+    step per token, handing ``on_tokens`` the first new token alone, as soon as it exists
+    (so the caller can time it), then every ``read_every`` tokens."""
+    return e.generate(prompt, tokens, graph=graph, on_tokens=on_tokens, read_every=read_every,
+                      batched_prefill=batched)
+
+
 def cmd_generate(args) -> int:
     import time
     device = _device(args.device)
-    spec = get_spec(args.model)
     _kernels_on(device)
     from .check import make_prompt, validate_prompt
     from .engine import Engine, EngineError
-    from .weights import random_weights
-    if args.tokens < 1:
+    from .text import TextStream, encode, load_tokenizer, progress, stop_ids
+    from .weights import load_checkpoint, random_weights
+    text = args.prompt is not None
+    if text and args.prompt_ids is not None:
+        raise UsageError("give the prompt as text (--prompt) or as ids (--prompt-ids), not both")
+    if args.chat and not text:
+        raise UsageError("--chat wraps --prompt TEXT in the chat template: add --prompt")
+    if args.model is None and args.checkpoint is None:
+        raise UsageError(f"generate needs --model NAME or --checkpoint PATH (known models: "
+                         f"{', '.join(SPECS)})")
+    if text and args.checkpoint is None:
+        raise UsageError("--prompt TEXT needs the checkpoint's tokenizer: add --checkpoint PATH "
+                         "(random weights take --prompt-ids or --prompt-len)")
+    tokens = args.tokens if args.tokens is not None else (128 if text else 12)
+    if tokens < 1:
         raise UsageError("--tokens must be at least 1")
-    prompt_ids = _ids(args.prompt_ids) if args.prompt_ids is not None else None
-    prompt = make_prompt(spec, args.prompt_len, args.seed, prompt_ids)
-    validate_prompt(spec, prompt, args.tokens, args.max_ctx or spec.max_ctx)
-    max_ctx = args.max_ctx or min(spec.max_ctx, prompt.numel() + args.tokens + 64)
-    w = random_weights(spec, args.seed, device=device)
+    spec = get_spec(args.model) if args.model else None
+    tok = None
+    if text:                                   # the tokenizer first: its errors are cheap
+        tok = load_tokenizer(args.checkpoint)
+        prompt = torch.tensor(encode(tok, args.prompt, chat=args.chat), dtype=torch.long)
+    if args.checkpoint:
+        spec, w = load_checkpoint(args.checkpoint, spec, device=device)
+    else:
+        w = random_weights(spec, args.seed, device=device)
+    if not text:
+        prompt_ids = _ids(args.prompt_ids) if args.prompt_ids is not None else None
+        prompt = make_prompt(spec, args.prompt_len, args.seed, prompt_ids)
+    validate_prompt(spec, prompt, tokens, args.max_ctx or spec.max_ctx)
+    n = prompt.numel()
+    max_ctx = args.max_ctx or min(spec.max_ctx, n + tokens + 64)
+    batched = args.prefill == "batched"
+    stream = None
+    if text:
+        stream = TextStream(tok, () if args.ignore_eos else stop_ids(tok, args.checkpoint))
+    got, stamps = [], []                       # ids as read; (time, how many) at each read
+    bar = progress(total=tokens, desc="generate", unit="tok") if not text else None
+
+    def on_tokens(batch):
+        stamps.append((time.perf_counter(), len(batch)))
+        got.extend(batch)
+        if stream is not None:
+            sys.stdout.write(stream.push(batch))
+            sys.stdout.flush()
+            if stream.stopped:
+                raise _Stop
+        else:
+            bar.update(len(batch))
+
     try:
         e = Engine(spec, w, max_ctx=max_ctx, attention=args.attention, pdl=args.pdl)
         graph = device == "cuda" and not args.eager
-        if device == "cuda":
-            e.generate(prompt, 1, graph=graph)              # compile, capture, warm up
-        t0 = time.perf_counter()
-        ids = e.generate(prompt, args.tokens, graph=graph)
-        if device == "cuda":
+        mode = ("CUDA graph" if graph else "eager launches") + (
+            ", split-K" if args.attention == "splitk" else ", plain attention") + (
+            ", PDL" if e.pdl else "")
+        source = (f"checkpoint {args.checkpoint}" if args.checkpoint
+                  else f"random weights, seed {args.seed}")
+        print(f"{spec.name} on {device} ({mode}; {source}): prompt {n} ids"
+              f"{' (chat template)' if args.chat else ''}, {tokens} tokens at most, "
+              f"{args.prefill} prefill")
+        if device == "cuda":                   # compile, capture and warm up on a short prompt
+            _generate(e, prompt[:16], 1, graph, batched, lambda b: None, 64, w)
             torch.cuda.synchronize()
-        dt = time.perf_counter() - t0
+        if stream is not None:
+            print("-" * 8, flush=True)
+        t0 = time.perf_counter()
+        try:
+            _generate(e, prompt, tokens, graph, batched, on_tokens, 8 if text else 64, w)
+        except _Stop:
+            pass
     except EngineError as ex:
         raise UsageError(str(ex)) from None
-    mode = ("CUDA graph" if graph else "eager launches") + (", split-K" if args.attention == "splitk"
-                                                            else ", plain attention")
-    print(f"{spec.name} on {device} ({mode}{', PDL' if e.pdl else ''}): prompt {prompt.numel()} "
-          f"ids, {args.tokens} greedy tokens")
-    print("ids:", " ".join(map(str, ids.tolist())))
-    steps = prompt.numel() - 1 + args.tokens
+    finally:
+        if bar is not None:
+            bar.close()
+    if stream is not None:
+        print(stream.flush())
+        print("-" * 8)
+    else:
+        print("ids:", " ".join(map(str, got)))
+    ttft = stamps[0][0] - t0
     note = "" if device == "cuda" else "  (Triton interpreter on the CPU: not a speed)"
-    print(f"{steps} steps (prefill included) in {dt:.3f} s: {dt / steps * 1e3:.3f} ms/step{note}")
+    line = f"time to first token {ttft:.3f} s ({n}-token prompt, {args.prefill} prefill)"
+    rest = len(got) - stamps[0][1]
+    if rest > 0:
+        line += (f"; decode {(stamps[-1][0] - stamps[0][0]) / rest * 1e3:.3f} ms/token over "
+                 f"{rest} token{'s' if rest > 1 else ''}")
+    if stream is not None and stream.stopped:
+        line += "; the reply ended (a stop token)"
+    print(line + note)
     if args.check:
-        from .oracle import Oracle
         from .bench import agreement
-        ref = Oracle(spec, w, max_ctx=max_ctx).generate(prompt, args.tokens).cpu()
-        n = agreement(ids, ref)
-        print(f"oracle: {n}/{args.tokens} tokens agree" + ("" if n == args.tokens else
-              f"; first difference at step {n} (oracle {int(ref[n])}, engine {int(ids[n])})"))
-        return 0 if n == args.tokens else 1
+        from .oracle import Oracle
+        ref = Oracle(spec, w, max_ctx=max_ctx).generate(prompt, len(got)).cpu()
+        ids = torch.tensor(got)
+        k = agreement(ids, ref)
+        print(f"oracle: {k}/{len(got)} tokens agree" + ("" if k == len(got) else
+              f"; first difference at step {k} (oracle {int(ref[k])}, engine {int(ids[k])})"))
+        return 0 if k == len(got) else 1
     return 0
 
 
@@ -192,15 +266,31 @@ def _add_engine_device(p):
 def _add_generate(sub):
     p = sub.add_parser("generate", help="greedy decoding through the Triton engine (dense models)",
                        description="Prefill and decode with the engine: one CUDA graph per "
-                       "token on a GPU, eager launches in the Triton interpreter on a CPU.")
-    p.add_argument("--model", required=True, help=f"one of: {', '.join(SPECS)}")
+                       "token on a GPU, eager launches in the Triton interpreter on a CPU. "
+                       "With --checkpoint and --prompt, text in and streamed text out.")
+    p.add_argument("--model", help=f"one of: {', '.join(SPECS)} (default with --checkpoint: "
+                   "inferred from its shapes)")
+    p.add_argument("--checkpoint", help="a local checkpoint folder (or hub id): its weights, "
+                   "and its tokenizer for --prompt")
+    p.add_argument("--prompt", default=None, help="the prompt as text (needs --checkpoint)")
+    p.add_argument("--chat", action="store_true",
+                   help="wrap --prompt in the tokenizer's chat template (instruct models)")
     p.add_argument("--prompt-len", type=int, default=16, help="random prompt length (default 16)")
-    p.add_argument("--prompt-ids", default=None, help="comma-separated token ids instead of a random prompt")
-    p.add_argument("--tokens", type=int, default=12, help="tokens to generate (default 12)")
+    p.add_argument("--prompt-ids", default=None,
+                   help="comma-separated token ids instead of a random prompt")
+    p.add_argument("--tokens", type=int, default=None,
+                   help="tokens to generate at most (default 128 with --prompt, else 12)")
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="with --prompt: go on past the end-of-text token")
     p.add_argument("--seed", type=int, default=0, help="weights and prompt seed (default 0)")
     _add_engine_device(p)
+    p.add_argument("--prefill", choices=("batched", "steps"), default="batched",
+                   help="batched: the prompt in chunks of 1024 tokens (default); steps: one "
+                   "decode step per prompt token")
     p.add_argument("--attention", choices=("splitk", "plain"), default="splitk")
-    p.add_argument("--pdl", action="store_true", help="programmatic dependent launch (Hopper+)")
+    p.add_argument("--pdl", action=argparse.BooleanOptionalAction, default=True,
+                   help="programmatic dependent launch where the GPU has it (Hopper+; default "
+                   "on; --no-pdl turns it off)")
     p.add_argument("--eager", action="store_true", help="launch kernels one by one, no CUDA graph")
     p.add_argument("--max-ctx", type=int, default=None, help="the engine's context (default: fits)")
     p.add_argument("--check", action="store_true", help="also decode with the oracle and compare")
@@ -240,23 +330,22 @@ def cmd_bench(args) -> int:
     from . import bench
     from .timing import read_bandwidth
     from .weights import random_weights
-    if spec.is_moe:
-        raise UsageError(f"{spec.name} is a mixture of experts: the engine's ladder covers the "
-                         "dense models so far (try --model qwen2.5-1.5b)")
-    if device == "cpu" and spec.name not in ("tiny-qwen2",):
-        raise UsageError("on the CPU the kernels run in Triton's interpreter: use --model tiny-qwen2")
+    if device == "cpu" and spec.name not in ("tiny-qwen2", "tiny-olmoe"):
+        raise UsageError("on the CPU the kernels run in Triton's interpreter: use --model "
+                         "tiny-qwen2 or tiny-olmoe")
     if args.ctx < 1 or args.ctx + args.tokens + args.iters + 64 > spec.max_ctx:
         raise UsageError(f"--ctx must be between 1 and {spec.max_ctx - args.tokens - args.iters - 64}")
     bw = read_bandwidth(device) if device == "cuda" else None
     rows = []
+    w = random_weights(spec, args.seed, device=device)      # one set, shared by every rung
     if args.peers:
         from .peers import peer_rungs
         rows += peer_rungs(spec.name, ctx=args.ctx, device=device, iters=min(args.iters, 50),
-                           new_tokens=32 if device == "cuda" else 4)
+                           new_tokens=32 if device == "cuda" else 4,
+                           weights=w if device == "cuda" else None)
         if bw is not None:   # one floor for the whole report: the bandwidth measured here
             for r in rows:
                 r["floor_ms"] = spec.floor_ms(bw, args.ctx)
-    w = random_weights(spec, args.seed, device=device)
     rows += bench.ladder_rows(spec, w, device, ctx=args.ctx, tokens=args.tokens, iters=args.iters,
                               read_tbps=bw)
     head = (f"{spec.name}, batch 1, ctx {args.ctx}, on {torch.cuda.get_device_name() if device == 'cuda' else 'CPU'}"
@@ -281,7 +370,8 @@ def _add_bench(sub):
                        description="Measure the read bandwidth, then each rung (ms/token, the "
                        "ratio to the floor of this run, greedy agreement with the oracle). A rung "
                        "whose oracle check fails gets no time, and the command then exits 1.")
-    p.add_argument("--model", required=True, help="qwen2.5-1.5b (GPU) or tiny-qwen2 (CPU)")
+    p.add_argument("--model", required=True, help="qwen2.5-1.5b or olmoe-1b-7b (GPU); "
+                   "tiny-qwen2 or tiny-olmoe (CPU)")
     p.add_argument("--ctx", type=int, default=512, help="context of the timed steps (default 512)")
     p.add_argument("--tokens", type=int, default=12, help="greedy tokens checked (default 12)")
     p.add_argument("--iters", type=int, default=100, help="timed steps per rung (default 100)")

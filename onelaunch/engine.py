@@ -20,52 +20,32 @@ Modes: ``graph=False`` runs the same launches eagerly (the "fused eager" rung);
 ``fuse_rope=True`` (with split-K) does RoPE and the KV write inside the split-K partial
 kernel, one launch fewer per layer (``kernels/attention_onekernel.py``); on the H200 it
 measured 0.01-0.03 ms a token slower than the separate RoPE kernel, so no rung uses it.
-The engine covers the dense family; the MoE engine is a later chapter.
+
+The step itself is data: ``self.plan``, a list of launches built from the spec by the
+block builders in ``plan.py`` (embedding, attention, dense MLP or mixture of experts,
+head), so Qwen2.5 and OLMoE differ only in the blocks they pick.
 """
 from __future__ import annotations
 
 import torch
 
 from . import kernels as K
+from . import plan
 from .kernels import config
 from .oracle import rope_cos_sin
 from .specs import get_spec
+from .weights import pack_weights  # noqa: F401  (re-exported: engine.pack_weights)
 
 
 class EngineError(ValueError):
     """Bad input to the engine: the message says what to do."""
 
 
-def pack_weights(spec, w: dict[str, torch.Tensor]) -> dict:
-    """Per-layer packed tensors in the layouts the kernels read (one copy, made once):
-    W_qkv = [W_q; W_k; W_v] and b_qkv, W_gate_up = [W_gate; W_up]."""
-    layers = []
-    for i in range(spec.layers):
-        p = f"model.layers.{i}."
-        a = p + "self_attn."
-        L = {
-            "input_norm": w[p + "input_layernorm.weight"],
-            "post_norm": w[p + "post_attention_layernorm.weight"],
-            "w_qkv": torch.cat([w[a + "q_proj.weight"], w[a + "k_proj.weight"], w[a + "v_proj.weight"]]),
-            "b_qkv": (torch.cat([w[a + "q_proj.bias"], w[a + "k_proj.bias"], w[a + "v_proj.bias"]])
-                      if spec.qkv_bias else None),
-            "w_o": w[a + "o_proj.weight"],
-            "w_gate_up": torch.cat([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]]),
-            "w_down": w[p + "mlp.down_proj.weight"],
-        }
-        layers.append(L)
-    return {"layers": layers, "embed": w["model.embed_tokens.weight"],
-            "norm": w["model.norm.weight"], "lm_head": w["lm_head.weight"]}
-
-
 class Engine:
     def __init__(self, spec, weights: dict[str, torch.Tensor], max_ctx: int | None = None,
                  attention: str = "splitk", pdl: bool = False, fuse_rope: bool = False,
-                 device=None):
+                 device=None, cfgs: dict | None = None):
         self.spec = spec = get_spec(spec)
-        if spec.is_moe:
-            raise EngineError(f"{spec.name} is a mixture of experts; this engine runs the dense "
-                              "family (qwen2.5-1.5b, tiny-qwen2)")
         if attention not in ("plain", "splitk"):
             raise EngineError("attention must be 'plain' or 'splitk'")
         w0 = weights["model.embed_tokens.weight"]
@@ -76,87 +56,89 @@ class Engine:
         if w0.dtype != torch.bfloat16:
             raise EngineError("the kernels read bf16 weights: build them with dtype=torch.bfloat16")
         self.max_ctx = max_ctx or spec.max_ctx
+        if self.max_ctx > spec.max_ctx:
+            raise EngineError(f"max_ctx {self.max_ctx} exceeds {spec.name}'s context "
+                              f"({spec.max_ctx}); build the engine with max_ctx <= {spec.max_ctx}")
         self.attention = attention
         self.pdl = bool(pdl) and config.pdl_supported(self.device)
         if fuse_rope and (spec.qk_norm or attention != "splitk"):
             raise EngineError("fuse_rope needs split-K attention and a model without q/k norm "
                               "(whose RMS spans all heads)")
         self.fuse_rope = bool(fuse_rope)
+        self.cfgs = dict(cfgs or {})                    # op -> launch config (a sweep's trial)
+        self.hf_weights = weights                       # the HF-named dict (prefill reads it)
         self.W = pack_weights(spec, weights)
-        dev, bf = self.device, torch.bfloat16
-        s = spec
+        dev, s = self.device, spec
+        self.buffers: dict[str, torch.Tensor] = {}
         # ---- per-step state (read by the kernels on replay) -----------------------------
-        self.seq = torch.zeros(self.max_ctx + 1, dtype=torch.int32, device=dev)
-        self.argmax = torch.zeros(self.max_ctx + 1, dtype=torch.int32, device=dev)  # every step's argmax
-        self.pos = torch.zeros(1, dtype=torch.int32, device=dev)
-        self.prompt_len = torch.zeros(1, dtype=torch.int32, device=dev)
-        # ---- activations: each one named, none reallocated -------------------------------
-        self.x = torch.zeros(s.hidden, dtype=bf, device=dev)            # residual stream
-        self.qkv = torch.zeros(s.qkv_size, dtype=bf, device=dev)        # q|k|v before RoPE
-        self.q = torch.zeros(s.q_size, dtype=bf, device=dev)            # q after RoPE
-        self.attn = torch.zeros(s.q_size, dtype=bf, device=dev)         # attention output
-        self.h = torch.zeros(s.intermediate, dtype=bf, device=dev)      # SwiGLU output
-        self.logits = torch.zeros(s.vocab, dtype=torch.float32, device=dev)
+        self.seq = self.buf("seq", (self.max_ctx + 1,), torch.int32)
+        self.argmax = self.buf("argmax", (self.max_ctx + 1,), torch.int32)  # every step's argmax
+        self.pos = self.buf("pos", (1,), torch.int32)
+        self.prompt_len = self.buf("prompt_len", (1,), torch.int32)
+        self.x = self.buf("x", (s.hidden,))                              # residual stream
         # ---- caches: [layers, Hkv, max_ctx, D], one timeline per (layer, kv head) -----
         shape = (s.layers, s.kv_heads, self.max_ctx, s.head_dim)
-        self.k_cache = torch.zeros(shape, dtype=bf, device=dev)
-        self.v_cache = torch.zeros(shape, dtype=bf, device=dev)
-        cos, sin = rope_cos_sin(torch.arange(self.max_ctx, device=dev), s.head_dim, s.rope_theta, bf)
+        self.k_cache = self.buf("k_cache", shape)
+        self.v_cache = self.buf("v_cache", shape)
+        cos, sin = rope_cos_sin(torch.arange(self.max_ctx, device=dev), s.head_dim, s.rope_theta,
+                                torch.bfloat16)
         self.cos, self.sin = cos.contiguous(), sin.contiguous()          # [max_ctx, D]
-        # ---- split-K attention partials [Hq, n_splits(, D)] ---------------------------
-        self.chunk = K.chunk_for(self.max_ctx)
-        n_splits = K.n_splits_for(self.max_ctx, self.chunk)
-        self.part_o = torch.zeros(s.heads, n_splits, s.head_dim, dtype=torch.float32, device=dev)
-        self.part_m = torch.zeros(s.heads, n_splits, dtype=torch.float32, device=dev)
-        self.part_l = torch.zeros(s.heads, n_splits, dtype=torch.float32, device=dev)
-        # ---- last-arrival reductions: counters zero between calls, kept zero by the kernels
-        self.down_scratch = torch.zeros(16 * s.hidden, dtype=torch.float32, device=dev)  # [SPLIT_K, N]
-        self.down_counter = torch.zeros(s.hidden, dtype=torch.int32, device=dev)
-        n_prog = K.programs_for(s.vocab, dev)
-        self.lm_val = torch.zeros(n_prog, dtype=torch.float32, device=dev)
-        self.lm_idx = torch.zeros(n_prog, dtype=torch.int32, device=dev)
-        self.lm_counter = torch.zeros(1, dtype=torch.int32, device=dev)
-        self.attn_counter = torch.zeros(s.kv_heads, dtype=torch.int32, device=dev)
-        self.cfg = {op: config.get(op, dev) for op in
-                    ("rms_qkv", "o_proj", "gate_up", "down", "lm_head", "attention", "attn_split")}
+        self.chunk = K.chunk_for(self.max_ctx)                           # split-K chunk
+        # ---- the step: a list of launches; each builder asks for the buffers it needs --
+        self.plan = plan.build(self)
         self.graph = None
+
+    # ---- buffers and launch configurations, for the plan's builders ---------------------
+    def buf(self, name: str, shape, dtype=torch.bfloat16) -> torch.Tensor:
+        """The static device buffer ``name`` (allocated zeroed on first request; every later
+        request gets the same tensor, so all layers share one activation buffer)."""
+        t = self.buffers.get(name)
+        if t is None:
+            t = self.buffers[name] = torch.zeros(shape, dtype=dtype, device=self.device)
+        assert tuple(t.shape) == tuple(shape) and t.dtype == dtype, f"buffer {name} redefined"
+        return t
+
+    def partials(self):
+        """Split-K partials [Hq, n_splits(, D)]: max, sum of exp, unnormalised output."""
+        s, n = self.spec, K.n_splits_for(self.max_ctx, self.chunk)
+        return (self.buf("part_m", (s.heads, n), torch.float32),
+                self.buf("part_l", (s.heads, n), torch.float32),
+                self.buf("part_o", (s.heads, n, s.head_dim), torch.float32))
+
+    def cfg(self, op: str, weight: torch.Tensor | None = None) -> dict:
+        """The launch configuration of ``op`` for ``weight``'s shape on this GPU (or the one
+        this engine was given for ``op``)."""
+        if op in self.cfgs:
+            return dict(self.cfgs[op])
+        return plan.default_cfg(op, self.device, weight)
+
+    def __getattr__(self, name):          # engine.qkv, engine.part_o, ...: the named buffers
+        buffers = self.__dict__.get("buffers")
+        if buffers is not None and name in buffers:
+            return buffers[name]
+        raise AttributeError(name)
 
     # ------------------------------------------------------------------------------------
     def launches_per_step(self) -> int:
-        per_layer = 6 + (1 if self.attention == "splitk" else 0) - (1 if self.fuse_rope else 0)
-        return 2 + per_layer * self.spec.layers
+        return len(self.plan)
 
     def step_launches(self):
-        """Launch one decode step. Reads seq/pos on the GPU; no host synchronisation."""
-        s, W, pdl, eps = self.spec, self.W, self.pdl, self.spec.rms_eps
-        K.embed(W["embed"], self.x, self.seq, self.pos, use_pdl=pdl)
-        for li, L in enumerate(W["layers"]):
-            kc, vc = self.k_cache[li], self.v_cache[li]
-            K.rms_qkv(self.x, L["input_norm"], L["w_qkv"], L["b_qkv"], self.qkv, eps,
-                      use_pdl=pdl, cfg=self.cfg["rms_qkv"])
-            if self.fuse_rope:   # RoPE + KV write + split-K partial, then the reduce kernel
-                K.attention_onekernel(self.qkv, kc, vc, self.cos, self.sin, self.attn, self.pos,
-                                      self.part_o, self.part_m, self.part_l, self.attn_counter,
-                                      s.heads, s.kv_heads, s.head_dim, self.chunk,
-                                      self.cfg["attn_split"], use_pdl=pdl, fuse_reduce=False)
-            else:
-                K.rope_kv_write(self.qkv, self.q, kc, vc, self.cos, self.sin, self.pos,
-                                s.heads, s.kv_heads, s.head_dim, use_pdl=pdl)
-                if self.attention == "plain":
-                    K.attention(self.q, kc, vc, self.attn, self.pos, s.heads, s.kv_heads,
-                                s.head_dim, self.cfg["attention"], use_pdl=pdl)
-                else:
-                    K.attention_splitk(self.q, kc, vc, self.attn, self.pos, self.part_o,
-                                       self.part_m, self.part_l, s.heads, s.kv_heads, s.head_dim,
-                                       self.chunk, self.cfg["attn_split"], use_pdl=pdl)
-            K.o_proj_residual(self.attn, L["w_o"], self.x, use_pdl=pdl, cfg=self.cfg["o_proj"])
-            K.rms_gate_up_swiglu(self.x, L["post_norm"], L["w_gate_up"], self.h, eps,
-                                 use_pdl=pdl, cfg=self.cfg["gate_up"])
-            K.down_residual(self.h, L["w_down"], self.x, self.down_scratch, self.down_counter,
-                            use_pdl=pdl, cfg=self.cfg["down"])
-        K.lm_head_argmax(self.x, W["norm"], W["lm_head"], self.logits, self.lm_val, self.lm_idx,
-                         self.lm_counter, self.seq, self.pos, self.prompt_len, eps,
-                         use_pdl=pdl, cfg=self.cfg["lm_head"], argmax=self.argmax)
+        """Launch one decode step: every entry of the plan, in order. Reads seq/pos on the
+        GPU; no host synchronisation."""
+        for launch in self.plan:
+            launch.run()
+
+    def plan_table(self, ctx: int = 0) -> list[dict]:
+        return plan.table(self.plan, ctx)
+
+    def distinct_experts(self, start: int, stop: int) -> list[int] | None:
+        """MoE: how many distinct experts each layer's router chose at positions
+        [start, stop) (the steps that consumed those positions), from the device log."""
+        log = self.buffers.get("expert_log")
+        if log is None:
+            return None
+        rows = log[start:stop].cpu()                       # [steps, layers, top_k]
+        return [int(rows[:, li].unique().numel()) for li in range(self.spec.layers)]
 
     def capture(self):
         """Record one step into a CUDA graph (after a warm-up that compiles every kernel).
@@ -219,23 +201,31 @@ class Engine:
 
     @torch.no_grad()
     def generate(self, prompt_ids, max_new_tokens: int, graph: bool = True,
-                 on_tokens=None, read_every: int = 64):
-        """Greedy decoding. Prefill runs the same step over the prompt (each step writes one
-        KV slot); every step after the prompt appends its argmax on the GPU and the next
-        step reads it there. The host never waits per token: with ``on_tokens`` (a
-        callback taking a list of ids) it reads the new tokens every ``read_every``
-        steps, a batched read for streaming output; otherwise once, at the end."""
+                 on_tokens=None, read_every: int = 64, batched_prefill: bool = False):
+        """Greedy decoding. The prompt fills the cache either by the same step run over it
+        (each step writes one KV slot), or with ``batched_prefill`` in a few large chunks
+        (``prefill.prefill``: the oracle's batched math writing into this cache), after
+        which the step consumes the last prompt token. Every step after the prompt appends
+        its argmax on the GPU and the next step reads it there. The host never waits per
+        token: with ``on_tokens`` (a callback taking a list of ids) it reads the first new
+        token as soon as it exists (time to first token), then every ``read_every`` new
+        tokens, a batched read for streaming output; otherwise once, at the end."""
         ids = self.check_prompt(prompt_ids, max_new_tokens)
         n = ids.numel()
         if graph and self.graph is None:
             self.capture()
-        self.start(ids)
-        steps = n - 1 + max_new_tokens
+        first = 0
+        if batched_prefill and n > 1:
+            from .prefill import prefill
+            prefill(self, ids)
+            first = n - 1
+        else:
+            self.start(ids)
         done = 0                                       # tokens handed to on_tokens so far
-        for i in range(steps):
+        for i in range(first, n - 1 + max_new_tokens):
             self.step(graph)
             ready = i + 2 - n                          # tokens generated after this step
-            if on_tokens is not None and ready - done >= read_every:
+            if on_tokens is not None and ready > 0 and (done == 0 or ready - done >= read_every):
                 on_tokens(self.seq[n + done: n + ready].tolist())
                 done = ready
         out = self.seq[n: n + max_new_tokens].tolist()

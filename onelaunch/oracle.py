@@ -11,6 +11,13 @@ over the whole static cache with a mask (``key position <= query position``), so
 step has one fixed shape at every position: the form ``torch.compile`` and CUDA graphs
 need, and the form the split-K kernel uses.
 
+A batched prefill (``prefill.py``) takes two options of the same code: ``live`` attends
+only over the keys before ``live`` (the filled prefix) through
+``scaled_dot_product_attention`` with a lower-right causal mask (flash attention on a
+GPU), instead of the whole static cache; ``all_experts`` runs every expert over every
+token as one batched matmul, which reads each expert once instead of once per (token,
+slot). The defaults are the step above, unchanged.
+
 MoE is a branch of the same step (``spec.is_moe``), not a copy of it.
 """
 from __future__ import annotations
@@ -47,14 +54,17 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 class Oracle(torch.nn.Module):
     """The reference model over a weights dict (HF names). Weights are registered as
-    buffers, not copied; the KV cache is a pair of static buffers."""
+    buffers, not copied; the KV cache is a pair of static buffers. ``cache=(k, v)``
+    makes those buffers the given tensors (an engine's, say; no copy), and ``max_ctx``
+    their length."""
 
     MOE_TOKENS_PER_GATHER = 16
 
-    def __init__(self, spec, weights: dict[str, torch.Tensor], max_ctx: int | None = None):
+    def __init__(self, spec, weights: dict[str, torch.Tensor], max_ctx: int | None = None,
+                 cache: tuple[torch.Tensor, torch.Tensor] | None = None):
         super().__init__()
         self.spec = spec
-        self.max_ctx = max_ctx or spec.max_ctx
+        self.max_ctx = cache[0].shape[2] if cache is not None else (max_ctx or spec.max_ctx)
         w0 = weights["model.embed_tokens.weight"]
         self.dtype, self.device = w0.dtype, w0.device
         self._names = {}
@@ -63,8 +73,12 @@ class Oracle(torch.nn.Module):
             self._names[k] = b
             self.register_buffer(b, t, persistent=False)
         shape = (spec.layers, spec.kv_heads, self.max_ctx, spec.head_dim)
-        self.register_buffer("k_cache", torch.zeros(shape, dtype=self.dtype, device=self.device), persistent=False)
-        self.register_buffer("v_cache", torch.zeros(shape, dtype=self.dtype, device=self.device), persistent=False)
+        if cache is None:
+            cache = tuple(torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in "kv")
+        elif any(tuple(c.shape) != shape or c.dtype != self.dtype for c in cache):
+            raise ValueError(f"cache must be two {self.dtype} tensors of shape {shape}")
+        self.register_buffer("k_cache", cache[0], persistent=False)
+        self.register_buffer("v_cache", cache[1], persistent=False)
 
     def w(self, name: str) -> torch.Tensor:
         return getattr(self, self._names[name])
@@ -74,8 +88,11 @@ class Oracle(torch.nn.Module):
         self.v_cache.zero_()
 
     # ---- one layer's pieces ---------------------------------------------------------
-    def attention(self, li: int, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    def attention(self, li: int, x: torch.Tensor, pos: torch.Tensor,
+                  live: int | None = None) -> torch.Tensor:
         # x: [T, hidden] (already normed); pos: [T] absolute positions
+        # live: None attends over the whole static cache, masked; an int attends over keys
+        # [0, live) only, and then pos must be the last T of them (live - T .. live - 1)
         s, p = self.spec, f"model.layers.{li}.self_attn."
         T = x.shape[0]
         q = F.linear(x, self.w(p + "q_proj.weight"), self._maybe(p + "q_proj.bias"))  # [T, Hq*D]
@@ -92,6 +109,22 @@ class Oracle(torch.nn.Module):
         # write this step's keys/values into the static cache at their positions
         self.k_cache[li].index_copy_(1, pos, k.transpose(0, 1))                     # [Hkv, T, D]
         self.v_cache[li].index_copy_(1, pos, v.transpose(0, 1))
+        if live is not None:
+            # imported here: it imports torch._dynamo (and so triton), which must not happen
+            # before the CLI has chosen Triton's interpreter
+            from torch.nn.attention.bias import causal_lower_right
+            K, V = self.k_cache[li, :, :live], self.v_cache[li, :, :live]          # [Hkv, live, D]
+            if s.heads > s.kv_heads:
+                # GQA: one K/V head per query head for the flash kernel (expand + reshape is
+                # repeat_interleave without an index tensor)
+                g, shape = s.heads // s.kv_heads, (s.heads, live, s.head_dim)
+                K = K[:, None].expand(-1, g, -1, -1).reshape(shape)                 # [Hq, live, D]
+                V = V[:, None].expand(-1, g, -1, -1).reshape(shape)
+            out = F.scaled_dot_product_attention(                                   # [1, Hq, T, D]
+                q.transpose(0, 1)[None], K[None], V[None],
+                attn_mask=causal_lower_right(T, live))
+            out = out[0].transpose(0, 1).reshape(T, s.q_size)                       # [T, Hq*D]
+            return F.linear(out, self.w(p + "o_proj.weight"))
         K, V = self.k_cache[li], self.v_cache[li]                                   # [Hkv, C, D]
         g = s.heads // s.kv_heads
         K = K.repeat_interleave(g, dim=0)                                           # [Hq, C, D]
@@ -104,17 +137,32 @@ class Oracle(torch.nn.Module):
         out = torch.einsum("htc,hcd->thd", probs, V).reshape(T, s.q_size)           # [T, Hq*D]
         return F.linear(out, self.w(p + "o_proj.weight"))
 
-    def mlp(self, li: int, x: torch.Tensor) -> torch.Tensor:
+    def mlp(self, li: int, x: torch.Tensor, all_experts: bool = False) -> torch.Tensor:
         s, p = self.spec, f"model.layers.{li}.mlp."
         if not s.is_moe:
             gate = F.linear(x, self.w(p + "gate_proj.weight"))
             up = F.linear(x, self.w(p + "up_proj.weight"))
             return F.linear(F.silu(gate) * up, self.w(p + "down_proj.weight"))
-        # router: softmax over all experts in fp32, top-k, no renormalisation
+        # router: softmax over all experts in fp32, top-k, no renormalisation. Router
+        # logits are bf16, so exact ties between experts are common; torch.topk leaves
+        # their order unspecified (on the CPU it put expert 25 before a tied 20), so the
+        # top-k is a stable sort: most probable first, the lower index first among equals
         logits = F.linear(x, self.w(p + "gate.weight"))                            # [T, E]
         probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
-        topw, topi = torch.topk(probs, s.top_k, dim=-1)                             # [T, k]
+        topw, topi = torch.sort(probs, dim=-1, descending=True, stable=True)
+        topw, topi = topw[:, :s.top_k], topi[:, :s.top_k]                           # [T, k]
         topw = topw.to(x.dtype)
+        if all_experts:
+            # every expert over every token: two matmuls that read each expert once
+            # (a prefill chunk of T tokens would otherwise copy T * k experts), then the
+            # top-k slots' outputs are picked and summed as below. OLMoE, T = 1024:
+            # [T, E, 2I] and [T, E, H] in bf16 are 268 MB each.
+            h = torch.einsum("th,eoh->teo", x, self.w(p + "experts.gate_up_proj"))  # [T, E, 2I]
+            gate, up = h.chunk(2, dim=-1)
+            y = torch.einsum("tei,ehi->teh", F.silu(gate) * up,
+                             self.w(p + "experts.down_proj"))                       # [T, E, H]
+            y = y.gather(1, topi[:, :, None].expand(-1, -1, y.shape[-1]))           # [T, k, H]
+            return (y * topw[:, :, None]).sum(1)                                    # [T, H]
         out = []
         # the gather below copies k experts' weights per token (OLMoE: 67 MB a token), so a
         # long prefill goes through it a few tokens at a time
@@ -132,17 +180,26 @@ class Oracle(torch.nn.Module):
         return self.w(name) if name in self._names else None
 
     # ---- the step --------------------------------------------------------------------
+    def hidden(self, tokens: torch.Tensor, pos: torch.Tensor, live: int | None = None,
+               all_experts: bool = False) -> torch.Tensor:
+        """The residual stream after the last layer, [T, H], writing every layer's K/V at
+        ``pos`` into the cache (``live``, ``all_experts``: see ``attention`` and ``mlp``)."""
+        s = self.spec
+        x = self.w("model.embed_tokens.weight")[tokens]                             # [T, H]
+        for li in range(s.layers):
+            p = f"model.layers.{li}."
+            h = rms_norm(x, self.w(p + "input_layernorm.weight"), s.rms_eps)
+            x = x + self.attention(li, h, pos, live)
+            h = rms_norm(x, self.w(p + "post_attention_layernorm.weight"), s.rms_eps)
+            x = x + self.mlp(li, h, all_experts)
+        return x
+
     def forward(self, tokens: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """tokens: [T] ids at positions pos: [T] (consecutive). Returns fp32 logits [T, V].
 
         T = 1 is the decode step; T > 1 is a batched prefill through the same code."""
         s = self.spec
-        x = self.w("model.embed_tokens.weight")[tokens]                             # [T, H]
-        for li in range(s.layers):
-            p = f"model.layers.{li}."
-            x = x + self.attention(li, rms_norm(x, self.w(p + "input_layernorm.weight"), s.rms_eps), pos)
-            x = x + self.mlp(li, rms_norm(x, self.w(p + "post_attention_layernorm.weight"), s.rms_eps))
-        x = rms_norm(x, self.w("model.norm.weight"), s.rms_eps)
+        x = rms_norm(self.hidden(tokens, pos), self.w("model.norm.weight"), s.rms_eps)
         return F.linear(x, self.w("lm_head.weight")).float()
 
     @torch.no_grad()

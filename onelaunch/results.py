@@ -1,7 +1,9 @@
 """Results files: every published number is written to ``results/<gpu>/<name>.json``.
 
-Layout: ``{"meta": {gpu, gpu_name, torch, triton, transformers, commit, date, parameters},
-"rows": [...]}``. The ladder (``ladder.json``) has one row per measurement with at least
+Layout: ``{"meta": {gpu, gpu_name, torch, triton, transformers, commit, run, date,
+gpu_mem_cap_gb, parameters}, "rows": [...]}``. ``run`` names one GPU book run
+(``ci/notebooks.py gpu`` sets ``ONELAUNCH_RUN``): every file and row it writes carries it,
+so ``ci/check_one_commit.py`` can tell one run from several. The ladder (``ladder.json``) has one row per measurement with at least
 ``model, rung, ctx, ms_per_token, floor_ms, agree``; rows are merged by
 (model, rung, ctx), so a chapter rerun replaces its own rows and keeps the others.
 """
@@ -48,9 +50,17 @@ def git_commit() -> str:
         return "unknown"
 
 
+def run_id() -> str | None:
+    """The GPU book run this process belongs to (``ONELAUNCH_RUN``), or None."""
+    import os
+    return os.environ.get("ONELAUNCH_RUN") or None
+
+
 def meta(device="cuda", parameters: dict | None = None) -> dict:
     import triton
     import transformers
+
+    from .memcap import cap_gb
     return {
         "gpu": gpu_slug(device),
         "gpu_name": gpu_name(device),
@@ -59,7 +69,9 @@ def meta(device="cuda", parameters: dict | None = None) -> dict:
         "transformers": transformers.__version__,
         "cuda": torch.version.cuda,
         "commit": git_commit(),
+        "run": run_id(),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "gpu_mem_cap_gb": cap_gb(),
         "parameters": parameters or {},
     }
 
@@ -95,17 +107,41 @@ LADDER_KEYS = ("model", "rung", "ctx")
 
 
 def write_ladder(rows: list[dict], device="cuda", parameters=None, gpu=None) -> Path:
+    """Merge ``rows`` into ``ladder.json``. Each row gets the commit and run it comes
+    from; an "oracle eager" row whose ``agree`` is the oracle's check against Hugging Face
+    gets that check's disagreements as its ``flips`` (from ``oracle_check.json`` of the
+    same GPU and commit), so every page judges it by the same near-tie rule."""
+    gpu = gpu or gpu_slug(device)
+    check = load("oracle_check", gpu)
+    if check is not None and check.get("meta", {}).get("commit") == git_commit():
+        attach_reference_flips(rows, check.get("rows", []))
     for r in rows:
         for k in ("model", "rung", "ctx", "ms_per_token", "floor_ms", "agree"):
             if k not in r:
                 raise ValueError(f"ladder row lacks {k!r}: {r}")
         r.setdefault("commit", git_commit())
+        if run_id():
+            r.setdefault("run", run_id())
     return write("ladder", rows, device=device, parameters=parameters,
                  merge_keys=LADDER_KEYS, gpu=gpu)
 
 
 # ---- what a row's oracle check says ------------------------------------------------------
 NEAR_TIE = 0.5   # logits; the peers' rule for a flip that rounding, not a bug, decides
+
+
+def attach_reference_flips(rows: list[dict], check_rows: list[dict]) -> None:
+    """The "oracle eager" row's ``agree`` is the oracle against Hugging Face (chapter 2);
+    its disagreements, with HF's logit gap at each, are that check's rows (``check_rows``,
+    from ``oracle_check.json``). Gives such a row its ``flips``, in place, where it has none
+    and the check is for the same model with the same agreement."""
+    checks = {r["model"]: r for r in check_rows if "model" in r}
+    for r in rows:
+        c = checks.get(r.get("model"))
+        if r.get("rung") == "oracle eager" and r.get("flips") is None and c is not None \
+                and c.get("agree") == r.get("agree"):
+            r["flips"] = [{"step": d["step"], "margin": d["hf_gap"], "near_tie_below": NEAR_TIE}
+                          for d in c.get("disagreements", [])]
 
 
 def agree_ok(agree) -> bool:
@@ -142,3 +178,13 @@ def row_passes(row: dict) -> bool:
     if agree is None or agree_ok(agree):
         return True
     return bool(flips_are_near_ties(row))
+
+
+def check_status(row: dict) -> str:
+    """The row's oracle check in words, the same on every page and figure: ``"pass"``
+    (full agreement, or the reference itself), ``"near ties only"`` (it differs from the
+    oracle only at recorded near ties), ``"refused"`` (no time may be shown)."""
+    if not row_passes(row):
+        return "refused"
+    agree = row.get("agree")
+    return "pass" if agree is None or agree_ok(agree) else "near ties only"

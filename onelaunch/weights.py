@@ -196,3 +196,41 @@ def load_checkpoint(path_or_id: str, spec=None, device="cpu", dtype=torch.bfloat
         w["lm_head.weight"] = w["model.embed_tokens.weight"]
     return spec, w
 
+
+
+# ---------------------------------------------------------------------------------------
+# Packing: the layouts the kernels read
+# ---------------------------------------------------------------------------------------
+def pack_weights(spec, w: dict[str, torch.Tensor]) -> dict:
+    """Per-layer tensors in the layouts the kernels read, made once from the HF-named dict.
+
+    Attention: ``w_qkv = [W_q; W_k; W_v]`` [(Hq + 2Hkv) D, H] (one GEMV; a copy) and
+    ``b_qkv`` (Qwen), ``q_norm``/``k_norm`` (OLMoE). Dense MLP: ``w_gate_up = [W_gate;
+    W_up]`` [2I, H] (a copy), ``w_down``. MoE: ``w_router`` [E, H] and the experts as HF
+    already stacks them, ``w_experts_gate_up`` [E, 2I, H] and ``w_experts_down`` [E, H, I]
+    (views, no copy). Everything else is the dict's own tensor."""
+    spec = get_spec(spec)
+    layers = []
+    for i in range(spec.layers):
+        p = f"model.layers.{i}."
+        a = p + "self_attn."
+        L = {
+            "input_norm": w[p + "input_layernorm.weight"],
+            "post_norm": w[p + "post_attention_layernorm.weight"],
+            "w_qkv": torch.cat([w[a + "q_proj.weight"], w[a + "k_proj.weight"], w[a + "v_proj.weight"]]),
+            "b_qkv": (torch.cat([w[a + "q_proj.bias"], w[a + "k_proj.bias"], w[a + "v_proj.bias"]])
+                      if spec.qkv_bias else None),
+            "w_o": w[a + "o_proj.weight"],
+        }
+        if spec.qk_norm:
+            L["q_norm"], L["k_norm"] = w[a + "q_norm.weight"], w[a + "k_norm.weight"]
+        if spec.is_moe:
+            L["w_router"] = w[p + "mlp.gate.weight"]
+            L["w_experts_gate_up"] = w[p + "mlp.experts.gate_up_proj"]
+            L["w_experts_down"] = w[p + "mlp.experts.down_proj"]
+        else:
+            L["w_gate_up"] = torch.cat([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]])
+            L["w_down"] = w[p + "mlp.down_proj.weight"]
+        layers.append(L)
+    return {"layers": layers, "embed": w["model.embed_tokens.weight"],
+            "norm": w["model.norm.weight"], "lm_head": w["lm_head.weight"]}

@@ -19,7 +19,7 @@ import torch
 from onelaunch import kernels as K
 from onelaunch.oracle import rope_cos_sin
 
-from test_kernels import attention_ref, rel, rnd
+from test_kernels import ref_attention as attention_ref, rel, rnd
 
 AO = importlib.import_module("onelaunch.kernels.attention_onekernel")
 

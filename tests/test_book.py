@@ -81,6 +81,64 @@ def test_ladder_slider_widget():
     assert not widgets.row_ok(dict(tie, refused="differs"))
 
 
+def test_figures_say_what_the_table_says():
+    """A figure's words for a rung come from the same rule as the ladder table's column
+    (results.check_status), and its caption is generated from the same rows."""
+    from onelaunch import widgets
+    tie = [{"step": 0, "margin": 0.0, "near_tie_below": 0.125}]
+    rows = [
+        {"model": "m", "rung": "HF eager", "ctx": 8, "ms_per_token": 20.0, "floor_ms": 1.0, "agree": "8/8"},
+        {"model": "m", "rung": "oracle eager", "ctx": 8, "ms_per_token": 30.0, "floor_ms": 1.0,
+         "agree": "10/12", "commit": "c0"},
+        {"model": "m", "rung": "graph", "ctx": 8, "ms_per_token": 2.0, "floor_ms": 1.0,
+         "agree": "11/12", "flips": tie},
+        {"model": "m", "rung": "fused", "ctx": 8, "ms_per_token": 3.0, "floor_ms": 1.0,
+         "agree": "6/8", "flips": [{"step": 1, "margin": 3.0, "near_tie_below": 0.125}]},
+    ]
+    assert [widgets.check_status(r) for r in rows] == ["pass", "refused", "near ties only", "refused"]
+    assert widgets.value_text(rows[0], 1.0)[:2] == ("20 ms, 20x floor", None)
+    assert widgets.value_text(rows[2], 1.0)[1] == "11/12, near ties"
+    assert widgets.value_text(rows[3], 1.0)[:2] == ("no time shown", "check failed (6/8)")
+    cap = widgets.figure_caption(rows, widgets.rung_order(rows), ["m"])
+    assert "a bar for 2 of its 4 rungs" in cap and "graph" in cap
+    assert "oracle, eager (10/12); fused (6/8)" in cap
+    # the oracle's own row is judged by its check against HF, as on the ladder page
+    check = [{"model": "m", "agree": "10/12", "disagreements": [{"step": 2, "hf_gap": 0.01}]}]
+    judged = [dict(r) for r in rows]
+    widgets.attach_reference_flips(judged, check)
+    assert widgets.check_status(judged[1]) == "near ties only"
+    fig = widgets.ladder_figure(rows, title="t", head="h")
+    assert fig.png[:4] == b"\x89PNG" and fig.caption.startswith("The figure draws")
+    import io
+
+    from PIL import Image
+    im = Image.open(io.BytesIO(fig.png))
+    assert im.info["dpi"][0] >= 149.9          # 150 dpi, as written
+    one, left = widgets.one_run([dict(r, commit="a") for r in rows[:3]] + [dict(rows[3], commit="b")])
+    assert len(one) == 3 and [r["rung"] for r in left] == ["fused"]
+
+
+def test_kernel_startup_applies_the_memory_cap(tmp_path, monkeypatch):
+    """ci/notebooks.py runs an IPython startup file in each chapter's kernel: the cap
+    (ONELAUNCH_GPU_MEM_GB) is read there before the first cell, and the peak recorded."""
+    import nbformat
+    from notebooks import execute
+    src = tmp_path / "99_probe.md"
+    src.write_text("---\nkernelspec:\n  display_name: Python 3\n  language: python\n"
+                   "  name: python3\njupytext:\n  text_representation:\n    extension: .md\n"
+                   "    format_name: myst\n---\n\n```{code-cell} ipython3\n:tags: [parameters]\n\n"
+                   "device = 'cpu'\n```\n\n```{code-cell} ipython3\n"
+                   "print('cap', _memcap.cap_gb())\n```\n")
+    monkeypatch.setenv("ONELAUNCH_GPU_MEM_GB", "24")
+    out = tmp_path / "99_probe.ipynb"
+    execute(src, out, "cpu", {}, 120)
+    nb = nbformat.read(out, as_version=4)
+    text = "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []))
+    assert "cap 24.0" in text
+    m = nb.metadata["onelaunch"]
+    assert m["gpu_mem_cap_gb"] == 24.0 and m["gpu_memory"] is None     # no GPU, no peak
+
+
 def test_book_builds():
     """ci/book.sh: stage (reusing the CPU runs above) and jupyter-book build -W -n."""
     _run("bash", "ci/book.sh", env={"ONELAUNCH_SKIP_SETUP": "1", "PY": PY})
@@ -89,3 +147,9 @@ def test_book_builds():
     assert "application/vnd.jupyter.widget-state+json" in results
     assert "jupyter-widgets/embed.js" in results
     assert "cdn.jsdelivr" not in results and "require.min.js" not in results
+    for page in html.rglob("*.html"):
+        text = page.read_text()
+        assert text.count("const THEBE_JS_URL") <= 1, f"{page}: thebe's script twice"
+        assert "The The " not in text, f"{page}: 'The The'"
+    run = (html / "book" / "run_yourself.html").read_text()
+    assert "minutes (wall)" in run and "rows a program" in run

@@ -13,7 +13,7 @@ import importlib
 
 AS = importlib.import_module("onelaunch.kernels.attention_splitk")
 
-from test_kernels import attention_ref, rel, rnd
+from test_kernels import ref_attention as attention_ref, rel, rnd
 
 Hq, Hkv, D = 6, 2, 16
 CHUNK, MAX = 16, 70            # 5 splits; the last one is ragged

@@ -110,11 +110,12 @@ def gemv_tiles(w_ptr, stride_w_n, offs_n, n_mask, x_ptr, g_ptr, rstd, w0, w1, w2
 
 @triton.jit
 def gemv2_tiles(wa_ptr, wb_ptr, stride_w_n, offs_n, n_mask, x_ptr, g_ptr, rstd,
-                a0, a1, a2, a3, b0, b1, b2, b3, K, BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr):
-    """Two RMS-normalised GEMVs over the same x (gate and up; the two halves of a RoPE
-    pair): like :func:`gemv_tiles` twice, bit for bit, but each normalised x tile is
-    computed once for both. Returns two fp32 [BLOCK_N]."""
-    xt = load_x_tile(x_ptr, g_ptr, rstd, 0, K, BLOCK_K, True)[None, :]
+                a0, a1, a2, a3, b0, b1, b2, b3, K, BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr,
+                HAS_NORM: tl.constexpr):
+    """Two GEMVs over the same (optionally RMS-normalised) x, gate and up: like
+    :func:`gemv_tiles` twice, bit for bit, but each x tile is loaded (and normalised) once
+    for both. Returns two fp32 [BLOCK_N]."""
+    xt = load_x_tile(x_ptr, g_ptr, rstd, 0, K, BLOCK_K, HAS_NORM)[None, :]
     acc_a = a0.to(tl.float32) * xt
     acc_b = b0.to(tl.float32) * xt
     for k0 in range(BLOCK_K, K, BLOCK_K):
@@ -123,10 +124,44 @@ def gemv2_tiles(wa_ptr, wb_ptr, stride_w_n, offs_n, n_mask, x_ptr, g_ptr, rstd,
                                        BLOCK_K, PREFETCH)
         b0, b1, b2, b3 = advance_tiles(wb_ptr, stride_w_n, offs_n, n_mask, b0, b1, b2, b3, k_next, K,
                                        BLOCK_K, PREFETCH)
-        xt = load_x_tile(x_ptr, g_ptr, rstd, k0, K, BLOCK_K, True)[None, :]
+        xt = load_x_tile(x_ptr, g_ptr, rstd, k0, K, BLOCK_K, HAS_NORM)[None, :]
         acc_a += a0.to(tl.float32) * xt
         acc_b += b0.to(tl.float32) * xt
     return tl.sum(acc_a, axis=1), tl.sum(acc_b, axis=1)
+
+
+@triton.jit
+def swiglu(gate, up):
+    """silu(gate) * up from fp32 projections, rounded where HF's bf16 model rounds: gate
+    and up, silu(gate), then the product. Returns fp32 holding bf16 values."""
+    gate = bf16_round(gate)
+    up = bf16_round(up)
+    act = bf16_round(gate / (1.0 + tl.exp(-gate)))
+    return bf16_round(act * up)
+
+
+@triton.jit
+def last_arrival_residual(y, scratch_ptr, counter_ptr, x_ptr, pid_n, pid_s, N, offs_n, n_mask,
+                          SPLITS: tl.constexpr, FENCE: tl.constexpr):
+    """x[offs_n] += sum over SPLITS partial rows, by the last program to arrive.
+
+    Each of the SPLITS programs of row block ``pid_n`` stores its fp32 partial ``y`` as
+    row ``pid_s`` of ``scratch`` [SPLITS, N], fences and bumps ``counter[pid_n]``; the
+    last to arrive (the threadfence-reduction pattern) sums the rows in split order
+    (fixed: deterministic, unlike atomic adds), rounds the sum to bf16 as HF rounds a
+    projection, adds the residual with one more rounding, and resets the counter."""
+    tl.store(scratch_ptr + pid_s * N + offs_n, y, mask=n_mask)
+    thread_fence(FENCE)                                  # this thread's partials are visible
+    tl.debug_barrier()                                   # ... and every thread's
+    arrived = tl.atomic_add(counter_ptr + pid_n, 1, sem="acq_rel")
+    if arrived == SPLITS - 1:
+        total = tl.zeros_like(y)
+        for s in range(SPLITS):                          # fixed order: deterministic
+            total += tl.load(scratch_ptr + s * N + offs_n, mask=n_mask, other=0.0, volatile=True)
+        x = tl.load(x_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+        tl.store(x_ptr + offs_n, bf16_round(x + bf16_round(total)).to(x_ptr.dtype.element_ty),
+                 mask=n_mask)
+        tl.store(counter_ptr + pid_n, 0)
 
 
 @triton.jit

@@ -79,11 +79,8 @@ import triton.language as tl
 
 from . import config
 from ._common import bf16_round, pdl_wait, thread_fence
-from .attention_splitk import _attn_reduce_kernel, merge_head, partial_tiles, store_partials
+from .attention_splitk import BLOCK_S, attention_reduce, merge_head, partial_tiles, store_partials
 from .rope_kv import _rope_pair
-
-BLOCK_S = 32    # splits merged per block; the reduce kernel's, for the same summation order
-
 
 @triton.jit
 def _attn_onekernel_kernel(qkv_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, pos_ptr, out_ptr,
@@ -157,13 +154,15 @@ def _attn_onekernel_kernel(qkv_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, 
 
 
 def attention_onekernel(qkv, k_cache, v_cache, cos, sin, out, pos, part_o, part_m, part_l, counter,
-                        heads, kv_heads, head_dim, chunk, cfg, use_pdl=0, fuse_reduce=True):
+                        heads, kv_heads, head_dim, chunk, cfg, use_pdl=0, fuse_reduce=True,
+                        launch_reduce=True):
     """rope_kv_write + attention_splitk in one launch. qkv: [(Hq+2Hkv) D] before RoPE;
     k_cache, v_cache: one layer's [Hkv, C, D] (k, v at pos written here); cos, sin: [C, D];
     out: [Hq D]; pos: int32 [1] on the device; part_*: [Hq, n_splits(, D)] fp32;
     counter: int32 [>= Hkv] zeros (left zero; unused without fuse_reduce); cfg: the
     "attn_split" entry. use_pdl: passed to pdl_wait. fuse_reduce=False: merge with
-    the split-K reduce kernel, a second launch, instead of by last arrival."""
+    the split-K reduce kernel, a second launch, instead of by last arrival (with
+    launch_reduce=False the caller launches it: ``attention_reduce``)."""
     n_splits = part_m.shape[1]
     group = heads // kv_heads
     block_t = min(cfg["BLOCK_T"], chunk)
@@ -179,8 +178,5 @@ def attention_onekernel(qkv, k_cache, v_cache, cos, sin, out, pos, part_o, part_
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)), CHUNK=chunk, BLOCK_T=block_t,
         BLOCK_S=BLOCK_S, DOT_F32=config.interpreting(), LAST_ARRIVAL=fuse_reduce,
         FENCE=not config.interpreting(), USE_PDL=use_pdl, num_warps=cfg["num_warps"], **kw)
-    if not fuse_reduce:                                  # two launches: the reduce kernel
-        _attn_reduce_kernel[(heads,)](
-            part_o, part_m, part_l, out, pos, n_splits, D=head_dim,
-            BLOCK_D=triton.next_power_of_2(head_dim), CHUNK=chunk, BLOCK_S=BLOCK_S,
-            USE_PDL=use_pdl, num_warps=4, **kw)
+    if not fuse_reduce and launch_reduce:                # two launches: the reduce kernel
+        attention_reduce(part_o, part_m, part_l, out, pos, head_dim, chunk, use_pdl)

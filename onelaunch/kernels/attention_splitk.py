@@ -142,6 +142,9 @@ def _attn_reduce_kernel(part_o_ptr, part_m_ptr, part_l_ptr, out_ptr, pos_ptr, n_
     tl.store(out_ptr + h * D + d, bf16_round(out).to(out_ptr.dtype.element_ty), mask=dm)
 
 
+BLOCK_S = 32    # splits merged per block by the reduce (and by any last-arrival merge)
+
+
 def n_splits_for(max_ctx: int, chunk: int) -> int:
     return triton.cdiv(max_ctx, chunk)
 
@@ -155,9 +158,10 @@ def chunk_for(max_ctx: int) -> int:
     return c
 
 
-def attention_splitk(q, k_cache, v_cache, out, pos, part_o, part_m, part_l, heads, kv_heads,
-                     head_dim, chunk, cfg, use_pdl=False):
-    """q, out: [Hq D]; k_cache, v_cache: one layer's [Hkv, C, D]; part_*: [Hq, n_splits(, D)]."""
+def attention_partial(q, k_cache, v_cache, pos, part_o, part_m, part_l, heads, kv_heads, head_dim,
+                      chunk, cfg, use_pdl=False):
+    """Stage 1. q: [Hq D]; k_cache, v_cache: one layer's [Hkv, C, D];
+    part_*: [Hq, n_splits(, D)] fp32; grid (Hkv, n_splits)."""
     n_splits = part_m.shape[1]
     group = heads // kv_heads
     block_t = min(cfg["BLOCK_T"], chunk)
@@ -169,7 +173,22 @@ def attention_splitk(q, k_cache, v_cache, out, pos, part_o, part_m, part_l, head
         D=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), CHUNK=chunk,
         BLOCK_T=block_t, DOT_F32=config.interpreting(), USE_PDL=use_pdl,
         num_warps=cfg["num_warps"], **kw)
+
+
+def attention_reduce(part_o, part_m, part_l, out, pos, head_dim, chunk, use_pdl=False):
+    """Stage 2: merge the valid splits of each query head into out [Hq D]; grid (Hq,)."""
+    heads, n_splits = part_m.shape
+    kw = {"launch_pdl": True} if use_pdl else {}
     _attn_reduce_kernel[(heads,)](
         part_o, part_m, part_l, out, pos, n_splits, D=head_dim,
-        BLOCK_D=triton.next_power_of_2(head_dim), CHUNK=chunk, BLOCK_S=32,
+        BLOCK_D=triton.next_power_of_2(head_dim), CHUNK=chunk, BLOCK_S=BLOCK_S,
         USE_PDL=use_pdl, num_warps=4, **kw)
+
+
+def attention_splitk(q, k_cache, v_cache, out, pos, part_o, part_m, part_l, heads, kv_heads,
+                     head_dim, chunk, cfg, use_pdl=False):
+    """Both stages. q, out: [Hq D]; k_cache, v_cache: one layer's [Hkv, C, D];
+    part_*: [Hq, n_splits(, D)]."""
+    attention_partial(q, k_cache, v_cache, pos, part_o, part_m, part_l, heads, kv_heads, head_dim,
+                      chunk, cfg, use_pdl)
+    attention_reduce(part_o, part_m, part_l, out, pos, head_dim, chunk, use_pdl)

@@ -48,6 +48,18 @@ TABLE: dict[str, dict[str, dict]] = {
     # RTX 4090 (Ada): not measured here; the defaults, whose tiles are safe on any GPU.
     # `python -m onelaunch.bench --what sweepcfg --write-table` writes a measured table.
     "sm_89": _DEFAULT,
+    # Triton's CPU interpreter: its cost grows with programs x loop steps, not with bytes,
+    # so the CPU runs take few, wide programs (still several per op, so the masks and
+    # the last-arrival reductions across programs are exercised at the tiny shapes)
+    "interpreter": {**_DEFAULT,
+                    "rms_qkv": dict(BLOCK_N=64, BLOCK_K=512, num_warps=4),
+                    "o_proj": dict(BLOCK_N=64, BLOCK_K=512, num_warps=4),
+                    "gate_up": dict(BLOCK_N=64, BLOCK_K=512, num_warps=4),
+                    "down": dict(BLOCK_N=64, BLOCK_K=128, SPLIT_K=2, num_warps=4),
+                    "lm_head": dict(BLOCK_N=256, BLOCK_K=256, num_warps=4),
+                    "router": dict(BLOCK_N=8, BLOCK_K=512, num_warps=4),
+                    "moe_gate_up": dict(BLOCK_N=32, BLOCK_K=512, num_warps=4),
+                    "moe_down": dict(BLOCK_N=64, BLOCK_K=512, num_warps=4)},
 }
 
 # tables written by a launch-configuration sweep on a GPU of that architecture
@@ -71,7 +83,9 @@ def interpreting() -> bool:
 
 @functools.lru_cache(maxsize=None)
 def arch(device_index: int = 0) -> str:
-    if interpreting() or not torch.cuda.is_available():
+    if interpreting():
+        return "interpreter"
+    if not torch.cuda.is_available():
         return "default"
     major, minor = torch.cuda.get_device_capability(device_index)
     return f"sm_{major}{minor}"
@@ -98,7 +112,7 @@ def get(op: str, device=None, shape: tuple[int, int] | None = None) -> dict:
     """The launch configuration of ``op`` on ``device`` for a weight of ``shape`` (N, K):
     a tuned table's entry for that shape, else the one measured nearest to it, else the
     hand-written table of the architecture, else the defaults."""
-    a = "default"
+    a = "interpreter" if interpreting() else "default"
     if device is not None and torch.device(device).type == "cuda":
         a = arch(torch.device(device).index or 0)
     t = tuned(a)

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from . import config
-from ._common import bf16_round, gemv_tiles, load_w_tiles, pdl_wait, thread_fence
+from ._common import bf16_round, gemv_tiles, last_arrival_residual, load_w_tiles, pdl_wait
 
 
 @triton.jit
@@ -42,26 +42,15 @@ def _down_residual_kernel(h_ptr, w_ptr, x_ptr, scratch_ptr, counter_ptr, N, K, k
         x = tl.load(x_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
         tl.store(x_ptr + offs_n, bf16_round(x + bf16_round(y)).to(x_ptr.dtype.element_ty), mask=n_mask)
     else:
-        tl.store(scratch_ptr + pid_k * N + offs_n, y, mask=n_mask)
-        thread_fence(FENCE)                                  # this thread's partials are visible
-        tl.debug_barrier()                                   # ... and every thread's
-        arrived = tl.atomic_add(counter_ptr + pid_n, 1, sem="acq_rel")
-        if arrived == SPLIT_K - 1:
-            total = tl.zeros([BLOCK_N], tl.float32)
-            for s in range(SPLIT_K):                          # fixed order: deterministic
-                total += tl.load(scratch_ptr + s * N + offs_n, mask=n_mask, other=0.0, volatile=True)
-            x = tl.load(x_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-            # the projection's bf16 output, then the residual add, as HF rounds them
-            tl.store(x_ptr + offs_n, bf16_round(x + bf16_round(total)).to(x_ptr.dtype.element_ty),
-                     mask=n_mask)
-            tl.store(counter_ptr + pid_n, 0)
+        last_arrival_residual(y, scratch_ptr, counter_ptr, x_ptr, pid_n, pid_k, N, offs_n, n_mask,
+                              SPLIT_K, FENCE)
 
 
 def down_residual(h, w_down, x, scratch, counter, use_pdl=False, cfg=None):
     """x += W_down @ h, in place.  h: [K], w_down: [N, K], x: [N];
     scratch: fp32 [>= SPLIT_K * N]; counter: int32 [>= N / BLOCK_N] zeros (left zero)."""
     N, K = w_down.shape
-    c = cfg or config.get("down", x.device)
+    c = cfg or config.get("down", x.device, w_down.shape)
     split = c["SPLIT_K"]
     bk = c["BLOCK_K"]
     k_per_split = triton.cdiv(triton.cdiv(K, split), bk) * bk

@@ -78,7 +78,7 @@ def lm_head_argmax(x, g, w, logits, part_val, part_idx, counter, seq, pos, promp
                    use_pdl=False, cfg=None, argmax=None):
     """One greedy step's tail. x: [K]; w: [V, K]; logits: fp32 [V]; part_*: [>= programs]."""
     N, K = w.shape
-    c = cfg or config.get("lm_head", x.device)
+    c = cfg or config.get("lm_head", x.device, w.shape)
     n_prog = triton.cdiv(N, c["BLOCK_N"])
     assert part_val.numel() >= n_prog and part_idx.numel() >= n_prog
     kw = {"launch_pdl": True} if use_pdl else {}
@@ -91,5 +91,7 @@ def lm_head_argmax(x, g, w, logits, part_val, part_idx, counter, seq, pos, promp
     return n_prog
 
 
-def programs_for(vocab: int, device) -> int:
-    return triton.cdiv(vocab, config.get("lm_head", device)["BLOCK_N"])
+def programs_for(vocab: int, device, hidden: int | None = None) -> int:
+    """Programs (and partial slots) the LM head launches for a [vocab, hidden] weight."""
+    shape = None if hidden is None else (vocab, hidden)
+    return triton.cdiv(vocab, config.get("lm_head", device, shape)["BLOCK_N"])

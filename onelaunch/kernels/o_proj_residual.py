@@ -32,7 +32,7 @@ def _o_proj_residual_kernel(a_ptr, w_ptr, x_ptr, N, K, stride_w_n, USE_PDL: tl.c
 def o_proj_residual(attn, w_o, x, use_pdl=False, cfg=None):
     """x += W_o @ attn, in place.  attn: [K], w_o: [N, K], x: [N]."""
     N, K = w_o.shape
-    c = cfg or config.get("o_proj", x.device)
+    c = cfg or config.get("o_proj", x.device, w_o.shape)
     kw = {"launch_pdl": True} if use_pdl else {}
     _o_proj_residual_kernel[(triton.cdiv(N, c["BLOCK_N"]),)](
         attn, w_o, x, N, K, w_o.stride(0), USE_PDL=use_pdl, BLOCK_N=c["BLOCK_N"],

@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from . import config
-from ._common import bf16_round, gemv2_tiles, load_w_tiles, pdl_wait, rms_rstd
+from ._common import gemv2_tiles, load_w_tiles, pdl_wait, rms_rstd, swiglu
 
 
 @triton.jit
@@ -28,19 +28,15 @@ def _rms_gate_up_swiglu_kernel(x_ptr, g_ptr, w_ptr, h_ptr, I, K, eps, stride_w_n
     pdl_wait(USE_PDL)
     rstd = rms_rstd(x_ptr, K, eps, BLOCK_K)
     gate, up = gemv2_tiles(w_ptr, up_ptr, stride_w_n, offs_n, n_mask, x_ptr, g_ptr, rstd,
-                           g0, g1, g2, g3, u0, u1, u2, u3, K, BLOCK_K, PREFETCH)
-    # HF in bf16: gate and up rounded, silu(gate) rounded, then the product rounded
-    gate = bf16_round(gate)
-    up = bf16_round(up)
-    act = bf16_round(gate / (1.0 + tl.exp(-gate)))
-    tl.store(h_ptr + offs_n, bf16_round(act * up).to(h_ptr.dtype.element_ty), mask=n_mask)
+                           g0, g1, g2, g3, u0, u1, u2, u3, K, BLOCK_K, PREFETCH, True)
+    tl.store(h_ptr + offs_n, swiglu(gate, up).to(h_ptr.dtype.element_ty), mask=n_mask)
 
 
 def rms_gate_up_swiglu(x, g, w_gate_up, h, eps, use_pdl=False, cfg=None):
     """h[I] = silu(W_gate @ xn) * (W_up @ xn), xn = rmsnorm(x) * g.  w_gate_up: [2I, K]."""
     two_i, K = w_gate_up.shape
     I = two_i // 2
-    c = cfg or config.get("gate_up", x.device)
+    c = cfg or config.get("gate_up", x.device, w_gate_up.shape)
     kw = {"launch_pdl": True} if use_pdl else {}
     _rms_gate_up_swiglu_kernel[(triton.cdiv(I, c["BLOCK_N"]),)](
         x, g, w_gate_up, h, I, K, eps, w_gate_up.stride(0), USE_PDL=use_pdl,

@@ -38,7 +38,7 @@ def _rms_qkv_kernel(x_ptr, g_ptr, w_ptr, b_ptr, out_ptr, N, K, eps, stride_w_n,
 def rms_qkv(x, g, w_qkv, b_qkv, out, eps, use_pdl=False, cfg=None):
     """out[N] = W_qkv @ (rmsnorm(x) * g) + b.   x: [K], w_qkv: [N, K], out: [N]."""
     N, K = w_qkv.shape
-    c = cfg or config.get("rms_qkv", x.device)
+    c = cfg or config.get("rms_qkv", x.device, w_qkv.shape)
     grid = (triton.cdiv(N, c["BLOCK_N"]),)
     kw = {"launch_pdl": True} if use_pdl else {}
     _rms_qkv_kernel[grid](x, g, w_qkv, b_qkv if b_qkv is not None else w_qkv, out, N, K, eps,

@@ -1,0 +1,105 @@
+"""MoE experts read by id: gate/up + SwiGLU, then down + routing weight + residual.
+
+The experts' weights are stacked, as vLLM's fused_moe stacks them:
+
+    W_gu   [E, 2I, K]    gate rows 0..I-1, up rows I..2I-1 of each expert  (OLMoE 64 x 2048 x 2048)
+    W_down [E, K, I]     (OLMoE 64 x 2048 x 1024)
+
+and a program finds its expert by loading the id the router wrote (``moe_router``) and
+offsetting its weight pointer by ``id * stride_e``. The launch shape is fixed (always
+TOP_K experts), so a CUDA graph replays it while the experts it reads change every token.
+What the indirection costs: an expert's address is known only after the router finishes,
+so, unlike the dense GEMVs, no weight tile can be requested before the PDL wait.
+
+Stage 1, ``_moe_gate_up_kernel``, grid (TOP_K, I / BLOCK_N):
+
+    h[j, n] = silu(W_gu[ids[j], n] . xn) * (W_gu[ids[j], I + n] . xn)       h: [TOP_K, I] bf16
+
+Stage 2, ``_moe_down_kernel``, grid (K / BLOCK_N, TOP_K): each program computes one
+expert's rows, ``t_j = bf16(bf16(W_down[ids[j]] @ h[j]) * w_j)`` (HF's roundings), and the
+last of the TOP_K programs of a row block adds them in slot order and the residual:
+
+    x[n] = bf16(x[n] + bf16(sum_j t_j[n]))          fixed order: two replays, same bits
+
+    scratch  [TOP_K, K]      fp32   the t_j rows, overwritten every call
+    counter  [K / BLOCK_N]   int32  zero between calls, left zero
+
+Bytes per token: TOP_K * 3 * I * K * 2 (OLMoE: 8 experts x 12.6 MB = 101 MB a layer).
+"""
+import triton
+import triton.language as tl
+
+from . import config
+from ._common import (bf16_round, gemv2_tiles, gemv_tiles, last_arrival_residual, load_w_tiles,
+                      pdl_wait, swiglu)
+
+
+@triton.jit
+def _moe_gate_up_kernel(xn_ptr, w_ptr, ids_ptr, h_ptr, I, K, stride_w_e, stride_w_n,
+                        USE_PDL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                        PREFETCH: tl.constexpr):
+    slot = tl.program_id(0)
+    pid = tl.program_id(1)
+    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < I
+    pdl_wait(USE_PDL)                        # the ids come from the router: wait first
+    e = tl.load(ids_ptr + slot).to(tl.int64)
+    gate_ptr = w_ptr + e * stride_w_e
+    up_ptr = gate_ptr + I * stride_w_n
+    g0, g1, g2, g3 = load_w_tiles(gate_ptr, stride_w_n, offs_n, n_mask, 0, K, BLOCK_K, PREFETCH)
+    u0, u1, u2, u3 = load_w_tiles(up_ptr, stride_w_n, offs_n, n_mask, 0, K, BLOCK_K, PREFETCH)
+    gate, up = gemv2_tiles(gate_ptr, up_ptr, stride_w_n, offs_n, n_mask, xn_ptr, xn_ptr, 1.0,
+                           g0, g1, g2, g3, u0, u1, u2, u3, K, BLOCK_K, PREFETCH, False)
+    tl.store(h_ptr + slot * I + offs_n, swiglu(gate, up).to(h_ptr.dtype.element_ty), mask=n_mask)
+
+
+@triton.jit
+def _moe_down_kernel(h_ptr, w_ptr, ids_ptr, wts_ptr, x_ptr, scratch_ptr, counter_ptr, N, I,
+                     stride_w_e, stride_w_n, TOP_K: tl.constexpr, FENCE: tl.constexpr,
+                     USE_PDL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     PREFETCH: tl.constexpr):
+    pid_n = tl.program_id(0)
+    slot = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    pdl_wait(USE_PDL)
+    e = tl.load(ids_ptr + slot).to(tl.int64)
+    w = w_ptr + e * stride_w_e
+    w0, w1, w2, w3 = load_w_tiles(w, stride_w_n, offs_n, n_mask, 0, I, BLOCK_K, PREFETCH)
+    y = gemv_tiles(w, stride_w_n, offs_n, n_mask, h_ptr + slot * I, h_ptr, 1.0, w0, w1, w2, w3,
+                   0, I, BLOCK_K, False, PREFETCH)
+    y = bf16_round(bf16_round(y) * tl.load(wts_ptr + slot))       # expert output x routing weight
+    last_arrival_residual(y, scratch_ptr, counter_ptr, x_ptr, pid_n, slot, N, offs_n, n_mask,
+                          TOP_K, FENCE)
+
+
+def moe_gate_up_swiglu(xn, w_gate_up, ids, h, use_pdl=False, cfg=None):
+    """h[j] = swiglu of expert ids[j] over xn.  xn: [K]; w_gate_up: [E, 2I, K];
+    ids: int32 [top_k] on the device; h: [top_k, I]."""
+    E, two_i, K = w_gate_up.shape
+    I = two_i // 2
+    top_k = ids.numel()
+    assert h.numel() >= top_k * I and w_gate_up.stride(2) == 1
+    c = cfg or config.get("moe_gate_up", xn.device, (two_i, K))
+    kw = {"launch_pdl": True} if use_pdl else {}
+    _moe_gate_up_kernel[(top_k, triton.cdiv(I, c["BLOCK_N"]))](
+        xn, w_gate_up, ids, h, I, K, w_gate_up.stride(0), w_gate_up.stride(1), USE_PDL=use_pdl,
+        BLOCK_N=c["BLOCK_N"], BLOCK_K=c["BLOCK_K"], PREFETCH=config.prefetch(c, K),
+        num_warps=c["num_warps"], **kw)
+
+
+def moe_down_residual(h, w_down, ids, weights, x, scratch, counter, use_pdl=False, cfg=None):
+    """x += sum_j weights[j] * W_down[ids[j]] @ h[j], in place.  h: [top_k, I];
+    w_down: [E, N, I]; weights: fp32 [top_k]; x: [N]; scratch: fp32 [>= top_k * N];
+    counter: int32 [>= N / BLOCK_N] zeros (left zero)."""
+    E, N, I = w_down.shape
+    top_k = ids.numel()
+    c = cfg or config.get("moe_down", x.device, (N, I))
+    n_blocks = triton.cdiv(N, c["BLOCK_N"])
+    assert scratch.numel() >= top_k * N and counter.numel() >= n_blocks, "scratch too small"
+    assert w_down.stride(2) == 1
+    kw = {"launch_pdl": True} if use_pdl else {}
+    _moe_down_kernel[(n_blocks, top_k)](
+        h, w_down, ids, weights, x, scratch, counter, N, I, w_down.stride(0), w_down.stride(1),
+        TOP_K=top_k, FENCE=not config.interpreting(), USE_PDL=use_pdl, BLOCK_N=c["BLOCK_N"],
+        BLOCK_K=c["BLOCK_K"], PREFETCH=config.prefetch(c, I), num_warps=c["num_warps"], **kw)

@@ -1,0 +1,184 @@
+"""The decode step as data: a list of launches, built from the spec by small block builders.
+
+    plan = embedding(e) + [attention(e, l) + mlp(e, l) for each layer l] + head(e)
+
+Each entry is one kernel launch: its op, its layer, a closure that issues it (reading and
+writing the engine's static buffers) and the bytes it must read. So ``len(plan)`` is the
+launch count, ``for launch in plan: launch.run()`` is the step (eagerly, or once under a
+CUDA-graph capture), and the chapters print the plan as a table. A model differs only in
+the blocks it picks: the dense MLP (Qwen) or the mixture of experts (OLMoE); attention
+adds q/k normalisation where the spec asks for it. Buffers are asked for by name from the
+engine (``e.buf``) as the builders need them, so an engine allocates only what its plan
+uses, and layers share one activation buffer per name.
+
+This is the shape of Hazy Research's megakernel schedule (a list of instructions per
+layer) kept as plain Python: a later persistent kernel can serialise the same list.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from . import kernels as K
+from .kernels import config
+
+BF16 = torch.bfloat16
+F32 = torch.float32
+I32 = torch.int32
+
+
+@dataclass
+class Launch:
+    op: str                          # the fused op, named for its launcher
+    layer: int | None                # None for the embedding and the head
+    run: Callable[[], object]        # issues the launch; reads everything on the device
+    weight_bytes: int                # weight bytes it must stream per token
+    kv_bytes_per_ctx: int = 0        # cache bytes it reads per token of context
+
+    def bytes_at(self, ctx: int) -> int:
+        return self.weight_bytes + ctx * self.kv_bytes_per_ctx
+
+
+def _nbytes(*ts) -> int:
+    return sum(t.numel() * t.element_size() for t in ts if t is not None)
+
+
+# ---- blocks -----------------------------------------------------------------------------
+def embedding(e) -> list[Launch]:
+    E = e.W["embed"]
+    return [Launch("embed", None, lambda: K.embed(E, e.x, e.seq, e.pos, use_pdl=e.pdl),
+                   E.shape[1] * E.element_size())]
+
+
+def attention(e, li: int) -> list[Launch]:
+    """RMSNorm + QKV (+ bias), (q/k norm +) RoPE + KV write, attention, O + residual."""
+    s, L, pdl = e.spec, e.W["layers"][li], e.pdl
+    qkv = e.buf("qkv", (s.qkv_size,))                 # q|k|v before RoPE
+    attn = e.buf("attn", (s.q_size,))                 # attention output
+    kc, vc = e.k_cache[li], e.v_cache[li]
+    kv_ctx = 2 * s.kv_heads * s.head_dim * kc.element_size()
+    c_qkv, c_o = e.cfg("rms_qkv", L["w_qkv"]), e.cfg("o_proj", L["w_o"])
+    out = [Launch("rms_qkv", li, lambda: K.rms_qkv(e.x, L["input_norm"], L["w_qkv"], L["b_qkv"], qkv,
+                                                   s.rms_eps, use_pdl=pdl, cfg=c_qkv),
+                  _nbytes(L["input_norm"], L["w_qkv"], L["b_qkv"]))]
+    if e.fuse_rope:       # RoPE + KV write inside the split-K partial kernel (no rung)
+        c = e.cfg("attn_split")
+        pm, pl, po = e.partials()
+        cnt = e.buf("attn_counter", (s.kv_heads,), I32)
+        out.append(Launch("attention_onekernel", li, lambda: K.attention_onekernel(
+            qkv, kc, vc, e.cos, e.sin, attn, e.pos, po, pm, pl, cnt, s.heads, s.kv_heads,
+            s.head_dim, e.chunk, c, use_pdl=pdl, fuse_reduce=False, launch_reduce=False),
+            0, kv_ctx))
+    else:
+        q = e.buf("q", (s.q_size,))                   # q after RoPE
+        qn, kn = L.get("q_norm"), L.get("k_norm")
+        out.append(Launch("rope_kv_write", li, lambda: K.rope_kv_write(
+            qkv, q, kc, vc, e.cos, e.sin, e.pos, s.heads, s.kv_heads, s.head_dim, use_pdl=pdl,
+            q_norm=qn, k_norm=kn, eps=s.rms_eps), _nbytes(qn, kn)))
+        if e.attention == "plain":
+            c = e.cfg("attention")
+            out.append(Launch("attention", li, lambda: K.attention(
+                q, kc, vc, attn, e.pos, s.heads, s.kv_heads, s.head_dim, c, use_pdl=pdl), 0, kv_ctx))
+        else:
+            c = e.cfg("attn_split")
+            pm, pl, po = e.partials()
+            out.append(Launch("attention_partial", li, lambda: K.attention_partial(
+                q, kc, vc, e.pos, po, pm, pl, s.heads, s.kv_heads, s.head_dim, e.chunk, c,
+                use_pdl=pdl), 0, kv_ctx))
+    if e.attention == "splitk":
+        pm, pl, po = e.partials()
+        out.append(Launch("attention_reduce", li, lambda: K.attention_reduce(
+            po, pm, pl, attn, e.pos, s.head_dim, e.chunk, use_pdl=pdl), 0))
+    out.append(Launch("o_proj_residual", li, lambda: K.o_proj_residual(attn, L["w_o"], e.x, use_pdl=pdl, cfg=c_o),
+                      _nbytes(L["w_o"])))
+    return out
+
+
+def dense_mlp(e, li: int) -> list[Launch]:
+    """RMSNorm + gate/up + SwiGLU, then down + residual (split over K, last arrival)."""
+    s, L, pdl = e.spec, e.W["layers"][li], e.pdl
+    h = e.buf("h", (s.intermediate,))
+    c_gu, c_dn = e.cfg("gate_up", L["w_gate_up"]), e.cfg("down", L["w_down"])
+    scratch = e.buf("down_scratch", (16 * s.hidden,), F32)          # [SPLIT_K, N], SPLIT_K <= 16
+    counter = e.buf("down_counter", (s.hidden,), I32)
+    return [
+        Launch("rms_gate_up_swiglu", li, lambda: K.rms_gate_up_swiglu(
+            e.x, L["post_norm"], L["w_gate_up"], h, s.rms_eps, use_pdl=pdl, cfg=c_gu),
+            _nbytes(L["post_norm"], L["w_gate_up"])),
+        Launch("down_residual", li, lambda: K.down_residual(
+            h, L["w_down"], e.x, scratch, counter, use_pdl=pdl, cfg=c_dn), _nbytes(L["w_down"])),
+    ]
+
+
+def moe_mlp(e, li: int) -> list[Launch]:
+    """Router (RMSNorm + GEMV + softmax + top-k), then the chosen experts by id."""
+    s, L, pdl = e.spec, e.W["layers"][li], e.pdl
+    k, E, I, H = s.top_k, s.experts, s.intermediate, s.hidden
+    xn = e.buf("xn", (H,))                                          # rmsnorm(x) * g
+    logits = e.buf("router_logits", (E,), F32)
+    ids = e.buf("expert_ids", (k,), I32)                            # the router's choice
+    wts = e.buf("expert_weights", (k,), F32)
+    rcount = e.buf("router_counter", (1,), I32)
+    log = e.buf("expert_log", (e.max_ctx + 1, s.layers, k), I32)    # ids at every position
+    h = e.buf("expert_h", (k, I))                                   # SwiGLU of each slot
+    c_r = e.cfg("router", L["w_router"])
+    c_gu = e.cfg("moe_gate_up", L["w_experts_gate_up"])
+    c_dn = e.cfg("moe_down", L["w_experts_down"])
+    scratch = e.buf("moe_scratch", (k * H,), F32)                   # [top_k, H] slot rows
+    counter = e.buf("moe_counter", (H,), I32)
+    per_expert = lambda w: w[0].numel() * w.element_size()
+    return [
+        Launch("moe_router", li, lambda: K.moe_router(
+            e.x, L["post_norm"], L["w_router"], xn, logits, ids, wts, rcount, e.pos, s.rms_eps,
+            log=log, layer=li, use_pdl=pdl, cfg=c_r), _nbytes(L["post_norm"], L["w_router"])),
+        Launch("moe_gate_up_swiglu", li, lambda: K.moe_gate_up_swiglu(
+            xn, L["w_experts_gate_up"], ids, h, use_pdl=pdl, cfg=c_gu),
+            k * per_expert(L["w_experts_gate_up"])),
+        Launch("moe_down_residual", li, lambda: K.moe_down_residual(
+            h, L["w_experts_down"], ids, wts, e.x, scratch, counter, use_pdl=pdl, cfg=c_dn),
+            k * per_expert(L["w_experts_down"])),
+    ]
+
+
+def head(e) -> list[Launch]:
+    """Final RMSNorm + LM head + argmax; the last program also advances the position."""
+    s, W = e.spec, e.W
+    c = e.cfg("lm_head", W["lm_head"])
+    n_prog = -(-s.vocab // c["BLOCK_N"])
+    logits = e.buf("logits", (s.vocab,), F32)
+    val, idx = e.buf("lm_val", (n_prog,), F32), e.buf("lm_idx", (n_prog,), I32)
+    counter = e.buf("lm_counter", (1,), I32)
+    return [Launch("lm_head_argmax", None, lambda: K.lm_head_argmax(
+        e.x, W["norm"], W["lm_head"], logits, val, idx, counter, e.seq, e.pos, e.prompt_len,
+        s.rms_eps, use_pdl=e.pdl, cfg=c, argmax=e.argmax), _nbytes(W["norm"], W["lm_head"]))]
+
+
+def build(e) -> list[Launch]:
+    """The whole step for engine ``e``: the blocks its spec picks, in order."""
+    mlp = moe_mlp if e.spec.is_moe else dense_mlp
+    plan = embedding(e)
+    for li in range(e.spec.layers):
+        plan += attention(e, li) + mlp(e, li)
+    return plan + head(e)
+
+
+# ---- reading a plan ---------------------------------------------------------------------
+def table(plan: list[Launch], ctx: int = 0) -> list[dict]:
+    """One row per op: launches per step and bytes read per step at context ``ctx``."""
+    rows: dict[str, dict] = {}
+    for L in plan:
+        r = rows.setdefault(L.op, {"op": L.op, "launches": 0, "bytes": 0})
+        r["launches"] += 1
+        r["bytes"] += L.bytes_at(ctx)
+    return list(rows.values())
+
+
+def bytes_per_step(plan: list[Launch], ctx: int = 0) -> int:
+    return sum(L.bytes_at(ctx) for L in plan)
+
+
+def default_cfg(op: str, device, weight: torch.Tensor | None = None) -> dict:
+    shape = None if weight is None else tuple(weight.shape[-2:])
+    return config.get(op, device, shape)

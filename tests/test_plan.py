@@ -1,0 +1,42 @@
+"""The step as data: the plan's launches, the bytes they claim, and what each model picks."""
+import pytest
+import torch
+
+from onelaunch.engine import Engine
+from onelaunch.specs import get_spec
+from onelaunch.weights import random_weights
+
+
+@pytest.mark.parametrize("name", ["tiny-qwen2", "tiny-olmoe"])
+def test_plan_bytes_are_the_specs_bytes(name):
+    """Summed over the plan, the weight bytes are what the spec says a step reads (plus
+    the one embedding row the step looks up), and the KV bytes per token of context are
+    the spec's: the floor and the plan count the same bytes."""
+    spec = get_spec(name)
+    e = Engine(spec, random_weights(spec, 0), max_ctx=32)
+    weights = sum(L.weight_bytes for L in e.plan)
+    assert weights == spec.weight_bytes_per_token + spec.hidden * 2
+    assert sum(L.kv_bytes_per_ctx for L in e.plan) == spec.kv_bytes_per_token_of_context()
+
+
+def test_models_differ_only_in_the_blocks_they_pick():
+    ops = {}
+    for name in ("tiny-qwen2", "tiny-olmoe"):
+        spec = get_spec(name)
+        e = Engine(spec, random_weights(spec, 0), max_ctx=32)
+        ops[name] = [L.op for L in e.plan if L.layer == 0]
+        assert [L.op for L in e.plan][0] == "embed" and e.plan[-1].op == "lm_head_argmax"
+        assert len(e.plan) == 2 + spec.layers * len(ops[name])
+    attn = ["rms_qkv", "rope_kv_write", "attention_partial", "attention_reduce", "o_proj_residual"]
+    assert ops["tiny-qwen2"] == attn + ["rms_gate_up_swiglu", "down_residual"]
+    assert ops["tiny-olmoe"] == attn + ["moe_router", "moe_gate_up_swiglu", "moe_down_residual"]
+
+
+def test_buffers_follow_the_plan():
+    """An engine allocates what its plan uses: no split-K partials for plain attention,
+    no expert buffers for a dense model, no dense-MLP scratch for the MoE."""
+    q = Engine("tiny-qwen2", random_weights("tiny-qwen2", 0), max_ctx=32, attention="plain")
+    assert "part_o" not in q.buffers and "expert_ids" not in q.buffers and "h" in q.buffers
+    m = Engine("tiny-olmoe", random_weights("tiny-olmoe", 0), max_ctx=32)
+    assert "part_o" in m.buffers and "expert_ids" in m.buffers
+    assert "down_scratch" not in m.buffers and "h" not in m.buffers

@@ -1,0 +1,316 @@
+"""Every Triton kernel compiles for an RTX 4090 (sm_89) on a CPU, with every launch
+configuration the sm_89 table can pick, within the 4090's shared memory.
+
+Triton compiles for a named target without the GPU: the driver is replaced by one that
+names ``GPUTarget("cuda", 89, 32)``, and each launcher is called with CPU tensors of the
+real shapes, so its kernel is specialised exactly as on the card (dtypes, 16-byte
+alignment, constexprs) and compiled to a cubin by the ``ptxas`` that Triton ships; it is
+never launched. This needs Triton's compiler, not its interpreter, so it runs in a
+subprocess without ``TRITON_INTERPRET``.
+
+The configurations: for each op, the entry of ``config.TABLE["sm_89"]``, the entry of
+``kernels/tuned/sm_89.json`` where there is one (``config.get`` prefers it), and every
+candidate of the launch-configuration sweep (``bench.config_sweep``), any of which the
+sweep may write into that file on a 4090; the split-K chunk for every context length the
+specs allow; no PDL (it needs sm_90).
+
+Adding a kernel: add a case to ``CASES`` (a function that calls its launcher). The test
+fails if a ``_*_kernel`` in ``onelaunch/kernels/`` is compiled by no case.
+
+    python tests/test_sm89.py [OUT.json]       # the same, printing one line per compile
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+ARCH = 89
+# the RTX 4090's (sm_89) opt-in shared memory per block: 99 KB
+SMEM_LIMIT = 99 * 1024
+MODELS = ("qwen2.5-1.5b", "olmoe-1b-7b")
+
+
+# ---- the cases: one per launcher, over the sm_89 table's configurations ----------------
+def _sweep_candidates() -> dict[str, list[dict]]:
+    """{op: [config, ...]}: what ``bench.config_sweep`` would time (and so may write into
+    ``tuned/sm_89.json``), read by running it with the timing replaced by a recorder."""
+    from onelaunch import bench
+    seen: dict[str, list[dict]] = {}
+    time_one, pack = bench._time_one, bench.pack_weights
+    bench._time_one = lambda spec, w, dev, op, c, *a, **k: seen.setdefault(op, []).append(dict(c)) or {}
+    bench.pack_weights = lambda *a, **k: None
+    try:
+        bench.config_sweep("qwen2.5-1.5b", None, device="cpu", pdl=False, echo=False)
+    finally:
+        bench._time_one, bench.pack_weights = time_one, pack
+    return seen
+
+
+_SWEEP: dict[str, list[dict]] = {}
+
+
+def _sm89_configs(op: str) -> list[dict]:
+    """The configurations ``config.get(op)`` can return on an sm_89 GPU, now or after a
+    sweep there."""
+    from onelaunch.kernels import config
+    if not _SWEEP:
+        _SWEEP.update(_sweep_candidates())
+    out = []
+    for c in (config.TABLE["sm_89"].get(op, config.TABLE["default"][op]),
+              config.tuned("sm_89").get(op), *_SWEEP.get(op, [])):
+        if c is not None and dict(c) not in out:
+            out.append(dict(c))
+    return out
+
+
+def _chunks(spec) -> list[int]:
+    """Every split-K chunk an engine of this model can use (it depends on max_ctx)."""
+    from onelaunch import kernels as K
+    ctxs = [16 << i for i in range(20) if 16 << i < spec.max_ctx] + [spec.max_ctx]
+    return sorted({K.chunk_for(c) for c in ctxs})
+
+
+def _t(*shape, dtype="bf16"):
+    import torch
+    dt = {"bf16": torch.bfloat16, "f32": torch.float32, "i32": torch.int32}[dtype]
+    return torch.empty(shape, dtype=dt)       # never touched: only its dtype and address
+
+
+def case_embed(spec):
+    from onelaunch import kernels as K
+    K.embed(_t(spec.vocab, spec.hidden), _t(spec.hidden), _t(8, dtype="i32"), _t(1, dtype="i32"))
+    yield "default"
+
+
+def case_rms_qkv(spec):
+    from onelaunch import kernels as K
+    H = spec.hidden
+    for c in _sm89_configs("rms_qkv"):
+        bias = _t(spec.qkv_size) if spec.qkv_bias else None
+        K.rms_qkv(_t(H), _t(H), _t(spec.qkv_size, H), bias, _t(spec.qkv_size), 1e-6, cfg=c)
+        yield c
+
+
+def case_rope_kv(spec):
+    from onelaunch import kernels as K
+    C, D = 256, spec.head_dim
+    K.rope_kv_write(_t(spec.qkv_size), _t(spec.q_size), _t(spec.kv_heads, C, D),
+                    _t(spec.kv_heads, C, D), _t(C, D), _t(C, D), _t(1, dtype="i32"),
+                    spec.heads, spec.kv_heads, D)
+    yield "default"
+
+
+def case_attention(spec):
+    from onelaunch import kernels as K
+    C, D = 256, spec.head_dim
+    for c in _sm89_configs("attention"):
+        K.attention(_t(spec.q_size), _t(spec.kv_heads, C, D), _t(spec.kv_heads, C, D),
+                    _t(spec.q_size), _t(1, dtype="i32"), spec.heads, spec.kv_heads, D, c)
+        yield c
+
+
+def _splitk_buffers(spec, chunk):
+    from onelaunch import kernels as K
+    C = chunk * 4
+    n = K.n_splits_for(C, chunk)
+    D = spec.head_dim
+    return C, (_t(spec.heads, n, D, dtype="f32"), _t(spec.heads, n, dtype="f32"),
+               _t(spec.heads, n, dtype="f32"))
+
+
+def case_attention_splitk(spec):
+    from onelaunch import kernels as K
+    D = spec.head_dim
+    for c in _sm89_configs("attn_split"):
+        for chunk in _chunks(spec):
+            C, parts = _splitk_buffers(spec, chunk)
+            K.attention_splitk(_t(spec.q_size), _t(spec.kv_heads, C, D), _t(spec.kv_heads, C, D),
+                               _t(spec.q_size), _t(1, dtype="i32"), *parts, spec.heads,
+                               spec.kv_heads, D, chunk, c)
+            yield {**c, "CHUNK": chunk}
+
+
+def case_attention_onekernel(spec):
+    from onelaunch import kernels as K
+    D = spec.head_dim
+    for c in _sm89_configs("attn_split"):
+        for chunk in _chunks(spec):
+            for fuse in (True, False):
+                C, parts = _splitk_buffers(spec, chunk)
+                K.attention_onekernel(_t(spec.qkv_size), _t(spec.kv_heads, C, D),
+                                      _t(spec.kv_heads, C, D), _t(C, D), _t(C, D), _t(spec.q_size),
+                                      _t(1, dtype="i32"), *parts, _t(spec.kv_heads, dtype="i32"),
+                                      spec.heads, spec.kv_heads, D, chunk, c, fuse_reduce=fuse)
+                yield {**c, "CHUNK": chunk, "fuse_reduce": fuse}
+
+
+def case_o_proj(spec):
+    from onelaunch import kernels as K
+    for c in _sm89_configs("o_proj"):
+        K.o_proj_residual(_t(spec.q_size), _t(spec.hidden, spec.q_size), _t(spec.hidden), cfg=c)
+        yield c
+
+
+def case_gate_up(spec):
+    from onelaunch import kernels as K
+    if spec.is_moe:      # the experts have their own kernels
+        return
+    H, I = spec.hidden, spec.intermediate
+    for c in _sm89_configs("gate_up"):
+        K.rms_gate_up_swiglu(_t(H), _t(H), _t(2 * I, H), _t(I), 1e-6, cfg=c)
+        yield c
+
+
+def case_down(spec):
+    from onelaunch import kernels as K
+    if spec.is_moe:
+        return
+    H, I = spec.hidden, spec.intermediate
+    for c in _sm89_configs("down"):
+        for split in sorted({1, c.get("SPLIT_K", 1)}):    # SPLIT_K 1 is a different kernel
+            cs = {**c, "SPLIT_K": split}
+            K.down_residual(_t(I), _t(H, I), _t(H), _t(16 * H, dtype="f32"),
+                            _t(H, dtype="i32"), cfg=cs)
+            yield cs
+
+
+def case_lm_head(spec):
+    from onelaunch import kernels as K
+    H, V = spec.hidden, spec.vocab
+    for c in _sm89_configs("lm_head"):
+        n = -(-V // c["BLOCK_N"])
+        for argmax in (None, _t(64, dtype="i32")):
+            K.lm_head_argmax(_t(H), _t(H), _t(V, H), _t(V, dtype="f32"), _t(n, dtype="f32"),
+                             _t(n, dtype="i32"), _t(1, dtype="i32"), _t(64, dtype="i32"),
+                             _t(1, dtype="i32"), _t(1, dtype="i32"), 1e-6, cfg=c, argmax=argmax)
+            yield {**c, "argmax": argmax is not None}
+
+
+def case_moe(spec):
+    from onelaunch import kernels as K
+    if not spec.is_moe:
+        return
+    H, I, E, k = spec.hidden, spec.intermediate, spec.experts, spec.top_k
+    for c in _sm89_configs("router"):
+        K.moe_router(_t(H), _t(H), _t(E, H), _t(H), _t(E, dtype="f32"), _t(k, dtype="i32"),
+                     _t(k, dtype="f32"), _t(1, dtype="i32"), _t(1, dtype="i32"), 1e-5,
+                     log=_t(8, spec.layers, k, dtype="i32"), cfg=c)
+        yield {"op": "router", **c}
+    for c in _sm89_configs("moe_gate_up"):
+        K.moe_gate_up_swiglu(_t(H), _t(E, 2 * I, H), _t(k, dtype="i32"), _t(k, I), cfg=c)
+        yield {"op": "moe_gate_up", **c}
+    for c in _sm89_configs("moe_down"):
+        K.moe_down_residual(_t(k, I), _t(E, H, I), _t(k, dtype="i32"), _t(k, dtype="f32"), _t(H),
+                            _t(k * H, dtype="f32"), _t(H, dtype="i32"), cfg=c)
+        yield {"op": "moe_down", **c}
+
+
+CASES = [case_embed, case_rms_qkv, case_rope_kv, case_attention, case_attention_splitk,
+         case_attention_onekernel, case_o_proj, case_gate_up, case_down, case_lm_head, case_moe]
+
+
+# ---- compiling without a GPU ----------------------------------------------------------
+class _TargetOnlyDriver:
+    """Stands in for Triton's CUDA driver: names the target, launches nothing."""
+
+    def __init__(self, target):
+        self.target = target
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def get_current_target(self):
+        return self.target
+
+
+def kernels_in_package() -> set[str]:
+    """Names of the launchable kernels (``_*_kernel``) in ``onelaunch/kernels/``."""
+    import importlib
+    import pkgutil
+
+    from triton.runtime.jit import JITFunction
+
+    import onelaunch.kernels as pkg
+    names = set()
+    for m in pkgutil.iter_modules(pkg.__path__):
+        mod = importlib.import_module(f"onelaunch.kernels.{m.name}")
+        names |= {n for n, v in vars(mod).items()
+                  if isinstance(v, JITFunction) and n.startswith("_") and n.endswith("_kernel")}
+    return names
+
+
+def compile_all(arch: int = ARCH, out=None) -> dict:
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime import driver
+    from triton.runtime.jit import JITFunction
+
+    from onelaunch.specs import get_spec
+    driver.set_active(_TargetOnlyDriver(GPUTarget("cuda", arch, 32)))
+    compiled = []
+    run = JITFunction.run
+
+    def compile_only(self, *args, grid, warmup, **kw):
+        k = run(self, *args, grid=grid, warmup=True, **kw)
+        compiled.append((self.fn.__name__, k))
+        return k
+
+    JITFunction.run = compile_only
+    rows = []
+    try:
+        for name in MODELS:
+            spec = get_spec(name)
+            for case in CASES:
+                for cfg in case(spec):
+                    for kname, k in compiled:
+                        md = k.metadata
+                        rows.append({"model": name, "case": case.__name__[5:], "kernel": kname,
+                                     "config": cfg, "arch": md.target.arch, "shared": md.shared,
+                                     "num_warps": md.num_warps})
+                        if out:
+                            print(f"{name:14s} {kname:28s} shared {md.shared:6d} B  {cfg}",
+                                  file=out, flush=True)
+                    compiled.clear()
+    finally:
+        JITFunction.run = run     # (the stand-in driver stays: this runs in its own process)
+    return {"rows": rows, "kernels": sorted(kernels_in_package()),
+            "uncovered": sorted(kernels_in_package() - {r["kernel"] for r in rows})}
+
+
+# ---- the test -------------------------------------------------------------------------
+def test_every_kernel_compiles_for_sm89(tmp_path):
+    """Compiled for sm_89 by Triton's compiler (ptxas included): every kernel, every
+    configuration of the sm_89 table, shared memory within the 4090's 99 KB."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(PYTHONPATH=str(ROOT), TRITON_CACHE_DIR=str(tmp_path / "triton-cache"))
+    out = tmp_path / "sm89.json"
+    p = subprocess.run([sys.executable, __file__, str(out)], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, f"compiling for sm_89 failed:\n{p.stdout[-3000:]}\n{p.stderr[-6000:]}"
+    res = json.loads(out.read_text())
+    assert not res["uncovered"], f"kernels no case compiles (add one to CASES): {res['uncovered']}"
+    assert res["rows"] and all(r["arch"] == ARCH for r in res["rows"])
+    over = [r for r in res["rows"] if r["shared"] > SMEM_LIMIT]
+    assert not over, f"over the 4090's {SMEM_LIMIT} B of shared memory: {over}"
+
+
+if __name__ == "__main__":
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        sys.exit("unset TRITON_INTERPRET: this compiles with Triton's compiler")
+    sys.path.insert(0, str(ROOT))
+    res = compile_all(out=sys.stdout)
+    rows = res["rows"]
+    worst = max(rows, key=lambda r: r["shared"])
+    print(f"{len(rows)} compiles of {len({r['kernel'] for r in rows})} kernels for sm_{ARCH}; "
+          f"largest shared memory {worst['shared']} B ({worst['kernel']}, {worst['config']}); "
+          f"not compiled: {res['uncovered'] or 'none'}")
+    if len(sys.argv) > 1:
+        Path(sys.argv[1]).write_text(json.dumps(res, indent=1))
