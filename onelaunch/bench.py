@@ -166,9 +166,9 @@ def kernel_rows(spec, w, device="cuda", ctx: int = 512, iters: int = 50, read_tb
     time it over every layer.
 
     Tolerance: relative L2 error against a torch reference that rounds where the kernel
-    rounds (``ref_*`` above): ``tol`` for the GEMV kernels, ``attn_tol`` for attention,
-    exact for the RoPE/KV write. The LM head's token is judged by the agreement rule
-    against the reference logits. A kernel that fails gets ``us`` None and a ``check``
+    rounds (``ref_*`` above): ``tol`` for the GEMV kernels and the RoPE/KV write (which
+    the tests hold to bit-exactness), ``attn_tol`` for attention. The LM head's token is
+    judged by the agreement rule against the reference logits. A kernel that fails gets ``us`` None and a ``check``
     that says why."""
     spec = get_spec(spec)
     s, dev, bf = spec, torch.device(device), torch.bfloat16

@@ -15,7 +15,12 @@ the agreement rule, and a peer with a real flip is refused: its row gets no time
                      gpt-fast recipe. The KV cache and the weights are module buffers
                      (static addresses, so mutating the cache is allowed inside a CUDA
                      graph) and the position is a device tensor, so one graph serves
-                     every step. The strongest peer that runs on the lent GPU.
+                     every step.
+``gpt-fast compiled`` (:func:`fast_decode_rows`, GPU only, not in :data:`RUNGS` yet)
+                     :class:`FastDecode`, the step as gpt-fast writes it (fused QKV and
+                     gate/up, weights and static cache as module state, SDPA), compiled
+                     with ``mode="max-autotune"`` and ``"reduce-overhead"``; the faster
+                     mode that passes the check is shown. The strongest compiled peer.
 
 ``generate`` is timed whole and decode isolated as
 ``(T(1 + n new) - T(1 new)) / n``: the prefill and the per-call set-up cancel. The oracle
@@ -32,6 +37,7 @@ row carries a ``note`` saying so.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, asdict, field
 
 import torch
@@ -364,6 +370,140 @@ def compiled_oracle_greedy(oracle: Oracle, prompt: torch.Tensor, new_tokens: int
     """Greedy ids through the compiled step (eager prefill): ``(ids, margins)``."""
     step = compiled_oracle_step(oracle) if step is None else step
     return oracle_greedy(oracle, prompt, new_tokens, step=step, compiled=True)
+
+
+# ---------------------------------------------------------------------------------------
+# The strongest compiled peer: a gpt-fast-style decode module
+# ---------------------------------------------------------------------------------------
+class FastDecode(torch.nn.Module):
+    """The dense decode step written as gpt-fast writes it, for ``torch.compile``: the
+    weights and a static KV cache are module state (fixed addresses, so a CUDA graph can
+    replay the step and the cache writes are allowed inside it), q/k/v are one fused
+    projection and gate/up another, RoPE reads a [max_ctx, D] table at the position, and
+    attention is ``scaled_dot_product_attention`` over the whole static cache with a mask.
+    It rounds where HF's bf16 model (and the oracle) round. Call ``(tokens[T], pos[T]) ->
+    fp32 logits [T, V]``: T = 1 is the compiled decode step; a prefill runs the same code
+    eagerly. It has the oracle's ``spec``, ``device``, ``dtype``, ``max_ctx`` and
+    ``reset``, so :func:`oracle_greedy` drives it."""
+
+    def __init__(self, spec, weights: dict[str, torch.Tensor], max_ctx: int):
+        super().__init__()
+        from .oracle import rope_cos_sin
+        spec = get_spec(spec)
+        if spec.is_moe or spec.qk_norm:
+            raise ValueError(f"FastDecode covers the dense family, not {spec.name}")
+        self.spec, self.max_ctx = spec, max_ctx
+        w0 = weights["model.embed_tokens.weight"]
+        self.dtype, self.device = w0.dtype, w0.device
+        buf = lambda n, t: self.register_buffer(n, t, persistent=False)
+        buf("embed", w0)
+        buf("norm", weights["model.norm.weight"])
+        buf("lm_head", weights["lm_head.weight"])
+        for i in range(spec.layers):
+            p, a = f"model.layers.{i}.", f"model.layers.{i}.self_attn."
+            buf(f"n1_{i}", weights[p + "input_layernorm.weight"])
+            buf(f"n2_{i}", weights[p + "post_attention_layernorm.weight"])
+            buf(f"wqkv_{i}", torch.cat([weights[a + f"{x}_proj.weight"] for x in "qkv"]))
+            buf(f"bqkv_{i}", torch.cat([weights[a + f"{x}_proj.bias"] for x in "qkv"])
+                if spec.qkv_bias else None)
+            buf(f"wo_{i}", weights[a + "o_proj.weight"])
+            buf(f"wgu_{i}", torch.cat([weights[p + "mlp.gate_proj.weight"],
+                                       weights[p + "mlp.up_proj.weight"]]))
+            buf(f"wd_{i}", weights[p + "mlp.down_proj.weight"])
+        shape = (spec.layers, 1, spec.kv_heads, max_ctx, spec.head_dim)   # [L, B, Hkv, C, D]
+        buf("k_cache", torch.zeros(shape, dtype=self.dtype, device=self.device))
+        buf("v_cache", torch.zeros(shape, dtype=self.dtype, device=self.device))
+        cos, sin = rope_cos_sin(torch.arange(max_ctx, device=self.device), spec.head_dim,
+                                spec.rope_theta, self.dtype)
+        buf("cos", cos)
+        buf("sin", sin)
+        buf("keys", torch.arange(max_ctx, device=self.device))
+
+    def reset(self):
+        self.k_cache.zero_()
+        self.v_cache.zero_()
+
+    def _rms(self, x, g):
+        x32 = x.float()
+        return g * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.spec.rms_eps)).to(x.dtype)
+
+    def _rope(self, t, pos):
+        # t: [1, H, T, D]; HF's rotate_half form: x cos + rotate_half(x) sin
+        c, s = self.cos[pos][None, None], self.sin[pos][None, None]              # [1, 1, T, D]
+        d = t.shape[-1] // 2
+        return t * c + torch.cat((-t[..., d:], t[..., :d]), -1) * s
+
+    def forward(self, tokens, pos):
+        s = self.spec
+        T, H, Hkv, D = tokens.shape[0], s.heads, s.kv_heads, s.head_dim
+        x = self.embed[tokens]                                                    # [T, hidden]
+        mask = (self.keys[None, :] <= pos[:, None])[None, None]                   # [1, 1, T, C]
+        for i in range(s.layers):
+            g = lambda n: getattr(self, f"{n}_{i}")
+            qkv = torch.nn.functional.linear(self._rms(x, g("n1")), g("wqkv"), g("bqkv"))
+            q, k, v = qkv.split([H * D, Hkv * D, Hkv * D], -1)
+            q = self._rope(q.view(T, H, D).transpose(0, 1)[None], pos)           # [1, H, T, D]
+            k = self._rope(k.view(T, Hkv, D).transpose(0, 1)[None], pos)         # [1, Hkv, T, D]
+            v = v.view(T, Hkv, D).transpose(0, 1)[None]
+            self.k_cache[i].index_copy_(2, pos, k)
+            self.v_cache[i].index_copy_(2, pos, v)
+            a = torch.nn.functional.scaled_dot_product_attention(
+                q, self.k_cache[i], self.v_cache[i], attn_mask=mask, enable_gqa=True)
+            x = x + torch.nn.functional.linear(a[0].transpose(0, 1).reshape(T, H * D), g("wo"))
+            gate, up = torch.nn.functional.linear(self._rms(x, g("n2")), g("wgu")).chunk(2, -1)
+            x = x + torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, g("wd"))
+        return torch.nn.functional.linear(self._rms(x, self.norm), self.lm_head).float()
+
+
+def fast_decode_rows(spec_name, ctx: int = 512, device="cuda", iters: int = 50,
+                     new_tokens: int = 64, seed: int = 0, weights=None,
+                     modes=("max-autotune", "reduce-overhead")) -> list[dict]:
+    """The gpt-fast peer, checked then timed: one ladder row, "gpt-fast compiled".
+
+    The module is compiled once per mode in ``modes`` (inductor; ``reduce-overhead`` and
+    ``max-autotune`` both record CUDA graphs), each compiled step is teacher-forced along
+    the eager oracle's greedy tokens and judged by the agreement rule, and the faster mode
+    that passes is the row's time (both are in ``modes_ms``). A mode whose check fails is
+    refused. GPU only: compiling for the CPU takes minutes (the CPU test checks the
+    uncompiled module's tokens)."""
+    if not _is_cuda(device):
+        raise ValueError("fast_decode_rows compiles for a GPU; on the CPU test FastDecode "
+                         "uncompiled (tests/test_peers.py)")
+    spec = get_spec(spec_name)
+    weights = weights if weights is not None else random_weights(spec, seed=seed, device=device)
+    bw = read_bandwidth(device)
+    floor = spec.floor_ms(bw, ctx)
+    prompt = make_prompt(spec, ctx, seed, device)
+    max_ctx = ctx + new_tokens + 1
+    oracle = Oracle(spec, weights, max_ctx=max_ctx).eval()
+    ref_ids, _, ref_logits = oracle_greedy(oracle, prompt, new_tokens, return_logits=True)
+    del oracle
+    fast = FastDecode(spec, weights, max_ctx).eval()
+    times, checks, graphs = {}, {}, {}
+    for mode in modes:
+        torch._dynamo.reset()
+        g0 = dynamo_graphs()
+        step = compiled_oracle_step(fast, mode=mode, backend="inductor")
+        tf, _ = oracle_greedy(fast, prompt, new_tokens, step=step, compiled=True, forced=ref_ids)
+        checks[mode] = check_tokens(ref_logits, tf)
+        if checks[mode]["ok"]:
+            times[mode] = compiled_oracle_step_ms(fast, ctx, iters, device, step=step)
+        graphs[mode] = dynamo_graphs() - g0
+    best = min(times, key=times.get) if times else None
+    c = checks[best] if best else checks[modes[0]]
+    r = {"model": spec.name, "rung": "gpt-fast compiled", "ctx": ctx,
+         "ms_per_token": None if best is None else round(times[best], 4),
+         "floor_ms": round(floor, 4), "read_tbps": round(bw, 3),
+         "x_floor": None if best is None else round(times[best] / floor, 3),
+         "agree": c["agree"], "flips": agree.disagreements(c), "new_tokens": new_tokens,
+         "device": str(device), "dtype": str(fast.dtype).replace("torch.", ""),
+         "modes_ms": {m: round(t, 4) for m, t in times.items()}, "graphs": graphs,
+         "rule": f"teacher-forced; gap < {agree.NEAR_TIE_ULPS} bf16 ulps of the top logit",
+         "note": f"gpt-fast-style module, torch.compile(mode={best!r}), the faster of {list(modes)}"}
+    bad = {m: agree.describe(checks[m]) for m in modes if not checks[m]["ok"]}
+    if bad:
+        r["refused" if best is None else "refused_modes"] = json.dumps(bad)
+    return [r]
 
 
 # ---------------------------------------------------------------------------------------

@@ -122,7 +122,7 @@ def test_kernel_rows_pass_and_fail_loudly(w, bias_dropped):
 
 
 def test_ladder_refuses_a_rung_with_a_bug(w, bias_dropped):
-    rows = bench.ladder_rows(SPEC, w, "cpu", ctx=4, tokens=4, iters=1, rungs=("fused eager",))
+    rows = bench.ladder_rows(SPEC, w, "cpu", ctx=4, tokens=2, iters=1, rungs=("fused eager",))
     r = rows[0]
     assert r["ms_per_token"] is None and r["refused"], r
     assert any(f["verdict"] == "flip" for f in r["flips"])

@@ -82,6 +82,12 @@ def test_oracle_greedy_matches_oracle_generate(olmoe):
     got, margins = peers.oracle_greedy(o, prompt, 8)
     assert torch.equal(got, want)
     assert (margins >= 0).all() and margins.shape == (8,)
+    # teacher-forced along other tokens: each step's own choice, from the forced prefix
+    other = (want + 1) % spec.vocab
+    tf, _, logits = peers.oracle_greedy(o, prompt, 8, forced=other, return_logits=True)
+    assert tf[0] == want[0] and torch.equal(tf, logits.argmax(-1)) and logits.shape == (8, spec.vocab)
+    ref = o.generate(torch.cat([prompt, other[:3]]), 1)                      # the same prefix
+    assert tf[3] == ref[0]
 
 
 def test_compiled_step_gives_the_eager_tokens_moe(olmoe):
@@ -153,6 +159,37 @@ def test_a_peer_that_flips_is_refused_and_not_timed(monkeypatch):
     assert f["verdict"] == "flip" and f["gap"] == f["ref_top"] - f["ref_got"] >= f["threshold"]
     from onelaunch.results import row_passes
     assert not row_passes(r)
+
+
+def test_fast_decode_module_gives_the_oracles_tokens():
+    """The gpt-fast peer's module, uncompiled on the CPU (compiling it is the GPU's job:
+    fast_decode_rows): fed the oracle's tokens it chooses the oracle's at every step, and
+    greedy on its own it generates them."""
+    spec = get_spec("tiny-qwen2")
+    w = random_weights(spec, seed=2, device="cpu", dtype=torch.float32)
+    prompt = peers.make_prompt(spec, 19, seed=2)
+    ref, _, logits = peers.oracle_greedy(Oracle(spec, w, max_ctx=40), prompt, 10, return_logits=True)
+    fast = peers.FastDecode(spec, w, max_ctx=40)
+    tf, _ = peers.oracle_greedy(fast, prompt, 10, forced=ref)
+    j = peers.check_tokens(logits, tf)
+    assert j["ok"] and j["agree"] == "10/10"
+    assert torch.equal(peers.oracle_greedy(fast, prompt, 10)[0], ref)
+    # it captures as one graph with its cache writes (aot_eager: dynamo, no code generation)
+    step, g0 = peers.compiled_oracle_step(fast), peers.dynamo_graphs()
+    tf, _ = peers.oracle_greedy(fast, prompt, 10, step=step, compiled=True, forced=ref)
+    assert torch.equal(tf, ref) and peers.dynamo_graphs() - g0 <= 1
+    with pytest.raises(ValueError, match="GPU"):
+        peers.fast_decode_rows("tiny-qwen2", ctx=8, device="cpu")
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_fast_decode_peer_full_shape():
+    rows = peers.fast_decode_rows("qwen2.5-1.5b", ctx=512, device="cuda", iters=50, new_tokens=64)
+    print("\n", rows)
+    r = rows[0]
+    assert not r.get("refused"), r
+    assert r["ms_per_token"] > 0.5 * r["floor_ms"]
 
 
 def test_peer_rungs_checks_its_arguments():
