@@ -244,14 +244,24 @@ def cmd_generate(args) -> int:
         line += "; the reply ended (a stop token)"
     print(line + note)
     if args.check:
-        from .bench import agreement
+        # the agreement rule (onelaunch.agree), as for check and bench: the oracle is fed the
+        # engine's own tokens, and each of the engine's choices is judged against the
+        # oracle's logits for the same prefix (in chunks: a long prompt fits in memory)
+        from . import agree
         from .oracle import Oracle
-        ref = Oracle(spec, w, max_ctx=max_ctx).generate(prompt, len(got)).cpu()
         ids = torch.tensor(got)
-        k = agreement(ids, ref)
-        print(f"oracle: {k}/{len(got)} tokens agree" + ("" if k == len(got) else
-              f"; first difference at step {k} (oracle {int(ref[k])}, engine {int(ids[k])})"))
-        return 0 if k == len(got) else 1
+        o = Oracle(spec, w, max_ctx=max_ctx)
+        seq = torch.cat([torch.as_tensor(prompt).cpu().long(), ids[:-1]]).to(o.device)
+        n, rows = torch.as_tensor(prompt).numel(), []
+        with torch.no_grad():
+            for lo in range(0, seq.numel(), 1024):
+                hi = min(seq.numel(), lo + 1024)
+                logits = o(seq[lo:hi], torch.arange(lo, hi, device=o.device))   # [hi-lo, V]
+                if hi > n - 1:
+                    rows.append(logits[max(0, n - 1 - lo):].float().cpu())
+        j = agree.judge_tokens(torch.cat(rows), ids)
+        print(f"oracle: {agree.describe(j)}" + ("" if j["ok"] else "; REFUSED"))
+        return 0 if j["ok"] else 1
     return 0
 
 

@@ -156,11 +156,12 @@ def agree_ok(agree) -> bool:
 
 
 def flips_are_near_ties(row: dict) -> bool | None:
-    """Whether every recorded disagreement is a near tie of the reference's own logits:
-    our rungs list each teacher-forced flip with its margin and threshold (two bf16 ulps);
-    the peers record the margin at their first free-running flip. None: nothing recorded."""
+    """Whether every recorded disagreement is a near tie by the agreement rule
+    (:mod:`onelaunch.agree`: each row carries its verdict); rows of older runs carry a
+    margin and a threshold instead. None: nothing recorded."""
     if row.get("flips") is not None:
-        return all(f["margin"] <= f["near_tie_below"] for f in row["flips"])
+        return all(f["verdict"] != "flip" if "verdict" in f else f["margin"] <= f["near_tie_below"]
+                   for f in row["flips"])
     if row.get("flip_margin") is not None:
         return row["flip_margin"] <= NEAR_TIE
     return None

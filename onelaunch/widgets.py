@@ -178,6 +178,12 @@ def render_frame(rows: list[dict], rungs: list[str], k: int, models: list[str],
         lo, hi = min(allv) / 1.6, max(allv) * 1.6
         ax.set_xscale("log")
         ax.set_xlim(lo, hi)
+        # plain numbers on the log axis: matplotlib labels minor ticks "2x10^0" when a
+        # range spans less than a decade, and they overlap; keep only a few, plainly
+        from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+        ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_ylim(n - 0.5, -0.5)
         ax.set_yticks(range(n))
         ax.set_yticklabels([label(g, rows) for g in rungs], fontsize=FONT)

@@ -125,4 +125,4 @@ def test_gpu_long_context_agreement():
     w = random_weights(spec, 0, device="cuda")
     r = bench.long_context_agreement(spec, w, "cuda", ctx=8192, tokens=12)
     print(r)
-    assert r["agree"] == "12/12" or r["min_margin"] < 0.25
+    assert r["ok"], r["flips"]          # the agreement rule, at each step's own gap
