@@ -564,8 +564,7 @@ def plan_op_rows(spec, w, device="cuda", ctx: int = 512, iters: int = 50, read_t
     rule) and run to position ``ctx``; then, for each op, all its launches of one step
     (every layer) are captured in one CUDA graph and replayed. Bytes are the plan's, so
     ``excess_us`` is the time beyond what the bytes need at the measured bandwidth.
-    Returns [] and a refusal row if the engine fails the oracle check."""
-    from . import plan as plan_mod
+    Returns one refusal row if the engine fails the oracle check."""
     spec = get_spec(spec)
     dev = torch.device(device)
     g = torch.Generator().manual_seed(11)
