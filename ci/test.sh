@@ -10,6 +10,3 @@ export TRITON_INTERPRET=1
 # the book: tests/test_book.py (in the run above) executed every chapter on the CPU with
 # papermill and built the book with -W -n; now open it in headless chromium, offline
 .venv/bin/python -m pytest -q -m browser tests/test_browser.py
-# the gates are tested too: twelve deliberate kernel bugs, one at a time; each must fail
-# the suite (about two minutes on two cores)
-.venv/bin/python ci/mutants.py -j 2
