@@ -18,6 +18,11 @@
 #     moetune  OLMoE: launch configurations tried in the whole step, checked, the fastest
 #              written to kernels/tuned/<arch>.json keyed by weight shape
 #     qwenops  Qwen: the plan's per-op times and the ladder rungs
+#     tppeer   2 GPUs: the fused peer kernels against the unfused path, bit for bit, and
+#              their cost per call inside a graph (ci/tp_peer_check.py)
+#     tp       2 GPUs: `bench --tp 2` for both models (the one-GPU step, every all-reduce
+#              rung and the compute-only split, one run each)
+#     tpgen    2 GPUs: `generate --tp 2 --check` (fused and nccl), and --tp 2 on one GPU
 #     book     every chapter through papermill with the GPU parameters (ci/gpu_book.sh)
 # Results and logs go to $OUT (one archive, gpu-run.tar.gz, plus the last log).
 set -uo pipefail
@@ -62,6 +67,12 @@ has moetune && run moetune 420 python3 -m onelaunch.bench --model olmoe-1b-7b --
 has qwenops && run qwenops 240 python3 -m onelaunch.bench --model qwen2.5-1.5b --what ops,ladder --json work/qwen_ops.json
 has moepeers && run moepeers 500 python3 -m onelaunch.bench --model olmoe-1b-7b --what peers,ladder --json work/olmoe_peers.json
 has pytest && run pytest 500 python3 -m pytest -q -m gpu tests
+has tppeer && run tppeer 240 python3 ci/tp_peer_check.py
+has tp && run tp_qwen 420 python3 -m onelaunch bench --model qwen2.5-1.5b --tp 2 --ctx 512 --json work/tp_qwen.json
+has tp && run tp_olmoe 420 python3 -m onelaunch bench --model olmoe-1b-7b --tp 2 --ctx 512 --json work/tp_olmoe.json
+has tpgen && run tpgen_fused 240 python3 -m onelaunch generate --model qwen2.5-1.5b --tp 2 --prompt-len 512 --tokens 32 --check
+has tpgen && run tpgen_nccl 240 python3 -m onelaunch generate --model olmoe-1b-7b --tp 2 --tp-rung nccl --prompt-len 256 --tokens 16 --check
+has tpgen && run tp_one_gpu 60 env CUDA_VISIBLE_DEVICES=0 python3 -m onelaunch bench --model qwen2.5-1.5b --tp 2
 has book && run book 560 bash ci/gpu_book.sh "$OUT/book-gpu.tar.gz"
 cp "$LOG" "$OUT/" 2>/dev/null
 tar czf "$OUT/gpu-run.tar.gz" work results 2>/dev/null

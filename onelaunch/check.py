@@ -256,3 +256,20 @@ def format_report(r: dict) -> str:
                      f"{d['hf_gap']:.4g} (threshold {d['threshold']:.4g}): {d['verdict']}")
     lines.append("  PASS" if r["ok"] else "  FAIL")
     return "\n".join(lines)
+
+
+@torch.no_grad()
+def judge_generated(spec, weights, prompt, ids, max_ctx: int) -> dict:
+    """The agreement rule (:mod:`onelaunch.agree`) on tokens an engine generated: the
+    oracle is fed the engine's own tokens, and each of the engine's choices is judged
+    against the oracle's logits for the same prefix (in chunks: a long prompt fits)."""
+    ids = torch.as_tensor(ids).cpu().long()
+    o = Oracle(spec, weights, max_ctx=max_ctx)
+    seq = torch.cat([torch.as_tensor(prompt).cpu().long(), ids[:-1]]).to(o.device)
+    n, rows = torch.as_tensor(prompt).numel(), []
+    for lo in range(0, seq.numel(), 1024):
+        hi = min(seq.numel(), lo + 1024)
+        logits = o(seq[lo:hi], torch.arange(lo, hi, device=o.device))   # [hi-lo, V]
+        if hi > n - 1:
+            rows.append(logits[max(0, n - 1 - lo):].float().cpu())
+    return agree.judge_tokens(torch.cat(rows), ids)

@@ -8,12 +8,14 @@ a check that runs but disagrees exits 1.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 import torch
 
 from .check import UsageError, compare_with_hf, format_report
 from .specs import SPECS, UnknownModel, get_spec
+from .tp import RUNGS as RUNG_NAMES
 from .weights import CheckpointError
 
 
@@ -184,6 +186,8 @@ def cmd_generate(args) -> int:
     validate_prompt(spec, prompt, tokens, args.max_ctx or spec.max_ctx)
     n = prompt.numel()
     max_ctx = args.max_ctx or min(spec.max_ctx, n + tokens + 64)
+    if args.tp > 1:
+        return _generate_tp(args, spec, prompt, tokens, max_ctx, tok, device)
     batched = args.prefill == "batched"
     stream = None
     if text:
@@ -244,25 +248,48 @@ def cmd_generate(args) -> int:
         line += "; the reply ended (a stop token)"
     print(line + note)
     if args.check:
-        # the agreement rule (onelaunch.agree), as for check and bench: the oracle is fed the
-        # engine's own tokens, and each of the engine's choices is judged against the
-        # oracle's logits for the same prefix (in chunks: a long prompt fits in memory)
         from . import agree
-        from .oracle import Oracle
-        ids = torch.tensor(got)
-        o = Oracle(spec, w, max_ctx=max_ctx)
-        seq = torch.cat([torch.as_tensor(prompt).cpu().long(), ids[:-1]]).to(o.device)
-        n, rows = torch.as_tensor(prompt).numel(), []
-        with torch.no_grad():
-            for lo in range(0, seq.numel(), 1024):
-                hi = min(seq.numel(), lo + 1024)
-                logits = o(seq[lo:hi], torch.arange(lo, hi, device=o.device))   # [hi-lo, V]
-                if hi > n - 1:
-                    rows.append(logits[max(0, n - 1 - lo):].float().cpu())
-        j = agree.judge_tokens(torch.cat(rows), ids)
+        from .check import judge_generated
+        j = judge_generated(spec, w, prompt, torch.tensor(got), max_ctx)
         print(f"oracle: {agree.describe(j)}" + ("" if j["ok"] else "; REFUSED"))
         return 0 if j["ok"] else 1
     return 0
+
+
+def _generate_tp(args, spec, prompt, tokens, max_ctx, tok, device) -> int:
+    """generate --tp N: one process per GPU, each a rank; rank 0 reports (no streaming)."""
+    from . import tp
+    try:
+        out = tp.launch(tp.generate_job, world=args.tp, device=device, uses=(args.tp_rung,),
+                        timeout_s=args.timeout, model=spec.name, checkpoint=args.checkpoint,
+                        prompt=prompt, tokens=tokens, seed=args.seed, rung=args.tp_rung,
+                        max_ctx=max_ctx, check=args.check)[0]
+    except tp.TPError as ex:
+        raise UsageError(str(ex)) from None
+    ids = out["ids"]
+    print(f"{spec.name} on {args.tp} GPUs ({args.tp_rung} all-reduce, CUDA graph): prompt "
+          f"{prompt.numel()} ids, {tokens} tokens")
+    print(tok.decode(ids) if tok is not None else "ids: " + " ".join(map(str, ids)))
+    print(f"time to first token {out['ttft_s']:.3f} s (prompt step by step); decode "
+          f"{out['ms_per_token']:.3f} ms/token" if out["ms_per_token"] else "")
+    if args.check:
+        print(f"oracle: {out['verdict']}" + ("" if out["ok"] else "; REFUSED"))
+        return 0 if out["ok"] else 1
+    return 0
+
+
+def _add_tp(p, many: bool):
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel over this many GPUs "
+                   "(one process each; default 1)")
+    if many:
+        p.add_argument("--tp-rungs", default=",".join(RUNG_NAMES),
+                       help=f"all-reduce rungs to measure (default {','.join(RUNG_NAMES)})")
+    else:
+        p.add_argument("--tp-rung", default="fused", choices=RUNG_NAMES,
+                       help="how partial sums meet: nccl (works without peer access), symm, "
+                       "p2p or fused (default; needs peer access)")
+    p.add_argument("--timeout", type=float, default=900,
+                   help="seconds before a --tp run is stopped (default 900)")
 
 
 def _add_engine_device(p):
@@ -304,6 +331,7 @@ def _add_generate(sub):
     p.add_argument("--eager", action="store_true", help="launch kernels one by one, no CUDA graph")
     p.add_argument("--max-ctx", type=int, default=None, help="the engine's context (default: fits)")
     p.add_argument("--check", action="store_true", help="also decode with the oracle and compare")
+    _add_tp(p, many=False)
     p.set_defaults(func=cmd_generate)
 
 
@@ -345,6 +373,8 @@ def cmd_bench(args) -> int:
                          "tiny-qwen2 or tiny-olmoe")
     if args.ctx < 1 or args.ctx + args.tokens + args.iters + 64 > spec.max_ctx:
         raise UsageError(f"--ctx must be between 1 and {spec.max_ctx - args.tokens - args.iters - 64}")
+    if args.tp > 1:
+        return _bench_tp(args, spec, device)
     bw = read_bandwidth(device) if device == "cuda" else None
     rows = []
     w = random_weights(spec, args.seed, device=device)      # one set, shared by every rung
@@ -375,6 +405,43 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def _bench_tp(args, spec, device) -> int:
+    """bench --tp N: the one-GPU step and every all-reduce rung, measured in one run."""
+    from . import results, tp
+    rungs = tuple(r.strip() for r in args.tp_rungs.split(",") if r.strip())
+    if device == "cpu":
+        rungs = tp.CPU_RUNGS
+    bad = [r for r in rungs if r not in tp.RUNGS + tp.CPU_RUNGS]
+    if bad:
+        raise UsageError(f"unknown --tp-rungs {','.join(bad)}: use {','.join(tp.RUNGS)}")
+    try:
+        tp.check_hardware(args.tp, rungs, device)
+    except tp.TPError as ex:
+        raise UsageError(str(ex)) from None
+    try:
+        rows = tp.launch(tp.bench_job, world=args.tp, device=device, uses=rungs,
+                         timeout_s=args.timeout, model=spec.name, ctx=args.ctx,
+                         tokens=args.tokens, iters=args.iters, rungs=rungs, seed=args.seed)[0]
+    except tp.TPError as ex:
+        print(f"error: {ex}", file=sys.stderr)
+        return 1
+    print(tp.format_rows(rows))
+    if device == "cuda":
+        p = results.write("tp", rows, device, {"model": spec.name, "ctx": args.ctx, "tp": args.tp},
+                          merge_keys=("model", "tp", "rung", "ctx"),
+                          gpu=f"{results.gpu_slug(device)}x{args.tp}")
+        print(f"wrote {p}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"rows": rows}, f, indent=1)
+    refused = [r for r in rows if r.get("ok") is False]
+    if refused:
+        print(f"FAILED: refused by the oracle check: {', '.join(r['rung'] for r in refused)}",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
 def _add_bench(sub):
     p = sub.add_parser("bench", help="every rung of the ladder, checked against the oracle",
                        description="Measure the read bandwidth, then each rung (ms/token, the "
@@ -390,6 +457,7 @@ def _add_bench(sub):
     p.add_argument("--no-peers", dest="peers", action="store_false",
                    help="skip the peer rungs (HF generate, the eager and compiled oracle)")
     p.add_argument("--json", default=None, help="also write the rows to this file")
+    _add_tp(p, many=True)
     p.set_defaults(func=cmd_bench)
 
 

@@ -23,11 +23,15 @@ measured 0.01-0.03 ms a token slower than the separate RoPE kernel, so no rung u
 
 The step itself is data: ``self.plan``, a list of launches built from the spec by the
 block builders in ``plan.py`` (embedding, attention, dense MLP or mixture of experts,
-head), so Qwen2.5 and OLMoE differ only in the blocks they pick.
+head), so Qwen2.5 and OLMoE differ only in the blocks they pick. With ``tp`` (a
+``tp.Group``) the engine is one rank of a tensor-parallel group: built from a sharded spec
+and sharded weights (``tp.shard_spec``, ``tp.shard_weights``), its plan adds what the
+group's rung needs where partial sums meet.
 """
 from __future__ import annotations
 
 import torch
+import torch.distributed
 
 from . import kernels as K
 from . import plan
@@ -44,7 +48,7 @@ class EngineError(ValueError):
 class Engine:
     def __init__(self, spec, weights: dict[str, torch.Tensor], max_ctx: int | None = None,
                  attention: str = "splitk", pdl: bool = False, fuse_rope: bool = False,
-                 device=None, cfgs: dict | None = None):
+                 device=None, cfgs: dict | None = None, tp=None):
         self.spec = spec = get_spec(spec)
         if attention not in ("plain", "splitk"):
             raise EngineError("attention must be 'plain' or 'splitk'")
@@ -66,6 +70,7 @@ class Engine:
                               "(whose RMS spans all heads)")
         self.fuse_rope = bool(fuse_rope)
         self.cfgs = dict(cfgs or {})                    # op -> launch config (a sweep's trial)
+        self.tp = tp                                    # tp.Group: this engine is one rank
         self.hf_weights = weights                       # the HF-named dict (prefill reads it)
         self.W = pack_weights(spec, weights)
         dev, s = self.device, spec
@@ -156,6 +161,8 @@ class Engine:
                 self.step_launches()
         torch.cuda.current_stream().wait_stream(s)
         torch.cuda.synchronize()
+        if self.tp is not None:           # every rank has warmed up before any captures
+            torch.distributed.barrier()
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
             self.step_launches()
@@ -212,6 +219,9 @@ class Engine:
         tokens, a batched read for streaming output; otherwise once, at the end."""
         ids = self.check_prompt(prompt_ids, max_new_tokens)
         n = ids.numel()
+        if batched_prefill and self.tp is not None:
+            raise EngineError("batched prefill runs on one GPU: under --tp the prompt fills "
+                              "the cache step by step (leave out --prefill)")
         if graph and self.graph is None:
             self.capture()
         first = 0

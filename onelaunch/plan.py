@@ -74,9 +74,14 @@ def attention(e, li: int) -> list[Launch]:
     else:
         q = e.buf("q", (s.q_size,))                   # q after RoPE
         qn, kn = L.get("q_norm"), L.get("k_norm")
+        norm = {}
+        if s.qk_norm and e.tp is not None:            # the RMS spans every rank's heads
+            launches, ss = qk_sumsq(e, li, qkv)
+            out += launches
+            norm = dict(ss=ss, q_total=e.tp.full.q_size, k_total=e.tp.full.kv_size)
         out.append(Launch("rope_kv_write", li, lambda: K.rope_kv_write(
             qkv, q, kc, vc, e.cos, e.sin, e.pos, s.heads, s.kv_heads, s.head_dim, use_pdl=pdl,
-            q_norm=qn, k_norm=kn, eps=s.rms_eps), _nbytes(qn, kn)))
+            q_norm=qn, k_norm=kn, eps=s.rms_eps, **norm), _nbytes(qn, kn)))
         if e.attention == "plain":
             c = e.cfg("attention")
             out.append(Launch("attention", li, lambda: K.attention(
@@ -91,8 +96,8 @@ def attention(e, li: int) -> list[Launch]:
         pm, pl, po = e.partials()
         out.append(Launch("attention_reduce", li, lambda: K.attention_reduce(
             po, pm, pl, attn, e.pos, s.head_dim, e.chunk, use_pdl=pdl), 0))
-    out.append(Launch("o_proj_residual", li, lambda: K.o_proj_residual(attn, L["w_o"], e.x, use_pdl=pdl, cfg=c_o),
-                      _nbytes(L["w_o"])))
+    out += into_residual(e, "o_proj_residual", li, _nbytes(L["w_o"]), lambda **tp: K.o_proj_residual(
+        attn, L["w_o"], e.x, use_pdl=pdl, cfg=c_o, **tp))
     return out
 
 
@@ -107,9 +112,8 @@ def dense_mlp(e, li: int) -> list[Launch]:
         Launch("rms_gate_up_swiglu", li, lambda: K.rms_gate_up_swiglu(
             e.x, L["post_norm"], L["w_gate_up"], h, s.rms_eps, use_pdl=pdl, cfg=c_gu),
             _nbytes(L["post_norm"], L["w_gate_up"])),
-        Launch("down_residual", li, lambda: K.down_residual(
-            h, L["w_down"], e.x, scratch, counter, use_pdl=pdl, cfg=c_dn), _nbytes(L["w_down"])),
-    ]
+    ] + into_residual(e, "down_residual", li, _nbytes(L["w_down"]), lambda **tp: K.down_residual(
+        h, L["w_down"], e.x, scratch, counter, use_pdl=pdl, cfg=c_dn, **tp))
 
 
 def moe_mlp(e, li: int) -> list[Launch]:
@@ -136,23 +140,76 @@ def moe_mlp(e, li: int) -> list[Launch]:
         Launch("moe_gate_up_swiglu", li, lambda: K.moe_gate_up_swiglu(
             xn, L["w_experts_gate_up"], ids, h, use_pdl=pdl, cfg=c_gu),
             k * per_expert(L["w_experts_gate_up"])),
-        Launch("moe_down_residual", li, lambda: K.moe_down_residual(
-            h, L["w_experts_down"], ids, wts, e.x, scratch, counter, use_pdl=pdl, cfg=c_dn),
-            k * per_expert(L["w_experts_down"])),
-    ]
+    ] + into_residual(e, "moe_down_residual", li, k * per_expert(L["w_experts_down"]),
+                      lambda **tp: K.moe_down_residual(h, L["w_experts_down"], ids, wts, e.x, scratch,
+                                                       counter, use_pdl=pdl, cfg=c_dn, **tp))
 
 
 def head(e) -> list[Launch]:
-    """Final RMSNorm + LM head + argmax; the last program also advances the position."""
-    s, W = e.spec, e.W
+    """Final RMSNorm + LM head + argmax; the last program also advances the position.
+    Under TP each rank holds a slice of the vocabulary: its best (logit, index) meets the
+    other ranks' in the fused merge, or through an all-reduce and ``argmax_merge``."""
+    s, W, tp = e.spec, e.W, e.tp
     c = e.cfg("lm_head", W["lm_head"])
-    n_prog = -(-s.vocab // c["BLOCK_N"])
-    logits = e.buf("logits", (s.vocab,), F32)
+    V = W["lm_head"].shape[0]                          # this rank's rows (all of them at TP=1)
+    n_prog = -(-V // c["BLOCK_N"])
+    logits = e.buf("logits", (V,), F32)
     val, idx = e.buf("lm_val", (n_prog,), F32), e.buf("lm_idx", (n_prog,), I32)
     counter = e.buf("lm_counter", (1,), I32)
-    return [Launch("lm_head_argmax", None, lambda: K.lm_head_argmax(
-        e.x, W["norm"], W["lm_head"], logits, val, idx, counter, e.seq, e.pos, e.prompt_len,
-        s.rms_eps, use_pdl=e.pdl, cfg=c, argmax=e.argmax), _nbytes(W["norm"], W["lm_head"]))]
+    nbytes = _nbytes(W["norm"], W["lm_head"])
+    run = lambda **kw: K.lm_head_argmax(e.x, W["norm"], W["lm_head"], logits, val, idx, counter,
+                                        e.seq, e.pos, e.prompt_len, s.rms_eps, use_pdl=e.pdl, cfg=c,
+                                        argmax=e.argmax, **kw)
+    if tp is None:
+        return [Launch("lm_head_argmax", None, run, nbytes)]
+    where = dict(vocab_offset=tp.vocab_offset(), rank=tp.rank, world=tp.world)
+    if tp.fused or tp.rung == "p2p":
+        site = tp.site()
+        return [Launch("lm_head_argmax", None, lambda: run(peer=site, **where), nbytes)]
+    keys = tp.buffer(e, "lm_keys", (2 * tp.world,))    # (max, index) per rank, zeros elsewhere
+    reduce, total = tp.allreduce(e, keys)
+    return ([Launch("lm_head_argmax", None, lambda: run(keys=keys, **where), nbytes)]
+            + ([Launch("all_reduce", None, reduce, 0)] if reduce else [])
+            + [Launch("argmax_merge", None, lambda: K.argmax_merge(
+                total, e.seq, e.pos, e.prompt_len, tp.world, use_pdl=e.pdl, argmax=e.argmax), 0)])
+
+
+# ---- tensor parallelism: where partial sums meet ---------------------------------------
+def into_residual(e, op: str, li: int, weight_bytes: int, gemv) -> list[Launch]:
+    """A row-parallel GEMV whose output is added to the residual stream x. ``gemv(**kw)``
+    issues the kernel; at TP=1 it adds into x itself. Under TP (``e.tp``, see ``tp.py``) the
+    rung decides: ``fused`` passes a peer call site (the kernel's last program exchanges
+    its rows with the other ranks and adds the sum); the others write the rank's fp32
+    partial, all-reduce it (one more launch) and add it to x (one more)."""
+    tp = e.tp
+    if tp is None:
+        return [Launch(op, li, gemv, weight_bytes)]
+    if tp.fused:
+        site = tp.site()
+        return [Launch(op, li, lambda: gemv(peer=site), weight_bytes)]
+    part = tp.buffer(e, "tp_partial", (e.spec.hidden,))
+    out = [Launch(op, li, lambda: gemv(out=part), weight_bytes)]
+    if tp.rung == "p2p":                 # the peer exchange as a launch of its own
+        site = tp.site()
+        return out + [Launch("allreduce_residual", li, lambda: K.allreduce_residual(
+            part, e.x, site, use_pdl=e.pdl), 0)]
+    reduce, total = tp.allreduce(e, part)
+    return (out + ([Launch("all_reduce", li, reduce, 0)] if reduce else [])
+            + [Launch("residual_add", li, lambda: K.residual_add(total, e.x, use_pdl=e.pdl), 0)])
+
+
+def qk_sumsq(e, li: int, qkv) -> tuple[list[Launch], torch.Tensor]:
+    """OLMoE under TP: q/k RMSNorm spans all heads, so the ranks' sums of squares of q and
+    k are added first (2 floats; fused: inside the same launch)."""
+    s, tp = e.spec, e.tp
+    if tp.fused or tp.rung == "p2p":
+        ss, site = e.buf("qk_ss", (2,), F32), tp.site()
+        return [Launch("qk_sumsq", li, lambda: K.qk_sumsq(qkv, ss, s.q_size, s.kv_size,
+                                                          use_pdl=e.pdl, peer=site), 0)], ss
+    ss = tp.buffer(e, "qk_ss", (2,))
+    reduce, total = tp.allreduce(e, ss)
+    return ([Launch("qk_sumsq", li, lambda: K.qk_sumsq(qkv, ss, s.q_size, s.kv_size, use_pdl=e.pdl), 0)]
+            + ([Launch("all_reduce", li, reduce, 0)] if reduce else [])), total
 
 
 def build(e) -> list[Launch]:

@@ -87,19 +87,22 @@ def _init_scale(name: str, shape, spec: ModelSpec) -> tuple[float, float]:
     return 0.0, gain * 3 ** 0.5 / fan_in ** 0.5
 
 
+def random_tensor(spec, name: str, shape, seed: int = 0, device="cpu",
+                  dtype=torch.bfloat16) -> torch.Tensor:
+    """One seeded random tensor, by HF name: the same bits whichever tensors are made with it."""
+    spec = get_spec(spec)
+    off, half = _init_scale(name, shape, spec)
+    t = hash_uniform(shape, _tensor_seed(seed, name), half, device=device)
+    if off:
+        t = (t.float() + off).to(torch.bfloat16)
+    return t.to(dtype)
+
+
 def random_weights(spec, seed: int = 0, device="cpu", dtype=torch.bfloat16) -> dict[str, torch.Tensor]:
     """Seeded random weights under HF names. Same seed, same bits, on any device."""
     spec = get_spec(spec)
-    shapes = hf_param_shapes(spec)
-    w: dict[str, torch.Tensor] = {}
-    for name, shape in shapes.items():
-        if spec.tie_embeddings and name == "lm_head.weight":
-            continue
-        off, half = _init_scale(name, shape, spec)
-        t = hash_uniform(shape, _tensor_seed(seed, name), half, device=device)
-        if off:
-            t = (t.float() + off).to(torch.bfloat16)
-        w[name] = t.to(dtype)
+    w = {name: random_tensor(spec, name, shape, seed, device, dtype)
+         for name, shape in hf_param_shapes(spec).items() if not (spec.tie_embeddings and name == "lm_head.weight")}
     if spec.tie_embeddings:
         w["lm_head.weight"] = w["model.embed_tokens.weight"]
     return w
