@@ -76,13 +76,15 @@ def sources(root: Path) -> list[dict]:
     gpu = book_gpu(root)
     if gpu is None:
         return out
-    for name in shown_results(root):
-        p = root / "results" / gpu / f"{name}.json"
+    # the same GPU's multi-GPU runs (results/h200x2/: chapter 7) belong to the same book run
+    folders = [gpu] + sorted(p.name for p in (root / "results").glob(f"{gpu}x[0-9]*") if p.is_dir())
+    for folder, name in ((f, n) for f in folders for n in shown_results(root)):
+        p = root / "results" / folder / f"{name}.json"
         if not p.exists():
             continue
         data = json.loads(p.read_text())
         meta = data.get("meta", {})
-        rel = f"results/{gpu}/{name}.json"
+        rel = f"results/{folder}/{name}.json"
         out.append({"what": rel, "commit": meta.get("commit"), "run": meta.get("run")})
         rows = [r for r in data.get("rows", []) if isinstance(r, dict)]
         by = collections.Counter((r.get("commit"), r.get("run")) for r in rows

@@ -160,7 +160,7 @@ def head(e) -> list[Launch]:
     run = lambda **kw: K.lm_head_argmax(e.x, W["norm"], W["lm_head"], logits, val, idx, counter,
                                         e.seq, e.pos, e.prompt_len, s.rms_eps, use_pdl=e.pdl, cfg=c,
                                         argmax=e.argmax, **kw)
-    if tp is None:
+    if tp is None or tp.rung == "none":               # none: the rank's own best (timing only)
         return [Launch("lm_head_argmax", None, run, nbytes)]
     where = dict(vocab_offset=tp.vocab_offset(), rank=tp.rank, world=tp.world)
     if tp.fused or tp.rung == "p2p":
@@ -168,10 +168,10 @@ def head(e) -> list[Launch]:
         return [Launch("lm_head_argmax", None, lambda: run(peer=site, **where), nbytes)]
     keys = tp.buffer(e, "lm_keys", (2 * tp.world,))    # (max, index) per rank, zeros elsewhere
     reduce, total = tp.allreduce(e, keys)
-    return ([Launch("lm_head_argmax", None, lambda: run(keys=keys, **where), nbytes)]
-            + ([Launch("all_reduce", None, reduce, 0)] if reduce else [])
-            + [Launch("argmax_merge", None, lambda: K.argmax_merge(
-                total, e.seq, e.pos, e.prompt_len, tp.world, use_pdl=e.pdl, argmax=e.argmax), 0)])
+    return [Launch("lm_head_argmax", None, lambda: run(keys=keys, **where), nbytes),
+            Launch("all_reduce", None, reduce, 0),
+            Launch("argmax_merge", None, lambda: K.argmax_merge(
+                total, e.seq, e.pos, e.prompt_len, tp.world, use_pdl=e.pdl, argmax=e.argmax), 0)]
 
 
 # ---- tensor parallelism: where partial sums meet ---------------------------------------
@@ -182,7 +182,7 @@ def into_residual(e, op: str, li: int, weight_bytes: int, gemv) -> list[Launch]:
     its rows with the other ranks and adds the sum); the others write the rank's fp32
     partial, all-reduce it (one more launch) and add it to x (one more)."""
     tp = e.tp
-    if tp is None:
+    if tp is None or tp.rung == "none":  # none: the rank's partial alone (timing only)
         return [Launch(op, li, gemv, weight_bytes)]
     if tp.fused:
         site = tp.site()
@@ -194,22 +194,23 @@ def into_residual(e, op: str, li: int, weight_bytes: int, gemv) -> list[Launch]:
         return out + [Launch("allreduce_residual", li, lambda: K.allreduce_residual(
             part, e.x, site, use_pdl=e.pdl), 0)]
     reduce, total = tp.allreduce(e, part)
-    return (out + ([Launch("all_reduce", li, reduce, 0)] if reduce else [])
-            + [Launch("residual_add", li, lambda: K.residual_add(total, e.x, use_pdl=e.pdl), 0)])
+    return out + [Launch("all_reduce", li, reduce, 0),
+                  Launch("residual_add", li, lambda: K.residual_add(total, e.x, use_pdl=e.pdl), 0)]
 
 
 def qk_sumsq(e, li: int, qkv) -> tuple[list[Launch], torch.Tensor]:
     """OLMoE under TP: q/k RMSNorm spans all heads, so the ranks' sums of squares of q and
     k are added first (2 floats; fused: inside the same launch)."""
     s, tp = e.spec, e.tp
-    if tp.fused or tp.rung == "p2p":
-        ss, site = e.buf("qk_ss", (2,), F32), tp.site()
+    if tp.rung in ("fused", "p2p", "none"):           # none: the rank's own sums (timing only)
+        ss = e.buf("qk_ss", (2,), F32)
+        peer = {} if tp.rung == "none" else {"peer": tp.site()}
         return [Launch("qk_sumsq", li, lambda: K.qk_sumsq(qkv, ss, s.q_size, s.kv_size,
-                                                          use_pdl=e.pdl, peer=site), 0)], ss
+                                                          use_pdl=e.pdl, **peer), 0)], ss
     ss = tp.buffer(e, "qk_ss", (2,))
     reduce, total = tp.allreduce(e, ss)
-    return ([Launch("qk_sumsq", li, lambda: K.qk_sumsq(qkv, ss, s.q_size, s.kv_size, use_pdl=e.pdl), 0)]
-            + ([Launch("all_reduce", li, reduce, 0)] if reduce else [])), total
+    return [Launch("qk_sumsq", li, lambda: K.qk_sumsq(qkv, ss, s.q_size, s.kv_size, use_pdl=e.pdl), 0),
+            Launch("all_reduce", li, reduce, 0)], total
 
 
 def build(e) -> list[Launch]:

@@ -27,8 +27,9 @@ The plan (``plan.py``) then adds what sharding needs after each partial sum, per
            adds the residual (``kernels/peer.py``)                  (1 launch)
     gloo   (CPU, Triton's interpreter) ``dist.all_reduce`` over gloo: the CI check of the
            sharding arithmetic
-    none   no reduction at all: the rank's compute alone, timed to split a step into compute
-           and communication (its tokens are wrong and it is never a result)
+    none   no reduction at all: the fused rung's launches with nothing exchanged, the rank's
+           compute alone, timed to split a step into compute and communication (its
+           tokens are wrong and it is never a result)
 
 ``launch`` runs a job on every rank (one process per GPU), with a timeout and an error that
 names the rank; it never calls ``destroy_process_group`` after a captured collective (that
@@ -202,8 +203,6 @@ class Group:
             if hasattr(op, "one_shot_all_reduce_out"):
                 return (lambda: op.one_shot_all_reduce_out(t, "sum", g, out)), out
             return (lambda: out.copy_(op.one_shot_all_reduce(t, "sum", g))), out
-        if self.rung == "none":
-            return None, t
         raise TPError(f"rung {self.rung!r} has no separate all-reduce launch")
 
     def reset(self):
