@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 KERNELS = "onelaunch/kernels/"
 FAST = "tests/test_kernels.py"          # every kernel against its reference: ~1 minute
 MOE = [FAST, "-k", "moe"]               # its MoE tests: seconds
+TP = "tests/test_tp.py"                 # tensor parallelism's kernel modes: ~10 s
 
 
 @dataclass
@@ -61,10 +62,9 @@ MUTANTS = [
     Mutant("split-K boundary off by one", "down_residual.py",
            "k_end = tl.minimum(k_start + k_per_split, K)",
            "k_end = tl.minimum(k_start + k_per_split + 1, K)"),
-    Mutant("lost residual (o_proj)", "o_proj_residual.py",
-           "bf16_round(x + y)", "bf16_round(y)"),
-    Mutant("lost residual (down)", "down_residual.py",
-           "bf16_round(x + bf16_round(y))", "bf16_round(bf16_round(y))"),
+    # o_proj, down, the MoE down and residual_add share one epilogue (finish_rows)
+    Mutant("lost residual", "_common.py",
+           "bf16_round(x + bf16_round(total))", "bf16_round(bf16_round(total))"),
     Mutant("RoPE sign", "rope_kv.py",
            "sign = tl.where(d < HALF, -1.0, 1.0)", "sign = tl.where(d < HALF, 1.0, -1.0)"),
     Mutant("dropped bias", "rms_qkv.py",
@@ -72,11 +72,15 @@ MUTANTS = [
     Mutant("argmax tie order", "lm_head_argmax.py",
            "take = v > run_val", "take = v >= run_val"),
     Mutant("RMS epsilon", "_common.py",
-           "tl.sum(acc, axis=0) / K + eps)", "tl.sum(acc, axis=0) / K)"),
+           "tl.sqrt(ss / K + eps)", "tl.sqrt(ss / K)"),
     Mutant("MoE expert id", "moe_experts.py",
            "e = tl.load(ids_ptr + slot)", "e = tl.load(ids_ptr + 0)", MOE),
     Mutant("MoE routing weight", "moe_experts.py",
            "tl.load(wts_ptr + slot)", "tl.load(wts_ptr)", MOE),
+    Mutant("TP argmax merge tie order", "_common.py",
+           "tl.min(tl.where(vals == m, idxs", "tl.max(tl.where(vals == m, idxs", [TP]),
+    Mutant("TP q/k norm statistic", "rope_kv.py",
+           "rstd_of(tl.load(ss_ptr + 1), k_total", "rstd_of(tl.load(ss_ptr), k_total", [TP]),
 ]
 
 

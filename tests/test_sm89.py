@@ -211,8 +211,72 @@ def case_moe(spec):
         yield {"op": "moe_down", **c}
 
 
+def _peer_site():
+    """A CPU PeerBuffers site (2 ranks) large enough for every TP launch below."""
+    from onelaunch.kernels import PeerBuffers
+    slots, flags, seqnos = PeerBuffers.alloc_shared(2, 1, 4096, 1024)
+    return PeerBuffers.from_tensors(0, 2, slots, flags, seqnos[0]).site(0)
+
+
+def case_tp(spec):
+    """Tensor parallelism's modes at one rank's shapes of TP=2: the row-parallel
+    projections' ``out`` (unfused) and ``peer`` (fused) epilogues, the vocabulary-split LM
+    head's ``keys`` and ``peer``, RoPE with the ranks' q/k statistic, and tp_ops."""
+    from onelaunch import kernels as K
+    H, V, k = spec.hidden, spec.vocab // 2, spec.top_k
+    site = _peer_site()
+    ep = [("out", dict(out=_t(H, dtype="f32"))), ("peer", dict(peer=site))]
+    for c in _sm89_configs("o_proj"):
+        for name, kw in ep:
+            K.o_proj_residual(_t(spec.q_size // 2), _t(H, spec.q_size // 2), _t(H), cfg=c, **kw)
+            yield {"op": "o_proj", name: True, **c}
+    if spec.is_moe:
+        I, E = spec.intermediate // 2, spec.experts
+        for c in _sm89_configs("moe_down"):
+            for name, kw in ep:
+                K.moe_down_residual(_t(k, I), _t(E, H, I), _t(k, dtype="i32"), _t(k, dtype="f32"),
+                                    _t(H), _t(k * H, dtype="f32"), _t(H, dtype="i32"), cfg=c, **kw)
+                yield {"op": "moe_down", name: True, **c}
+        D, C = spec.head_dim, 256
+        hq, hkv = spec.heads // 2, spec.kv_heads // 2
+        K.rope_kv_write(_t((hq + 2 * hkv) * D), _t(hq * D), _t(hkv, C, D), _t(hkv, C, D), _t(C, D),
+                        _t(C, D), _t(1, dtype="i32"), hq, hkv, D, q_norm=_t(hq * D),
+                        k_norm=_t(hkv * D), eps=1e-5, ss=_t(2, dtype="f32"), q_total=spec.q_size,
+                        k_total=spec.kv_heads * D)
+        yield {"op": "rope_ss"}
+        for peer in (None, site):
+            K.qk_sumsq(_t((hq + 2 * hkv) * D), _t(2, dtype="f32"), hq * D, hkv * D, peer=peer)
+            yield {"op": "qk_sumsq", "peer": peer is not None}
+    else:
+        I = spec.intermediate // 2
+        for c in _sm89_configs("down"):
+            for split in sorted({1, c.get("SPLIT_K", 1)}):
+                for name, kw in ep:
+                    K.down_residual(_t(I), _t(H, I), _t(H), _t(16 * H, dtype="f32"),
+                                    _t(H, dtype="i32"), cfg={**c, "SPLIT_K": split}, **kw)
+                    yield {"op": "down", name: True, **c, "SPLIT_K": split}
+    for c in _sm89_configs("lm_head"):
+        n = -(-V // c["BLOCK_N"])
+        for name, kw in (("keys", dict(keys=_t(4, dtype="f32"), vocab_offset=V, rank=1, world=2)),
+                         ("peer", dict(peer=site))):
+            K.lm_head_argmax(_t(H), _t(H), _t(V, H), _t(V, dtype="f32"), _t(n, dtype="f32"),
+                             _t(n, dtype="i32"), _t(1, dtype="i32"), _t(64, dtype="i32"),
+                             _t(1, dtype="i32"), _t(1, dtype="i32"), 1e-6, cfg=c,
+                             argmax=_t(64, dtype="i32"), **kw)
+            yield {"op": "lm_head", name: True, **c}
+    K.residual_add(_t(H, dtype="f32"), _t(H))
+    yield {"op": "residual_add"}
+    K.allreduce_residual(_t(H, dtype="f32"), _t(H), site)
+    yield {"op": "allreduce_residual"}
+    for argmax in (None, _t(64, dtype="i32")):
+        K.argmax_merge(_t(4, dtype="f32"), _t(64, dtype="i32"), _t(1, dtype="i32"),
+                       _t(1, dtype="i32"), 2, argmax=argmax)
+        yield {"op": "argmax_merge", "argmax": argmax is not None}
+
+
 CASES = [case_embed, case_rms_qkv, case_rope_kv, case_attention, case_attention_splitk,
-         case_attention_onekernel, case_o_proj, case_gate_up, case_down, case_lm_head, case_moe]
+         case_attention_onekernel, case_o_proj, case_gate_up, case_down, case_lm_head, case_moe,
+         case_tp]
 
 
 # ---- compiling without a GPU ----------------------------------------------------------

@@ -12,3 +12,5 @@ from .down_residual import down_residual  # noqa: F401
 from .lm_head_argmax import lm_head_argmax, programs_for  # noqa: F401
 from .moe_router import moe_router  # noqa: F401
 from .moe_experts import moe_down_residual, moe_gate_up_swiglu  # noqa: F401
+from .peer import PeerBuffers, PeerSite  # noqa: F401
+from .tp_ops import allreduce_residual, argmax_merge, qk_sumsq, residual_add  # noqa: F401

@@ -12,16 +12,32 @@ depend on the previous kernel, only the activation vector does.
 import triton
 import triton.language as tl
 
+from .peer import peer_sum
+
 
 @triton.jit
-def rms_rstd(x_ptr, K, eps, BLOCK_K: tl.constexpr):
-    """1 / sqrt(mean(x^2) + eps) over x[0:K] (x in bf16, statistic in fp32)."""
+def sum_sq(x_ptr, K, BLOCK_K: tl.constexpr):
+    """sum(x^2) over x[0:K] in fp32 (x in bf16): BLOCK_K lanes, tile by tile, then summed.
+    The order is fixed by BLOCK_K, so a caller that must agree with another (qk_sumsq with
+    rope_kv_write's norm) passes the same BLOCK_K."""
     acc = tl.zeros([BLOCK_K], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         offs = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + offs, mask=offs < K, other=0.0).to(tl.float32)
         acc += x * x
-    return 1.0 / tl.sqrt(tl.sum(acc, axis=0) / K + eps)
+    return tl.sum(acc, axis=0)
+
+
+@triton.jit
+def rstd_of(ss, K, eps):
+    """1 / sqrt(mean(x^2) + eps) from the sum of squares ``ss`` of K values."""
+    return 1.0 / tl.sqrt(ss / K + eps)
+
+
+@triton.jit
+def rms_rstd(x_ptr, K, eps, BLOCK_K: tl.constexpr):
+    """1 / sqrt(mean(x^2) + eps) over x[0:K] (x in bf16, statistic in fp32)."""
+    return rstd_of(sum_sq(x_ptr, K, BLOCK_K), K, eps)
 
 
 @triton.jit
@@ -141,27 +157,68 @@ def swiglu(gate, up):
 
 
 @triton.jit
+def finish_rows(total, x_ptr, out_ptr, offs_n, n_mask, tile, peer_ptr, OUT: tl.constexpr,
+                PEER: tl.constexpr, WORLD: tl.constexpr, FENCE: tl.constexpr):
+    """Where a program's finished projection rows (fp32 ``total``) go. By default the
+    residual add, rounded as HF rounds (the projection to bf16, then the sum):
+    x = bf16(x + bf16(total)). Under tensor parallelism ``total`` is one rank's partial:
+    with OUT it is stored unrounded to ``out`` and x is left alone (an all-reduce and
+    ``residual_add`` follow); with PEER the ranks' partials are summed in rank order
+    here (:func:`peer.peer_sum`, every rank gets the same bits) and then added to x."""
+    if OUT:
+        tl.store(out_ptr + offs_n, total, mask=n_mask)
+    else:
+        if PEER:
+            total = peer_sum(total, offs_n, n_mask, tile, peer_ptr, WORLD, FENCE)
+        x = tl.load(x_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+        tl.store(x_ptr + offs_n, bf16_round(x + bf16_round(total)).to(x_ptr.dtype.element_ty),
+                 mask=n_mask)
+
+
+@triton.jit
 def last_arrival_residual(y, scratch_ptr, counter_ptr, x_ptr, pid_n, pid_s, N, offs_n, n_mask,
-                          SPLITS: tl.constexpr, FENCE: tl.constexpr):
+                          out_ptr, peer_ptr, SPLITS: tl.constexpr, FENCE: tl.constexpr,
+                          OUT: tl.constexpr, PEER: tl.constexpr, WORLD: tl.constexpr):
     """x[offs_n] += sum over SPLITS partial rows, by the last program to arrive.
 
     Each of the SPLITS programs of row block ``pid_n`` stores its fp32 partial ``y`` as
     row ``pid_s`` of ``scratch`` [SPLITS, N], fences and bumps ``counter[pid_n]``; the
     last to arrive (the threadfence-reduction pattern) sums the rows in split order
     (fixed: deterministic, unlike atomic adds), rounds the sum to bf16 as HF rounds a
-    projection, adds the residual with one more rounding, and resets the counter."""
+    projection, adds the residual with one more rounding, and resets the counter.
+    (OUT / PEER: the sum goes where :func:`finish_rows` sends it.)"""
     tl.store(scratch_ptr + pid_s * N + offs_n, y, mask=n_mask)
     thread_fence(FENCE)                                  # this thread's partials are visible
     tl.debug_barrier()                                   # ... and every thread's
     arrived = tl.atomic_add(counter_ptr + pid_n, 1, sem="acq_rel")
     if arrived == SPLITS - 1:
+        tl.store(counter_ptr + pid_n, 0)
         total = tl.zeros_like(y)
         for s in range(SPLITS):                          # fixed order: deterministic
             total += tl.load(scratch_ptr + s * N + offs_n, mask=n_mask, other=0.0, volatile=True)
-        x = tl.load(x_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-        tl.store(x_ptr + offs_n, bf16_round(x + bf16_round(total)).to(x_ptr.dtype.element_ty),
-                 mask=n_mask)
-        tl.store(counter_ptr + pid_n, 0)
+        finish_rows(total, x_ptr, out_ptr, offs_n, n_mask, pid_n, peer_ptr, OUT, PEER, WORLD, FENCE)
+
+
+@triton.jit
+def step_bookkeeping(tok, seq_ptr, argmax_ptr, pos_ptr, prompt_len_ptr, HAS_ARGMAX: tl.constexpr):
+    """What the host would otherwise do between two greedy steps, given the step's token:
+    argmax[pos + 1] = tok (every step, prompt or not, with HAS_ARGMAX); seq[pos + 1] = tok
+    once past the prompt (inside it the prompt's own next token stays); pos += 1."""
+    pos = tl.load(pos_ptr, volatile=True)
+    if HAS_ARGMAX:
+        tl.store(argmax_ptr + pos + 1, tok)      # every step's choice, prompt or not
+    if pos + 1 >= tl.load(prompt_len_ptr):
+        tl.store(seq_ptr + pos + 1, tok)
+    tl.store(pos_ptr, pos + 1)
+
+
+@triton.jit
+def merge_keys(vals, idxs):
+    """The token from per-rank (max logit, global index) keys: the largest value, the lowest
+    index among equal values (torch.argmax's choice over the whole vocabulary). ``idxs``
+    holds indices as fp32 (exact below 2^24); padding lanes hold -inf / +inf."""
+    m = tl.max(vals, axis=0)
+    return tl.min(tl.where(vals == m, idxs, float("inf")), axis=0).to(tl.int32)
 
 
 @triton.jit

@@ -15,18 +15,23 @@ would not be: their order, and so the rounding, changes from run to run).
     counter  [N / BLOCK_N]     int32  zero between calls, left zero
 
 Bytes: N*K*2 of weights (27.5 MB a layer); N*4*SPLIT_K of partials through L2.
+
+Tensor parallelism: ``out`` / ``peer`` as in ``o_proj_residual``; the sum of the splits
+(in split order) is the rank's partial, and the last arrival exchanges it.
 """
 import triton
 import triton.language as tl
 
 from . import config
-from ._common import bf16_round, gemv_tiles, last_arrival_residual, load_w_tiles, pdl_wait
+from ._common import finish_rows, gemv_tiles, last_arrival_residual, load_w_tiles, pdl_wait
+from .peer import epilogue_args
 
 
 @triton.jit
-def _down_residual_kernel(h_ptr, w_ptr, x_ptr, scratch_ptr, counter_ptr, N, K, k_per_split,
-                          stride_w_n, SPLIT_K: tl.constexpr, USE_PDL: tl.constexpr,
-                          FENCE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+def _down_residual_kernel(h_ptr, w_ptr, x_ptr, scratch_ptr, counter_ptr, out_ptr, peer_ptr, N, K,
+                          k_per_split, stride_w_n, SPLIT_K: tl.constexpr, USE_PDL: tl.constexpr,
+                          FENCE: tl.constexpr, OUT: tl.constexpr, PEER: tl.constexpr,
+                          WORLD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                           PREFETCH: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -39,16 +44,17 @@ def _down_residual_kernel(h_ptr, w_ptr, x_ptr, scratch_ptr, counter_ptr, N, K, k
     y = gemv_tiles(w_ptr, stride_w_n, offs_n, n_mask, h_ptr, h_ptr, 1.0, w0, w1, w2, w3, k_start, k_end,
                    BLOCK_K, False, PREFETCH)
     if SPLIT_K == 1:
-        x = tl.load(x_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-        tl.store(x_ptr + offs_n, bf16_round(x + bf16_round(y)).to(x_ptr.dtype.element_ty), mask=n_mask)
+        finish_rows(y, x_ptr, out_ptr, offs_n, n_mask, pid_n, peer_ptr, OUT, PEER, WORLD, FENCE)
     else:
         last_arrival_residual(y, scratch_ptr, counter_ptr, x_ptr, pid_n, pid_k, N, offs_n, n_mask,
-                              SPLIT_K, FENCE)
+                              out_ptr, peer_ptr, SPLIT_K, FENCE, OUT, PEER, WORLD)
 
 
-def down_residual(h, w_down, x, scratch, counter, use_pdl=False, cfg=None):
+def down_residual(h, w_down, x, scratch, counter, use_pdl=False, cfg=None, out=None, peer=None):
     """x += W_down @ h, in place.  h: [K], w_down: [N, K], x: [N];
-    scratch: fp32 [>= SPLIT_K * N]; counter: int32 [>= N / BLOCK_N] zeros (left zero)."""
+    scratch: fp32 [>= SPLIT_K * N]; counter: int32 [>= N / BLOCK_N] zeros (left zero).
+    TP: ``out`` fp32 [N] gets this rank's partial (the splits' fp32 sum) instead; ``peer``
+    (tiles_max >= ceil(N / BLOCK_N)) sums the ranks' partials and adds them to x."""
     N, K = w_down.shape
     c = cfg or config.get("down", x.device, w_down.shape)
     split = c["SPLIT_K"]
@@ -57,8 +63,10 @@ def down_residual(h, w_down, x, scratch, counter, use_pdl=False, cfg=None):
     split = triton.cdiv(K, k_per_split)                       # no empty splits
     n_blocks = triton.cdiv(N, c["BLOCK_N"])
     assert counter.numel() >= n_blocks and scratch.numel() >= split * N, "scratch too small"
+    out_ptr, peer_ptr, ep = epilogue_args(x, out, peer, N, n_blocks)
     kw = {"launch_pdl": True} if use_pdl else {}
     _down_residual_kernel[(n_blocks, split)](
-        h, w_down, x, scratch, counter, N, K, k_per_split, w_down.stride(0), SPLIT_K=split,
-        USE_PDL=use_pdl, FENCE=not config.interpreting(), BLOCK_N=c["BLOCK_N"], BLOCK_K=bk,
+        h, w_down, x, scratch, counter, out_ptr, peer_ptr, N, K, k_per_split, w_down.stride(0),
+        SPLIT_K=split, USE_PDL=use_pdl, FENCE=not config.interpreting(), **ep,
+        BLOCK_N=c["BLOCK_N"], BLOCK_K=bk,
         PREFETCH=config.prefetch(c, k_per_split), num_warps=c["num_warps"], **kw)

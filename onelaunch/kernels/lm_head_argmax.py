@@ -19,20 +19,33 @@ next replay of the graph reads its input from the GPU, with no host round trip.
     argmax    [max_ctx]           int32 argmax[pos + 1] = tok at every step, also inside
                                         the prompt (teacher-forced checks read it)
     pos       [1]                 int32 position of the token this step consumed; += 1
+
+Tensor parallelism splits the vocabulary: rank r holds rows [vocab_offset, vocab_offset +
+V_r) of E. With ``keys`` (fp32 [2 world]) the last program writes only its (max logit,
+global index) into keys[2 rank], keys[2 rank + 1] and zeros in every other slot (an
+all-reduce sums the ranks' buffers, then ``argmax_merge`` picks the token and does the
+bookkeeping). With ``peer`` the last program exchanges that pair with the other ranks
+itself (``peer.peer_sum``), merges (the largest value, the lowest global index on a
+tie: the token one GPU picks) and does the bookkeeping: no other launch.
 """
+import torch
 import triton
 import triton.language as tl
 
 from . import config
-from ._common import bf16_round, gemv_tiles, load_w_tiles, pdl_wait, rms_rstd, thread_fence
+from ._common import (bf16_round, gemv_tiles, load_w_tiles, merge_keys, pdl_wait, rms_rstd,
+                      step_bookkeeping, thread_fence)
+from .peer import peer_sum
 
 
 @triton.jit
 def _lm_head_argmax_kernel(x_ptr, g_ptr, w_ptr, logits_ptr, part_val_ptr, part_idx_ptr,
-                           counter_ptr, seq_ptr, argmax_ptr, pos_ptr, prompt_len_ptr, N, K, eps, stride_w_n,
-                           n_programs, HAS_ARGMAX: tl.constexpr, FENCE: tl.constexpr, USE_PDL: tl.constexpr,
+                           counter_ptr, seq_ptr, argmax_ptr, pos_ptr, prompt_len_ptr, keys_ptr, peer_ptr,
+                           N, K, eps, stride_w_n, n_programs, vocab_offset, rank, world,
+                           HAS_ARGMAX: tl.constexpr, FENCE: tl.constexpr, USE_PDL: tl.constexpr,
+                           KEYS: tl.constexpr, PEER: tl.constexpr, WORLD: tl.constexpr,
                            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
-                           PREFETCH: tl.constexpr):
+                           PREFETCH: tl.constexpr, BLOCK_W: tl.constexpr):
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
@@ -65,29 +78,55 @@ def _lm_head_argmax_kernel(x_ptr, g_ptr, w_ptr, logits_ptr, part_val_ptr, part_i
             run_val = tl.where(take, v, run_val)
         m = tl.max(run_val, axis=0)
         tok = tl.min(tl.where(run_val == m, run_idx, 2147483647), axis=0)
-        pos = tl.load(pos_ptr, volatile=True)
-        if HAS_ARGMAX:
-            tl.store(argmax_ptr + pos + 1, tok)      # every step's choice, prompt or not
-        if pos + 1 >= tl.load(prompt_len_ptr):
-            tl.store(seq_ptr + pos + 1, tok)
-        tl.store(pos_ptr, pos + 1)
+        if KEYS or PEER:
+            # this rank's key pair at [2 rank, 2 rank + 1] of a [2 world] vector, zeros elsewhere
+            j = tl.arange(0, 2 * BLOCK_W)
+            key = tl.where(j == 2 * rank, m, tl.where(j == 2 * rank + 1,
+                                                       (tok + vocab_offset).to(tl.float32), 0.0))
+            if PEER:   # summed over the ranks: every rank's pair; then one GPU's choice
+                key = peer_sum(key, j, j < 2 * WORLD, 0, peer_ptr, WORLD, FENCE)
+                q = tl.arange(0, BLOCK_W)              # rank q's pair, gathered by a masked sum
+                vals = tl.sum(tl.where(j[None, :] == 2 * q[:, None], key[None, :], 0.0), axis=1)
+                idxs = tl.sum(tl.where(j[None, :] == 2 * q[:, None] + 1, key[None, :], 0.0), axis=1)
+                tok = merge_keys(tl.where(q < WORLD, vals, float("-inf")),
+                                 tl.where(q < WORLD, idxs, float("inf")))
+                step_bookkeeping(tok, seq_ptr, argmax_ptr, pos_ptr, prompt_len_ptr, HAS_ARGMAX)
+            else:
+                tl.store(keys_ptr + j, key, mask=j < 2 * world)
+        else:
+            step_bookkeeping(tok, seq_ptr, argmax_ptr, pos_ptr, prompt_len_ptr, HAS_ARGMAX)
         tl.store(counter_ptr, 0)
 
 
 def lm_head_argmax(x, g, w, logits, part_val, part_idx, counter, seq, pos, prompt_len, eps,
-                   use_pdl=False, cfg=None, argmax=None):
-    """One greedy step's tail. x: [K]; w: [V, K]; logits: fp32 [V]; part_*: [>= programs]."""
+                   use_pdl=False, cfg=None, argmax=None, keys=None, vocab_offset=0, rank=0, world=1,
+                   peer=None):
+    """One greedy step's tail. x: [K]; w: [V, K]; logits: fp32 [V]; part_*: [>= programs].
+    TP (w holds vocabulary rows [vocab_offset, vocab_offset + V)): with ``keys`` fp32
+    [2 world], write (max logit, global index) at [2 rank, 2 rank + 1], zeros elsewhere,
+    and leave seq/argmax/pos alone; with ``peer`` (a site with n_max >= 2 world), merge
+    over the ranks and do the bookkeeping (rank and world come from the site)."""
     N, K = w.shape
     c = cfg or config.get("lm_head", x.device, w.shape)
     n_prog = triton.cdiv(N, c["BLOCK_N"])
     assert part_val.numel() >= n_prog and part_idx.numel() >= n_prog
+    assert keys is None or peer is None, "keys (unfused TP) or peer (fused TP), not both"
+    if peer is not None:
+        peer.check(2 * peer.world, 1)
+        rank, world = peer.rank, peer.world
+    if keys is not None:
+        assert keys.dtype == torch.float32 and keys.numel() >= 2 * world and 0 <= rank < world
+    assert vocab_offset + N < 2 ** 24, "indices travel as fp32"
     kw = {"launch_pdl": True} if use_pdl else {}
     _lm_head_argmax_kernel[(n_prog,)](
         x, g, w, logits, part_val, part_idx, counter, seq, seq if argmax is None else argmax, pos,
-        prompt_len, N, K, eps,
-        w.stride(0), n_prog, HAS_ARGMAX=argmax is not None, FENCE=not config.interpreting(), USE_PDL=use_pdl,
+        prompt_len, logits if keys is None else keys, logits if peer is None else peer.desc,
+        N, K, eps, w.stride(0), n_prog, vocab_offset, rank, world,
+        HAS_ARGMAX=argmax is not None, FENCE=not config.interpreting(), USE_PDL=use_pdl,
+        KEYS=keys is not None, PEER=peer is not None, WORLD=world,
         BLOCK_N=c["BLOCK_N"], BLOCK_K=c["BLOCK_K"], BLOCK_R=1024,
-        PREFETCH=config.prefetch(c, K), num_warps=c["num_warps"], **kw)
+        PREFETCH=config.prefetch(c, K), BLOCK_W=triton.next_power_of_2(world),
+        num_warps=c["num_warps"], **kw)
     return n_prog
 
 

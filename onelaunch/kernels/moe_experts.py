@@ -25,6 +25,9 @@ last of the TOP_K programs of a row block adds them in slot order and the residu
     counter  [K / BLOCK_N]   int32  zero between calls, left zero
 
 Bytes per token: TOP_K * 3 * I * K * 2 (OLMoE: 8 experts x 12.6 MB = 101 MB a layer).
+
+Tensor parallelism (each rank holds a slice of every expert's I): ``out`` / ``peer`` on the
+down stage as in ``o_proj_residual``; the rank's partial is the slot-order sum of t_j.
 """
 import triton
 import triton.language as tl
@@ -32,6 +35,7 @@ import triton.language as tl
 from . import config
 from ._common import (bf16_round, gemv2_tiles, gemv_tiles, last_arrival_residual, load_w_tiles,
                       pdl_wait, swiglu)
+from .peer import epilogue_args
 
 
 @triton.jit
@@ -54,9 +58,11 @@ def _moe_gate_up_kernel(xn_ptr, w_ptr, ids_ptr, h_ptr, I, K, stride_w_e, stride_
 
 
 @triton.jit
-def _moe_down_kernel(h_ptr, w_ptr, ids_ptr, wts_ptr, x_ptr, scratch_ptr, counter_ptr, N, I,
-                     stride_w_e, stride_w_n, TOP_K: tl.constexpr, FENCE: tl.constexpr,
-                     USE_PDL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+def _moe_down_kernel(h_ptr, w_ptr, ids_ptr, wts_ptr, x_ptr, scratch_ptr, counter_ptr, out_ptr,
+                     peer_ptr, N, I, stride_w_e, stride_w_n, TOP_K: tl.constexpr,
+                     FENCE: tl.constexpr, OUT: tl.constexpr, PEER: tl.constexpr,
+                     WORLD: tl.constexpr, USE_PDL: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr,
                      PREFETCH: tl.constexpr):
     pid_n = tl.program_id(0)
     slot = tl.program_id(1)
@@ -70,7 +76,7 @@ def _moe_down_kernel(h_ptr, w_ptr, ids_ptr, wts_ptr, x_ptr, scratch_ptr, counter
                    0, I, BLOCK_K, False, PREFETCH)
     y = bf16_round(bf16_round(y) * tl.load(wts_ptr + slot))       # expert output x routing weight
     last_arrival_residual(y, scratch_ptr, counter_ptr, x_ptr, pid_n, slot, N, offs_n, n_mask,
-                          TOP_K, FENCE)
+                          out_ptr, peer_ptr, TOP_K, FENCE, OUT, PEER, WORLD)
 
 
 def moe_gate_up_swiglu(xn, w_gate_up, ids, h, use_pdl=False, cfg=None):
@@ -88,18 +94,23 @@ def moe_gate_up_swiglu(xn, w_gate_up, ids, h, use_pdl=False, cfg=None):
         num_warps=c["num_warps"], **kw)
 
 
-def moe_down_residual(h, w_down, ids, weights, x, scratch, counter, use_pdl=False, cfg=None):
+def moe_down_residual(h, w_down, ids, weights, x, scratch, counter, use_pdl=False, cfg=None,
+                      out=None, peer=None):
     """x += sum_j weights[j] * W_down[ids[j]] @ h[j], in place.  h: [top_k, I];
     w_down: [E, N, I]; weights: fp32 [top_k]; x: [N]; scratch: fp32 [>= top_k * N];
-    counter: int32 [>= N / BLOCK_N] zeros (left zero)."""
+    counter: int32 [>= N / BLOCK_N] zeros (left zero). TP: ``out`` fp32 [N] gets this
+    rank's partial (the slot-order fp32 sum) instead; ``peer`` (tiles_max >= ceil(N /
+    BLOCK_N)) sums the ranks' partials and adds them to x."""
     E, N, I = w_down.shape
     top_k = ids.numel()
     c = cfg or config.get("moe_down", x.device, (N, I))
     n_blocks = triton.cdiv(N, c["BLOCK_N"])
     assert scratch.numel() >= top_k * N and counter.numel() >= n_blocks, "scratch too small"
     assert w_down.stride(2) == 1
+    out_ptr, peer_ptr, ep = epilogue_args(x, out, peer, N, n_blocks)
     kw = {"launch_pdl": True} if use_pdl else {}
     _moe_down_kernel[(n_blocks, top_k)](
-        h, w_down, ids, weights, x, scratch, counter, N, I, w_down.stride(0), w_down.stride(1),
-        TOP_K=top_k, FENCE=not config.interpreting(), USE_PDL=use_pdl, BLOCK_N=c["BLOCK_N"],
+        h, w_down, ids, weights, x, scratch, counter, out_ptr, peer_ptr, N, I, w_down.stride(0),
+        w_down.stride(1), TOP_K=top_k, FENCE=not config.interpreting(), **ep, USE_PDL=use_pdl,
+        BLOCK_N=c["BLOCK_N"],
         BLOCK_K=c["BLOCK_K"], PREFETCH=config.prefetch(c, I), num_warps=c["num_warps"], **kw)

@@ -8,6 +8,9 @@ OLMoE first RMS-normalises the whole q (Hq D values) and the whole k (Hkv D) wit
 q_norm, k_norm (``QK_NORM``). That statistic spans every head, so each program reads the
 whole q (or k) it belongs to, 4 KB from L2, and computes it itself: the norm rides in this
 launch instead of needing a second kernel or a last-arrival reduction in the QKV GEMV.
+Under tensor parallelism a rank holds only some heads, so the statistic comes from ``ss``
+instead (fp32 [2]: the sums of squares of the whole q and k, summed over the ranks by
+``qk_sumsq``), divided by the whole model's sizes ``q_total``, ``k_total``.
 
 rotate_half is computed from a gathered index: element d pairs with d +- D/2 and takes a
 sign, so no half is ever concatenated. cos/sin come from a table [max_ctx, D] (rounded to
@@ -21,7 +24,7 @@ index_copy per cache).
 import triton
 import triton.language as tl
 
-from ._common import bf16_round, pdl_wait, rms_rstd
+from ._common import bf16_round, pdl_wait, rms_rstd, rstd_of
 
 
 @triton.jit
@@ -41,8 +44,9 @@ def _rope_pair(src_ptr, cos_ptr, sin_ptr, d, partner, sign, dm, g_ptr, rstd, HAS
 
 @triton.jit
 def _rope_kv_write_kernel(qkv_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, pos_ptr,
-                          qn_ptr, kn_ptr, eps, stride_c_h, stride_c_t, HQ, HKV,
-                          D: tl.constexpr, BLOCK_D: tl.constexpr, QK_NORM: tl.constexpr,
+                          qn_ptr, kn_ptr, ss_ptr, eps, q_total, k_total, stride_c_h, stride_c_t,
+                          HQ, HKV, D: tl.constexpr, BLOCK_D: tl.constexpr, QK_NORM: tl.constexpr,
+                          HAS_SS: tl.constexpr,
                           BLOCK_R: tl.constexpr, USE_PDL: tl.constexpr):
     h = tl.program_id(0)
     pdl_wait(USE_PDL)
@@ -57,7 +61,10 @@ def _rope_kv_write_kernel(qkv_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, cos_ptr,
     if h < HQ:
         rstd = 1.0
         if QK_NORM:   # the norm spans all heads of q: every program reads the whole q
-            rstd = rms_rstd(qkv_ptr, HQ * D, eps, BLOCK_R)
+            if HAS_SS:    # (TP: the ranks' summed statistic)
+                rstd = rstd_of(tl.load(ss_ptr), q_total, eps)
+            else:
+                rstd = rms_rstd(qkv_ptr, HQ * D, eps, BLOCK_R)
         y = _rope_pair(qkv_ptr + h * D, cos_row, sin_row, d, partner, sign, dm,
                        qn_ptr + h * D, rstd, QK_NORM)
         tl.store(q_out_ptr + h * D + d, bf16_round(y).to(q_out_ptr.dtype.element_ty), mask=dm)
@@ -65,7 +72,10 @@ def _rope_kv_write_kernel(qkv_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, cos_ptr,
         kh = h - HQ
         rstd = 1.0
         if QK_NORM:
-            rstd = rms_rstd(qkv_ptr + HQ * D, HKV * D, eps, BLOCK_R)
+            if HAS_SS:
+                rstd = rstd_of(tl.load(ss_ptr + 1), k_total, eps)
+            else:
+                rstd = rms_rstd(qkv_ptr + HQ * D, HKV * D, eps, BLOCK_R)
         y = _rope_pair(qkv_ptr + (HQ + kh) * D, cos_row, sin_row, d, partner, sign, dm,
                        kn_ptr + kh * D, rstd, QK_NORM)
         slot = kh * stride_c_h + pos * stride_c_t
@@ -75,16 +85,21 @@ def _rope_kv_write_kernel(qkv_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, cos_ptr,
 
 
 def rope_kv_write(qkv, q_out, k_cache, v_cache, cos, sin, pos, heads, kv_heads, head_dim,
-                  use_pdl=False, q_norm=None, k_norm=None, eps=0.0):
+                  use_pdl=False, q_norm=None, k_norm=None, eps=0.0, ss=None, q_total=0, k_total=0):
     """qkv: [(Hq+2Hkv) D]; q_out: [Hq D]; k_cache, v_cache: one layer's [Hkv, C, D];
     cos, sin: [C, D]; pos: int32 [1] on the device. With ``q_norm`` [Hq D] and ``k_norm``
-    [Hkv D] (OLMoE), q and k are RMS-normalised over all their heads before RoPE."""
+    [Hkv D] (OLMoE), q and k are RMS-normalised over all their heads before RoPE.
+    TP: ``ss`` fp32 [2] (sums of squares of q and k over all ranks, from ``qk_sumsq``) gives
+    the norm's statistic, mean square = ss[0] / q_total and ss[1] / k_total (the whole
+    model's q and kv sizes), instead of this rank's heads."""
     qk_norm = q_norm is not None
     assert qk_norm == (k_norm is not None), "q_norm and k_norm come together"
+    assert ss is None or (qk_norm and q_total > 0 and k_total > 0), "ss needs the norms and sizes"
     kw = {"launch_pdl": True} if use_pdl else {}
     _rope_kv_write_kernel[(heads + kv_heads,)](
         qkv, q_out, k_cache, v_cache, cos, sin, pos, q_norm if qk_norm else qkv,
-        k_norm if qk_norm else qkv, eps, k_cache.stride(0), k_cache.stride(1),
-        heads, kv_heads, D=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), QK_NORM=qk_norm,
+        k_norm if qk_norm else qkv, qkv if ss is None else ss, eps, q_total, k_total,
+        k_cache.stride(0), k_cache.stride(1), heads, kv_heads, D=head_dim,
+        BLOCK_D=triton.next_power_of_2(head_dim), QK_NORM=qk_norm, HAS_SS=ss is not None,
         BLOCK_R=min(1024, triton.next_power_of_2(heads * head_dim)), USE_PDL=use_pdl,
         num_warps=1 if not qk_norm else 4, **kw)

@@ -1,0 +1,197 @@
+"""Tensor parallelism's exchange inside the kernels: peer stores and a flag per tile.
+
+Under TP every rank computes a partial of a row-parallel projection (O, down, MoE down)
+and must end with the same x = bf16(x + bf16(p_0 + p_1 + ...)), the partials summed in
+rank order. Instead of a collective after the kernel, the program that owns a row tile
+(the only program of the O-projection; the last arrival of a split-K or MoE row block)
+exchanges its tile with the other ranks itself, through buffers every rank can store into
+(symmetric memory, NVLink peer stores; never NVLink multicast), and then finishes the
+residual add. :func:`peer_sum` is that exchange, and every TP kernel uses it.
+
+The protocol, per (site, tile), replayable in a CUDA graph with no host reset:
+
+    v = ++seqno[site, tile]                              local: the exchange's number
+    for every rank r:  slots_r[site, v % 2, me, offs] = my tile        (peer stores)
+    fence (system scope), barrier
+    for every rank r != me:  flags_r[site, me, tile] = v    (release, system scope)
+    for every rank r != me:  spin until flags_me[site, r, tile] >= v   (acquire, system)
+    total = sum over r in rank order of slots_me[site, v % 2, r, offs]   (volatile loads)
+
+Every rank sums the same values in the same order, so every rank gets the same bits.
+The slots are double-buffered by the parity of v: a fast rank's exchange v + 1 writes the
+other half, so it cannot overwrite what a slow rank still reads for exchange v (and
+exchange v + 2 needs the slow rank's flag v + 1, which it raises only after reading v).
+
+Buffers, per rank (every rank can store into every rank's copy of the first two):
+
+    slots  fp32  [sites, 2, world, n_max]   a tile's values, by parity and source rank
+    flags  int32 [sites, world, tiles_max]  the last exchange each source rank completed
+    seqno  int32 [sites, tiles_max]         local: this rank's last exchange number
+
+A kernel gets one pointer per call site, to an int64 descriptor of that site:
+
+    [0, world)          address of slots[site] on rank r (as mapped in this process)
+    [world, 2 world)    address of flags[site] on rank r
+    2 world             address of seqno[site] (local)
+    2 world + 1..3      rank, n_max, tiles_max
+
+A tile must fit: ``n <= n_max`` values and tile index < ``tiles_max`` (a GEMV site with
+N rows in BLOCK_N-row programs needs tiles_max >= ceil(N / BLOCK_N)).
+
+Progress: a program that exchanges spins until the same tile's program on every other
+rank has stored. GPUs dispatch a grid's programs in index order, so the lowest unfinished
+tile is resident on every rank and completes: no deadlock however many programs spin (the
+interpreter runs programs in the same order on every rank). ``reset`` zeroes this rank's
+flags and seqno (all ranks, with a barrier before and after), so a replay after an
+interrupted one starts clean.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def system_fence(ENABLED: tl.constexpr):
+    """fence.acq_rel.sys: this thread's earlier stores (to peer memory too) are visible to
+    every GPU before its later ones. (The interpreter needs none.)"""
+    if ENABLED:
+        tl.inline_asm_elementwise("fence.acq_rel.sys; mov.u32 $0, 0;", "=r", [],
+                                  dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def peer_sum(y, offs_n, n_mask, tile, peer_ptr, WORLD: tl.constexpr, FENCE: tl.constexpr):
+    """Sum over ranks, in rank order, of every rank's ``y`` (fp32, this program's values at
+    ``offs_n`` of exchange tile ``tile``), through the site ``peer_ptr`` describes (the
+    protocol in the module docstring). Every rank gets the same bits."""
+    seq = tl.load(peer_ptr + 2 * WORLD).to(tl.pointer_type(tl.int32))
+    rank = tl.load(peer_ptr + 2 * WORLD + 1).to(tl.int32)
+    n_max = tl.load(peer_ptr + 2 * WORLD + 2)
+    tiles_max = tl.load(peer_ptr + 2 * WORLD + 3)
+    v = tl.load(seq + tile, volatile=True) + 1
+    tl.store(seq + tile, v)
+    half = (v % 2) * WORLD * n_max                 # double buffer: the parity of the exchange
+    for r in tl.static_range(WORLD):               # my values into every rank's slots[me]
+        dst = tl.load(peer_ptr + r).to(tl.pointer_type(tl.float32))
+        tl.store(dst + half + rank * n_max + offs_n, y, mask=n_mask)
+    system_fence(FENCE)                            # this thread's stores are visible everywhere
+    tl.debug_barrier()                             # ... and every thread's
+    for r in tl.static_range(WORLD):               # then my flag on every other rank
+        if r != rank:
+            f = tl.load(peer_ptr + WORLD + r).to(tl.pointer_type(tl.int32))
+            tl.atomic_xchg(f + rank * tiles_max + tile, v, sem="release", scope="sys")
+    mine = tl.load(peer_ptr + WORLD + rank).to(tl.pointer_type(tl.int32))
+    for r in tl.static_range(WORLD):               # wait for every other rank's flag
+        if r != rank:
+            while tl.atomic_add(mine + r * tiles_max + tile, 0, sem="acquire", scope="sys") < v:
+                pass
+    tl.debug_barrier()
+    src = tl.load(peer_ptr + rank).to(tl.pointer_type(tl.float32)) + half
+    total = tl.load(src + offs_n, mask=n_mask, other=0.0, volatile=True)
+    for r in tl.static_range(1, WORLD):            # rank order: the same bits on every rank
+        total += tl.load(src + r * n_max + offs_n, mask=n_mask, other=0.0, volatile=True)
+    return total
+
+
+@dataclass(frozen=True)
+class PeerSite:
+    """What a launcher needs for one call site: the descriptor (int64, on the kernel's
+    device) and the sizes to check a launch against."""
+    desc: torch.Tensor
+    rank: int
+    world: int
+    n_max: int
+    tiles_max: int
+
+    def check(self, n: int, tiles: int) -> None:
+        assert n <= self.n_max, f"{n} values per exchange, the site holds {self.n_max}"
+        assert tiles <= self.tiles_max, f"{tiles} tiles, the site holds {self.tiles_max}"
+
+
+DESC = 4   # descriptor entries past the 2 * world addresses
+
+
+class PeerBuffers:
+    """One rank's exchange buffers for ``sites`` call sites (module docstring). Build with
+    :meth:`cuda` (symmetric memory over a process group) or :meth:`from_tensors` (CPU
+    tensors in shared memory, for the interpreter); ``site(i)`` is a kernel's ``peer=``."""
+
+    def __init__(self, rank, world, slots_per_rank, flags_per_rank, seqno, keep=()):
+        self.rank, self.world = rank, world
+        self.sites, _, w, self.n_max = slots_per_rank[rank].shape
+        self.tiles_max = flags_per_rank[rank].shape[2]
+        assert w == world and len(slots_per_rank) == len(flags_per_rank) == world
+        assert seqno.shape == (self.sites, self.tiles_max) and seqno.dtype == torch.int32
+        self.slots, self.flags, self.seqno = slots_per_rank[rank], flags_per_rank[rank], seqno
+        self._keep = (slots_per_rank, flags_per_rank, keep)    # peers' mappings stay alive
+        rows = []
+        for i in range(self.sites):
+            rows.append([s[i].data_ptr() for s in slots_per_rank]
+                        + [f[i].data_ptr() for f in flags_per_rank]
+                        + [seqno[i].data_ptr(), rank, self.n_max, self.tiles_max])
+        self.desc = torch.tensor(rows, dtype=torch.int64, device=self.slots.device)
+
+    def site(self, i: int) -> PeerSite:
+        return PeerSite(self.desc[i], self.rank, self.world, self.n_max, self.tiles_max)
+
+    def reset(self) -> None:
+        """Zero this rank's flags and exchange numbers. Every rank calls it, with a barrier
+        (and the GPU idle) before and after: then no exchange is half done anywhere."""
+        self.flags.zero_()
+        self.seqno.zero_()
+
+    @staticmethod
+    def shapes(world, sites, n_max, tiles_max):
+        return (sites, 2, world, n_max), (sites, world, tiles_max), (sites, tiles_max)
+
+    @classmethod
+    def alloc_shared(cls, world, sites, n_max, tiles_max):
+        """Every rank's buffers as CPU tensors in shared memory (zeroed), to create in a
+        parent process and hand to the rank processes: (slots, flags, seqnos) lists."""
+        ss, fs, qs = cls.shapes(world, sites, n_max, tiles_max)
+        mk = lambda shape, dt: [torch.zeros(shape, dtype=dt).share_memory_() for _ in range(world)]  # noqa: E731
+        return mk(ss, torch.float32), mk(fs, torch.int32), mk(qs, torch.int32)
+
+    @classmethod
+    def from_tensors(cls, rank, world, slots_per_rank, flags_per_rank, seqno):
+        """Buffers that already exist: ``slots_per_rank[r]`` fp32 [sites, 2, world, n_max]
+        and ``flags_per_rank[r]`` int32 [sites, world, tiles_max] as this process sees rank
+        r's copy; ``seqno`` this rank's int32 [sites, tiles_max] (all zero to start)."""
+        return cls(rank, world, slots_per_rank, flags_per_rank, seqno)
+
+    @classmethod
+    def cuda(cls, group_name, rank, world, sites, n_max, tiles_max, device):
+        """Symmetric-memory buffers over the process group ``group_name`` (every rank calls
+        this, collectively). NVLink multicast is never used: peer stores only."""
+        import torch.distributed._symmetric_memory as symm_mem
+        ss, fs, qs = cls.shapes(world, sites, n_max, tiles_max)
+        slots = symm_mem.empty(int(torch.Size(ss).numel()), device=device, dtype=torch.float32)
+        flags = symm_mem.empty(int(torch.Size(fs).numel()), device=device, dtype=torch.int32)
+        slots.zero_()
+        flags.zero_()
+        torch.cuda.synchronize(device)       # zero here before any rank can leave the rendezvous
+        hs = symm_mem.rendezvous(slots, group_name)
+        hf = symm_mem.rendezvous(flags, group_name)
+        s_r = [slots.view(ss) if r == rank else hs.get_buffer(r, ss, torch.float32)
+               for r in range(world)]
+        f_r = [flags.view(fs) if r == rank else hf.get_buffer(r, fs, torch.int32)
+               for r in range(world)]
+        seqno = torch.zeros(qs, dtype=torch.int32, device=device)
+        return cls(rank, world, s_r, f_r, seqno, keep=(slots, flags, hs, hf))
+
+
+def epilogue_args(x, out, peer, n, tiles):
+    """The arguments of :func:`_common.finish_rows` for a launcher: (out_ptr, peer_ptr),
+    {OUT, PEER, WORLD}. Unused pointers are ``x`` (never dereferenced)."""
+    assert out is None or peer is None, "out (unfused TP) or peer (fused TP), not both"
+    if peer is not None:
+        peer.check(n, tiles)
+        return x, peer.desc, dict(OUT=False, PEER=True, WORLD=peer.world)
+    if out is not None:
+        assert out.dtype == torch.float32 and out.numel() >= n
+        return out, x, dict(OUT=True, PEER=False, WORLD=1)
+    return x, x, dict(OUT=False, PEER=False, WORLD=1)
