@@ -188,7 +188,7 @@ TINY_QWEN2 = _add(ModelSpec(
     tie_embeddings=True, qkv_bias=True, qk_norm=False, max_ctx=256))
 
 TINY_OLMOE = _add(ModelSpec(
-    name="tiny-olmoe", family="olmoe", hidden=80, layers=2, heads=6, kv_heads=6,
+    name="tiny-olmoe", family="olmoe", hidden=96, layers=2, heads=6, kv_heads=6,
     head_dim=16, intermediate=48, vocab=611, rope_theta=1e4, rms_eps=1e-5,
     tie_embeddings=False, qkv_bias=False, qk_norm=True, experts=12, top_k=4,
     max_ctx=256))

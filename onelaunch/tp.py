@@ -40,6 +40,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import os
+import pickle
 import queue
 import socket
 import time
@@ -145,7 +146,7 @@ class Group:
     """One rank's view of the tensor-parallel group, handed to the engine (``tp=``); the
     plan's builders ask it for buffers, call sites and all-reduce launches."""
 
-    def __init__(self, rank: int, world: int, rung: str, full_spec, device):
+    def __init__(self, rank: int, world: int, rung: str, full_spec, device, peers=None):
         import torch.distributed as dist
         valid = RUNGS + CPU_RUNGS + ("none",)
         if rung not in valid:
@@ -158,10 +159,11 @@ class Group:
         self.peers = None
         if rung in ("fused", "p2p"):
             from .kernels.peer import PeerBuffers
-            s = self.full
-            n_sites = 4 * s.layers + 2        # O, down, q/k norm per layer; the head
-            self.peers = PeerBuffers.cuda(self.group_name, rank, world, n_sites,
-                                          n_max=max(s.hidden, 2 * world), device=self.device)
+            if peers is not None:             # CPU: shared-memory tensors made by the parent
+                self.peers = PeerBuffers.from_tensors(rank, world, *peers[:2], peers[2][rank])
+            else:
+                self.peers = PeerBuffers.cuda(self.group_name, rank, world,
+                                              *peer_sizes(self.full, world), device=self.device)
 
     # the plan's interface ----------------------------------------------------------------
     @property
@@ -213,8 +215,25 @@ class Group:
             return
         dist.barrier()
         self.peers.reset()
-        torch.cuda.synchronize(self.device)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
         dist.barrier()
+
+
+def peer_sizes(spec, world: int) -> tuple[int, int, int]:
+    """(call sites, values per exchange, tiles per site) the fused rungs need: O, down and
+    q/k norm per layer, and the head; a row tile is at least one row, so at most
+    ``hidden`` tiles; the head exchanges 2 values per rank."""
+    s = get_spec(spec)
+    return 3 * s.layers + 1, max(s.hidden, 2 * world), s.hidden
+
+
+def shared_peers(spec, world: int):
+    """Every rank's exchange buffers in shared CPU memory, made in the parent process and
+    passed to :func:`launch` as ``peers=``: the fused rung on the CPU (the interpreter)."""
+    from .kernels.peer import PeerBuffers
+    slots, flags, seqnos = PeerBuffers.alloc_shared(world, *peer_sizes(spec, world))
+    return slots, flags, seqnos
 
 
 def _name_of(e, t) -> str:
@@ -268,7 +287,9 @@ def _rank_main(rank, world, port, device, job, kwargs, q, timeout_s):
             **({"device_id": torch.device("cuda", rank)} if cuda else {}))
         dev = torch.device("cuda", rank) if cuda else torch.device("cpu")
         out = job(rank, world, dev, **kwargs)
-        q.put(("ok", rank, out))
+        # by value (plain pickle): the queue's own pickler would share tensors through this
+        # process's file descriptors, gone once it exits
+        q.put(("ok", rank, pickle.dumps(out)))
         code = 0
     except BaseException as ex:          # noqa: BLE001  (the parent reports it, one line)
         tb = traceback.extract_tb(ex.__traceback__)
@@ -324,7 +345,7 @@ def launch(job, world: int = 2, device: str = "cuda", timeout_s: float = 600, us
             continue
         if kind == "error":
             stop(f"rank {rank}: {payload}")
-        results[rank] = payload
+        results[rank] = pickle.loads(payload)
     for p in procs:
         p.join(30)
         if p.is_alive():
@@ -349,10 +370,10 @@ def _gather(value) -> list:
 
 
 def rank_engine(spec, weights, rank: int, world: int, rung: str, device, max_ctx: int,
-                pdl: bool = True):
+                pdl: bool = True, peers=None):
     """One rank's engine: the sharded spec, this rank's weights, the group's rung."""
     from .engine import Engine
-    group = Group(rank, world, rung, spec, device)
+    group = Group(rank, world, rung, spec, device, peers=peers)
     e = Engine(shard_spec(spec, world), weights, max_ctx=max_ctx, attention="splitk", pdl=pdl,
                tp=group)
     group.reset()
@@ -469,7 +490,8 @@ def bench_job(rank, world, device, model, ctx=512, tokens=12, iters=100, rungs=R
     return [one] + rows
 
 
-def compare_job(rank, world, device, model, rung="gloo", seed=0, prompt_len=6, tokens=4):
+def compare_job(rank, world, device, model, rung="gloo", seed=0, prompt_len=6, tokens=4,
+                peers=None):
     """The sharded step against the unsharded one (CI, on the CPU): teacher-forced argmax
     along the oracle's tokens, the agreement verdict, and the residual stream after."""
     from . import bench
@@ -480,7 +502,8 @@ def compare_job(rank, world, device, model, rung="gloo", seed=0, prompt_len=6, t
     prompt = torch.randint(0, spec.vocab, (prompt_len,), generator=torch.Generator().manual_seed(seed))
     max_ctx = prompt_len + tokens + 8
     ref = bench.oracle_tokens(spec, w, prompt, tokens, max_ctx)
-    e = rank_engine(spec, shard_weights(spec, w, rank, world), rank, world, rung, device, max_ctx)
+    e = rank_engine(spec, shard_weights(spec, w, rank, world), rank, world, rung, device,
+                    max_ctx, peers=peers)
     j = bench.judge(e, prompt, ref, graph=True)
     out = {"tokens": j["teacher_forced"], "ok": j["ok"], "agree": j["agree"],
            "x": e.x.float().cpu(), "launches": e.launches_per_step()}

@@ -96,13 +96,16 @@ def test_a_failing_rank_is_named_and_a_stuck_run_is_stopped():
     assert time.monotonic() - t0 < 30
 
 
-@pytest.mark.parametrize("model", MODELS)
-def test_two_ranks_compute_the_one_gpu_step(model):
+@pytest.mark.parametrize("model,rung", [(m, r) for m in MODELS for r in ("gloo", "fused")])
+def test_two_ranks_compute_the_one_gpu_step(model, rung):
     """Two processes (gloo, the interpreter), each a rank with half the heads, half the MLP
     and half the vocabulary: teacher-forced along the oracle's tokens they choose what the
     unsharded engine chooses, pass the agreement rule, and end with the same residual
-    stream on both ranks, close to the unsharded one."""
-    r0, r1 = tp.launch(tp.compare_job, world=2, device="cpu", timeout_s=600, model=model)
+    stream on both ranks, close to the unsharded one. ``gloo``: partials summed by an
+    all-reduce launch; ``fused``: exchanged inside the GEMVs through shared memory."""
+    peers = tp.shared_peers(model, 2) if rung == "fused" else None
+    r0, r1 = tp.launch(tp.compare_job, world=2, device="cpu", timeout_s=600, model=model,
+                       rung=rung, peers=peers)
     one = r0["one_gpu"]
     assert one["ok"] and r0["ok"] and r1["ok"], (r0["agree"], r1["agree"])
     assert r0["tokens"] == r1["tokens"] == one["tokens"]
