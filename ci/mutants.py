@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 KERNELS = "onelaunch/kernels/"
 FAST = "tests/test_kernels.py"          # every kernel against its reference: ~1 minute
 MOE = [FAST, "-k", "moe"]               # its MoE tests: seconds
-TP = "tests/test_tp.py"                 # tensor parallelism's kernel modes: ~10 s
+TP = "tests/test_tp_kernels.py"                 # tensor parallelism's kernel modes: ~10 s
 
 
 @dataclass

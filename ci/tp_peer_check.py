@@ -36,7 +36,8 @@ for k, v in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 WATCHDOG_S = float(os.environ.get("TP_CHECK_WATCHDOG_S", 500))
-REPLAYS, CALLS, REPS = 100, 50, 15
+REPLAYS, REPS = 100, 15
+CALLS = int(os.environ.get("TP_CHECK_CALLS", 50))
 
 
 def main(rank: int, world: int) -> None:
@@ -52,7 +53,8 @@ def main(rank: int, world: int) -> None:
     dev = torch.device("cuda", rank)
     dist.init_process_group("nccl", device_id=dev)
     R = {"world": world, "device": torch.cuda.get_device_name(dev)}
-    pdl = config.pdl_supported(dev)
+    pdl = config.pdl_supported(dev) and os.environ.get("TP_CHECK_PDL", "1") == "1"
+    only = os.environ.get("TP_CHECK_ONLY", "")        # time only the cases naming this
     bf, f32, i32 = torch.bfloat16, torch.float32, torch.int32
 
     def log(*a):
@@ -262,6 +264,8 @@ def main(rank: int, world: int) -> None:
         return round(ts[len(ts) // 2], 2)
 
     def timed(name, fn):
+        if only not in name:
+            return
         try:
             R["timing_us"][name] = time_graph(fn)
         except Exception:
@@ -275,9 +279,12 @@ def main(rank: int, world: int) -> None:
         if fn is None:
             continue
         x = xq if x0 is q_x else xo
-        timed(f"{name} plain", lambda fn=fn, x=x: fn(x))
         timed(f"{name} fused", lambda fn=fn, x=x, site=site: fn(x, peer=bufs.site(9 + site)))
-        p, f = R["timing_us"][f"{name} plain"], R["timing_us"][f"{name} fused"]
+        timed(f"{name} plain", lambda fn=fn, x=x: fn(x))
+        if only:
+            print(rank, name, "counters", int(cnt_d.abs().sum()), int(cnt_m.abs().sum()),
+                  "seqno", bufs.seqno[9 + site, :4].tolist(), flush=True)
+        p, f = R["timing_us"].get(f"{name} plain"), R["timing_us"].get(f"{name} fused")
         if isinstance(p, float) and isinstance(f, float):
             R["timing_us"][f"{name} fused - plain"] = round(f - p, 2)
     st = [torch.zeros(16, dtype=i32, device=dev), torch.zeros(1, dtype=i32, device=dev),
