@@ -409,9 +409,13 @@ def _alone_us(e, device, iters: int = 50) -> float | None:
     return time_ms(g.replay, iters=iters, warmup=5, device=device).median_ms * 1e3 / len(runs)
 
 
-def bench_job(rank, world, device, model, ctx=512, tokens=12, iters=100, rungs=RUNGS, seed=0):
+def bench_job(rank, world, device, model, ctx=512, tokens=12, iters=100, rungs=RUNGS, seed=0,
+              progress=None):
     """TP=1 (rank 0, same run), then every rung and the compute-only split: checked against
-    the oracle (teacher-forced, the agreement rule) before it is timed. Rows on rank 0."""
+    the oracle (teacher-forced, the agreement rule) before it is timed. Rows on rank 0;
+    with ``progress`` (a path) rank 0 also writes the rows so far after each rung, so a
+    run stopped by its timeout still shows what it measured."""
+    import json
     import torch.distributed as dist
     from . import agree, bench, plan
     from .engine import Engine
@@ -468,6 +472,9 @@ def bench_job(rank, world, device, model, ctx=512, tokens=12, iters=100, rungs=R
         else:
             r["note"] = "compute only: no reduction, tokens not valid; not a result"
         rows.append(r)
+        if progress and rank == 0:
+            with open(progress, "w") as f:
+                json.dump([one] + rows, f)
         del e
         if cuda:
             torch.cuda.empty_cache()

@@ -8,24 +8,26 @@ exchanges its tile with the other ranks itself, through buffers every rank can s
 (symmetric memory, NVLink peer stores; never NVLink multicast), and then finishes the
 residual add. :func:`peer_sum` is that exchange, and every TP kernel uses it.
 
-The protocol, per (site, tile), replayable in a CUDA graph with no host reset:
+The protocol, per (site, tile), replayable in a CUDA graph with no host reset. Each fp32
+value travels in one 8-byte word with the exchange's number in its high half (NCCL's
+low-latency protocol), so a word that has arrived says so itself: no fence, no flag.
 
     v = ++seqno[site, tile]                              local: the exchange's number
-    for every rank r:  slots_r[site, v % 2, me, offs] = my tile        (peer stores)
-    fence (system scope), barrier
-    for every rank r != me:  flags_r[site, me, tile] = v    (release, system scope)
-    for every rank r != me:  spin until flags_me[site, r, tile] >= v   (acquire, system)
-    total = sum over r in rank order of slots_me[site, v % 2, r, offs]   (volatile loads)
+    for every rank r != me:  slots_r[site, v % 2, me, offs] = (v << 32) | bits(my value)
+    for every rank r != me:  spin until every word of slots_me[site, v % 2, r, offs] says v
+    total = sum over r in rank order of (my value if r == me else the word's low half)
 
 Every rank sums the same values in the same order, so every rank gets the same bits.
 The slots are double-buffered by the parity of v: a fast rank's exchange v + 1 writes the
 other half, so it cannot overwrite what a slow rank still reads for exchange v (and
-exchange v + 2 needs the slow rank's flag v + 1, which it raises only after reading v).
+exchange v + 2 needs the slow rank's words of v + 1, which it sends only after reading v).
+The first version raised a separate flag after a system-scope fence: about 7 us a call
+on two H200s, where the words alone take one NVLink round trip.
 
 Buffers, per rank (every rank can store into every rank's copy of the first two):
 
-    slots  fp32  [sites, 2, world, n_max]   a tile's values, by parity and source rank
-    flags  int32 [sites, world, tiles_max]  the last exchange each source rank completed
+    slots  int64 [sites, 2, world, n_max]   words, by parity and source rank
+    flags  int32 [sites, world, tiles_max]  (kept for the descriptor's layout; unused)
     seqno  int32 [sites, tiles_max]         local: this rank's last exchange number
 
 A kernel gets one pointer per call site, to an int64 descriptor of that site:
@@ -39,11 +41,14 @@ A tile must fit: ``n <= n_max`` values and tile index < ``tiles_max`` (a GEMV si
 N rows in BLOCK_N-row programs needs tiles_max >= ceil(N / BLOCK_N)).
 
 Progress: a program that exchanges spins until the same tile's program on every other
-rank has stored. GPUs dispatch a grid's programs in index order, so the lowest unfinished
-tile is resident on every rank and completes: no deadlock however many programs spin (the
-interpreter runs programs in the same order on every rank). ``reset`` zeroes this rank's
-flags and seqno (all ranks, with a barrier before and after), so a replay after an
-interrupted one starts clean.
+rank has stored. GPUs dispatch a grid's programs in index order, so when each tile has
+exactly one program (the O-projection; down without split-K) the lowest unfinished tile
+is resident on every rank and completes. When a tile's exchange falls to the *last* of
+several programs (split-K, the MoE's slots), spinning programs can fill a GPU while the
+programs the peer waits for are not yet dispatched: on two H200s 50 fused split-K downs in
+one graph hung. So the plan gives the fused rung only one-program-per-tile launches
+(``plan.into_residual``). ``reset`` zeroes this rank's slots, flags and seqno (all ranks,
+with a barrier before and after), so a replay after an interrupted one starts clean.
 """
 from __future__ import annotations
 
@@ -67,33 +72,36 @@ def system_fence(ENABLED: tl.constexpr):
 def peer_sum(y, offs_n, n_mask, tile, peer_ptr, WORLD: tl.constexpr, FENCE: tl.constexpr):
     """Sum over ranks, in rank order, of every rank's ``y`` (fp32, this program's values at
     ``offs_n`` of exchange tile ``tile``), through the site ``peer_ptr`` describes (the
-    protocol in the module docstring). Every rank gets the same bits."""
+    protocol in the module docstring). Every rank gets the same bits.
+
+    Each value travels with its exchange number in one 8-byte word (NCCL's low-latency
+    protocol): a reader knows a word has arrived when its high half says ``v``, so no
+    fence and no separate flag sit between the stores and the wait."""
     seq = tl.load(peer_ptr + 2 * WORLD).to(tl.pointer_type(tl.int32))
     rank = tl.load(peer_ptr + 2 * WORLD + 1).to(tl.int32)
     n_max = tl.load(peer_ptr + 2 * WORLD + 2)
-    tiles_max = tl.load(peer_ptr + 2 * WORLD + 3)
     v = tl.load(seq + tile, volatile=True) + 1
     tl.store(seq + tile, v)
     half = (v % 2) * WORLD * n_max                 # double buffer: the parity of the exchange
-    for r in tl.static_range(WORLD):               # my values into every rank's slots[me]
-        dst = tl.load(peer_ptr + r).to(tl.pointer_type(tl.float32))
-        tl.store(dst + half + rank * n_max + offs_n, y, mask=n_mask)
-    system_fence(FENCE)                            # this thread's stores are visible everywhere
-    tl.debug_barrier()                             # ... and every thread's
-    for r in tl.static_range(WORLD):               # then my flag on every other rank
+    word = (v.to(tl.int64) << 32) | (y.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF)
+    for r in tl.static_range(WORLD):               # my words into every other rank's slots[me]
         if r != rank:
-            f = tl.load(peer_ptr + WORLD + r).to(tl.pointer_type(tl.int32))
-            tl.atomic_xchg(f + rank * tiles_max + tile, v, sem="release", scope="sys")
-    mine = tl.load(peer_ptr + WORLD + rank).to(tl.pointer_type(tl.int32))
-    for r in tl.static_range(WORLD):               # wait for every other rank's flag
-        if r != rank:
-            while tl.atomic_add(mine + r * tiles_max + tile, 0, sem="acquire", scope="sys") < v:
-                pass
-    tl.debug_barrier()
-    src = tl.load(peer_ptr + rank).to(tl.pointer_type(tl.float32)) + half
-    total = tl.load(src + offs_n, mask=n_mask, other=0.0, volatile=True)
-    for r in tl.static_range(1, WORLD):            # rank order: the same bits on every rank
-        total += tl.load(src + r * n_max + offs_n, mask=n_mask, other=0.0, volatile=True)
+            dst = tl.load(peer_ptr + r).to(tl.pointer_type(tl.int64))
+            tl.store(dst + half + rank * n_max + offs_n, word, mask=n_mask)
+    mine = tl.load(peer_ptr + rank).to(tl.pointer_type(tl.int64)) + half
+    total = tl.zeros_like(y)
+    for r in tl.static_range(WORLD):               # rank order: the same bits on every rank
+        if r == rank:
+            total += y
+        else:
+            src = mine + r * n_max + offs_n
+            w = tl.load(src, mask=n_mask, other=0, volatile=True)
+            ready = tl.min(tl.where(n_mask, ((w >> 32).to(tl.int32) == v).to(tl.int32), 1), axis=0)
+            while ready == 0:                      # spin on the words themselves
+                w = tl.load(src, mask=n_mask, other=0, volatile=True)
+                ready = tl.min(tl.where(n_mask, ((w >> 32).to(tl.int32) == v).to(tl.int32), 1),
+                               axis=0)
+            total += (w & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
     return total
 
 
@@ -139,8 +147,9 @@ class PeerBuffers:
         return PeerSite(self.desc[i], self.rank, self.world, self.n_max, self.tiles_max)
 
     def reset(self) -> None:
-        """Zero this rank's flags and exchange numbers. Every rank calls it, with a barrier
+        """Zero this rank's words, flags and exchange numbers. Every rank calls it, with a barrier
         (and the GPU idle) before and after: then no exchange is half done anywhere."""
+        self.slots.zero_()           # a stale word could carry a number the next run reuses
         self.flags.zero_()
         self.seqno.zero_()
 
@@ -154,11 +163,11 @@ class PeerBuffers:
         parent process and hand to the rank processes: (slots, flags, seqnos) lists."""
         ss, fs, qs = cls.shapes(world, sites, n_max, tiles_max)
         mk = lambda shape, dt: [torch.zeros(shape, dtype=dt).share_memory_() for _ in range(world)]  # noqa: E731
-        return mk(ss, torch.float32), mk(fs, torch.int32), mk(qs, torch.int32)
+        return mk(ss, torch.int64), mk(fs, torch.int32), mk(qs, torch.int32)
 
     @classmethod
     def from_tensors(cls, rank, world, slots_per_rank, flags_per_rank, seqno):
-        """Buffers that already exist: ``slots_per_rank[r]`` fp32 [sites, 2, world, n_max]
+        """Buffers that already exist: ``slots_per_rank[r]`` int64 [sites, 2, world, n_max]
         and ``flags_per_rank[r]`` int32 [sites, world, tiles_max] as this process sees rank
         r's copy; ``seqno`` this rank's int32 [sites, tiles_max] (all zero to start)."""
         return cls(rank, world, slots_per_rank, flags_per_rank, seqno)
@@ -169,14 +178,14 @@ class PeerBuffers:
         this, collectively). NVLink multicast is never used: peer stores only."""
         import torch.distributed._symmetric_memory as symm_mem
         ss, fs, qs = cls.shapes(world, sites, n_max, tiles_max)
-        slots = symm_mem.empty(int(torch.Size(ss).numel()), device=device, dtype=torch.float32)
+        slots = symm_mem.empty(int(torch.Size(ss).numel()), device=device, dtype=torch.int64)
         flags = symm_mem.empty(int(torch.Size(fs).numel()), device=device, dtype=torch.int32)
         slots.zero_()
         flags.zero_()
         torch.cuda.synchronize(device)       # zero here before any rank can leave the rendezvous
         hs = symm_mem.rendezvous(slots, group_name)
         hf = symm_mem.rendezvous(flags, group_name)
-        s_r = [slots.view(ss) if r == rank else hs.get_buffer(r, ss, torch.float32)
+        s_r = [slots.view(ss) if r == rank else hs.get_buffer(r, ss, torch.int64)
                for r in range(world)]
         f_r = [flags.view(fs) if r == rank else hf.get_buffer(r, fs, torch.int32)
                for r in range(world)]
