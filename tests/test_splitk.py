@@ -67,7 +67,7 @@ def test_tile_wider_than_chunk_does_not_double_count(length):
         GROUP_PAD=16, D=D, BLOCK_D=16, CHUNK=CHUNK, BLOCK_T=2 * CHUNK, DOT_F32=True, USE_PDL=False)
     out = torch.empty(Hq * D, dtype=torch.bfloat16)
     AS._attn_reduce_kernel[(Hq,)](po, pm, pl, out, pos, ns, D=D, BLOCK_D=16, CHUNK=CHUNK,
-                                  BLOCK_S=4, USE_PDL=False)
+                                  BLOCK_S=4, BLOCK_M=8, USE_PDL=False)
     assert rel(out, attention_ref(q, kc, vc, length, Hq, Hkv, D)) < TOL
 
 
