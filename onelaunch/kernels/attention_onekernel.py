@@ -83,8 +83,9 @@ import triton.language as tl
 
 from . import config
 from ._common import bf16_round, pdl_wait, thread_fence
-from .attention_splitk import (BLOCK_S, attention_reduce, block_m, live_splits, load_kv_tile,
-                              merge_head, split_partial, split_range, store_partials)
+from .attention_splitk import (BLOCK_S, NEW_T, attention_reduce, block_m, live_splits,
+                              load_kv_tile, merge_head, split_partial, split_range,
+                              store_partials)
 from .rope_kv import _rope_pair
 
 @triton.jit
@@ -118,9 +119,9 @@ def _attn_onekernel_kernel(qkv_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, 
         holds_pos = end == length                        # this share holds the new token
         # the new token as a tile whose only valid row is row 0: what _attn_partial_kernel
         # loads from slot pos (zeros elsewhere), built from registers
-        r = tl.arange(0, BLOCK_T)
+        r = tl.arange(0, NEW_T)
         row0 = (r == 0)[:, None] & dm[None, :]
-        kn = tl.zeros([BLOCK_T, BLOCK_D], tl.float32).to(k_cache_ptr.dtype.element_ty)
+        kn = tl.zeros([NEW_T, BLOCK_D], tl.float32).to(k_cache_ptr.dtype.element_ty)
         vn = kn
         if holds_pos:
             y = _rope_pair(qkv_ptr + (HQ + kh) * D, cos_row, sin_row, d, partner, sign, dm,
@@ -147,9 +148,9 @@ def _attn_onekernel_kernel(qkv_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, 
         else:
             q = q.to(k_cache_ptr.dtype.element_ty)       # exact: q is already a bf16 value
         # ---- split-K partial: the helpers _attn_partial_kernel uses ----------------------
-        m_i, l_i, acc = split_partial(q, k_cache_ptr, v_cache_ptr, base, start, end, pos, stride_c_t,
-                                      d, dm, scale, k0, v0, tm0, kn, vn, tmn, GROUP_PAD, BLOCK_D,
-                                      BLOCK_T, DOT_F32)
+        m_i, l_i, acc = split_partial(q, k_cache_ptr, v_cache_ptr, base, start, end, pos,
+                                      stride_c_t, d, dm, scale, k0, v0, tm0, kn, vn, tmn,
+                                      GROUP_PAD, BLOCK_D, BLOCK_T, DOT_F32)
         store_partials(part_o_ptr, part_m_ptr, part_l_ptr, heads, gm, split, n_splits, m_i, l_i,
                        acc, d, dm, D)
         if LAST_ARRIVAL:

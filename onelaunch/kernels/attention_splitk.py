@@ -48,6 +48,8 @@ import triton.language as tl
 from . import config
 from ._common import bf16_round, pdl_wait
 
+NEW_T = tl.constexpr(16)   # rows of the newest token's tile: the smallest tl.dot K (for p @ v)
+
 
 @triton.jit
 def split_range(pos, split, n_splits, CHUNK: tl.constexpr):
@@ -120,10 +122,10 @@ def split_partial(q, k_cache_ptr, v_cache_ptr, base, start, end, pos, stride_c_t
                   k0, v0, tm0, kn, vn, tmn, GROUP_PAD: tl.constexpr, BLOCK_D: tl.constexpr,
                   BLOCK_T: tl.constexpr, DOT_F32: tl.constexpr):
     """One split's partial: the newest token first if this split holds it (``kn``, ``vn``,
-    ``tmn``: a tile whose only valid row is slot pos), then the early tile ``k0, v0, tm0``
-    (positions [start, start + BLOCK_T) below pos, loaded before the PDL wait), then the
-    rest of [start, min(end, pos)). The newest token first keeps the running max finite
-    when the early tile is empty (pos == start)."""
+    ``tmn``: a tile of NEW_T rows whose only valid row is slot pos), then the early tile
+    ``k0, v0, tm0`` (positions [start, start + BLOCK_T) below pos, loaded before the PDL
+    wait), then the rest of [start, min(end, pos)). The newest token first keeps the
+    running max finite when the early tile is empty (pos == start)."""
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, BLOCK_D], tl.float32)
@@ -192,14 +194,18 @@ def _attn_partial_kernel(q_ptr, k_cache_ptr, v_cache_ptr, part_o_ptr, part_m_ptr
         g = tl.arange(0, GROUP_PAD)
         gm = g < GROUP
         heads = kh * GROUP + g
-        q = tl.load(q_ptr + heads[:, None] * D + d[None, :], mask=gm[:, None] & dm[None, :], other=0.0)
+        q = tl.load(q_ptr + heads[:, None] * D + d[None, :], mask=gm[:, None] & dm[None, :],
+                    other=0.0)
         if DOT_F32:
             q = q.to(tl.float32)
-        kn, vn, tmn = load_kv_tile(k_cache_ptr, v_cache_ptr, base, pos, tl.where(end == pos + 1, pos + 1, pos),
-                                   stride_c_t, d, dm, BLOCK_T)
-        m_i, l_i, acc = split_partial(q, k_cache_ptr, v_cache_ptr, base, start, end, pos, stride_c_t,
-                                      d, dm, scale, k0, v0, tm0, kn, vn, tmn, GROUP_PAD, BLOCK_D,
-                                      BLOCK_T, DOT_F32)
+        # the newest token as a tile of NEW_T rows whose only valid row is slot pos (all
+        # rows masked, so no traffic, in the splits that do not hold it)
+        new_end = tl.where(end == pos + 1, pos + 1, pos)
+        kn, vn, tmn = load_kv_tile(k_cache_ptr, v_cache_ptr, base, pos, new_end, stride_c_t, d, dm,
+                                   NEW_T)
+        m_i, l_i, acc = split_partial(q, k_cache_ptr, v_cache_ptr, base, start, end, pos,
+                                      stride_c_t, d, dm, scale, k0, v0, tm0, kn, vn, tmn,
+                                      GROUP_PAD, BLOCK_D, BLOCK_T, DOT_F32)
         store_partials(part_o_ptr, part_m_ptr, part_l_ptr, heads, gm, split, n_splits, m_i, l_i,
                        acc, d, dm, D)
 
