@@ -23,6 +23,9 @@
 #     tp       2 GPUs: `bench --tp 2` for both models (the one-GPU step, every all-reduce
 #              rung and the compute-only split, one run each)
 #     tpgen    2 GPUs: `generate --tp 2 --check` (fused and nccl), and --tp 2 on one GPU
+#     attn     Qwen: the step at ctx 512 in an engine for 1024 positions and one for the
+#              default maximum (each checked, then timed; their ratio), the context sweep,
+#              and the one-kernel attention's bit-identity tests compiled on the GPU
 #     book     every chapter through papermill with the GPU parameters (ci/gpu_book.sh)
 # Results and logs go to $OUT (one archive, gpu-run.tar.gz, plus the last log).
 set -uo pipefail
@@ -73,6 +76,9 @@ has tp && run tp_olmoe 420 python3 -m onelaunch bench --model olmoe-1b-7b --tp 2
 has tpgen && run tpgen_fused 240 python3 -m onelaunch generate --model qwen2.5-1.5b --tp 2 --prompt-len 512 --tokens 32 --check
 has tpgen && run tpgen_nccl 240 python3 -m onelaunch generate --model olmoe-1b-7b --tp 2 --tp-rung nccl --prompt-len 256 --tokens 16 --check
 has tpgen && run tp_one_gpu 60 env CUDA_VISIBLE_DEVICES=0 python3 -m onelaunch bench --model qwen2.5-1.5b --tp 2
+has attn && run attn_maxctx 300 python3 -m onelaunch.bench --model qwen2.5-1.5b --what maxctx --json work/attn_maxctx.json
+has attn && run attn_sweep 400 python3 -m onelaunch.bench --model qwen2.5-1.5b --what sweep --json work/attn_sweep.json
+has attn && run attn_tests 300 python3 -m pytest -q tests/test_attention_onekernel.py
 has book && run book 560 bash ci/gpu_book.sh "$OUT/book-gpu.tar.gz"
 cp "$LOG" "$OUT/" 2>/dev/null
 tar czf "$OUT/gpu-run.tar.gz" work results 2>/dev/null

@@ -8,8 +8,10 @@
 Each mutant is one small text edit to one kernel file: the kind of bug a tolerance that is
 too loose, a test on round shapes, or a check of the wrong quantity lets through (a
 dropped last tile, a dropped column, a split-K boundary off by one, a lost residual, a
-RoPE sign, a dropped bias, the argmax tie order, the RMS epsilon, and for the mixture of
-experts the expert id and the routing weight). The script copies the package and the
+RoPE sign, a dropped bias, the argmax tie order, the RMS epsilon, for the mixture of
+experts the expert id and the routing weight, and for split-K attention the newest token
+read before the PDL wait, a dropped wait, token or split, and a share of the live length
+that ignores the grid). The script copies the package and the
 tests to a scratch directory (the working tree is never touched), applies the edit there,
 runs the tests named for that mutant in Triton's CPU interpreter and records which
 failed. A mutant that no test catches is a hole in the suite: the script exits 1.
@@ -39,6 +41,7 @@ KERNELS = "onelaunch/kernels/"
 FAST = "tests/test_kernels.py"          # every kernel against its reference: ~1 minute
 MOE = [FAST, "-k", "moe"]               # its MoE tests: seconds
 TP = "tests/test_tp_kernels.py"                 # tensor parallelism's kernel modes: ~10 s
+SPLITK = ["tests/test_splitk.py"]       # split-K attention, PDL emulated: ~40 s
 
 
 @dataclass
@@ -81,6 +84,17 @@ MUTANTS = [
            "tl.min(tl.where(vals == m, idxs", "tl.max(tl.where(vals == m, idxs", [TP]),
     Mutant("TP q/k norm statistic", "rope_kv.py",
            "rstd_of(tl.load(ss_ptr + 1), k_total", "rstd_of(tl.load(ss_ptr), k_total", [TP]),
+    Mutant("attention: newest token in the early tile", "attention_splitk.py",
+           "base, start, tl.minimum(end, pos),", "base, start, tl.minimum(end, pos + 1),", SPLITK),
+    Mutant("attention: no PDL wait", "attention_splitk.py",
+           "        pdl_wait(USE_PDL)\n        # ---- after it: q and slot pos",
+           "        # ---- after it: q and slot pos", SPLITK),
+    Mutant("attention: newest token dropped", "attention_splitk.py",
+           "if end == pos + 1:", "if end == pos + 2:", SPLITK),
+    Mutant("attention: last live split dropped", "attention_splitk.py",
+           "return (units + per - 1) // per", "return units // per", SPLITK),
+    Mutant("attention: share ignores the grid", "attention_splitk.py",
+           "per = (units + n_splits - 1) // n_splits", "per = 1 + 0 * n_splits", SPLITK),
 ]
 
 

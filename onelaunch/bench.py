@@ -503,6 +503,65 @@ def sweep_rows(spec, w, device="cuda", ctxs=(128, 512, 2048, 8192, 16384, 32768)
     return rows
 
 
+def maxctx_rows(spec, w, device="cuda", ctx=512, max_ctxs=(1024, None), iters=100,
+                read_tbps=None, pdl=True, check_tokens=2) -> list[dict]:
+    """The step at one context in engines that differ only in the maximum context they
+    were built for (None: the model's own), graph + split-K (+ PDL): the work past the live
+    length should cost nothing, so the times should match. One row per engine, then a
+    summary row with the ratio of the last to the first.
+
+    Each engine gets the same cache (the same random prompt through the batched prefill,
+    as in :func:`sweep_rows`), is checked at ``ctx`` against the oracle on a copy of that
+    cache (``check_tokens`` forced tokens, the agreement rule) and timed only if it
+    passes. ``same_as_first``: its teacher-forced choices and the logits of its last
+    checked step are bit-identical to the first engine's (expected while each live split
+    holds one unit in both, as at ctx 512)."""
+    from .prefill import prefill
+    spec = get_spec(spec)
+    dev = torch.device(device)
+    floor = spec.bytes_per_token(ctx) / (read_tbps * 1e12) * 1e3 if read_tbps else None
+    g = torch.Generator(device="cpu").manual_seed(2)
+    prompt = torch.randint(0, spec.vocab, (ctx + 1,), generator=g)
+    forced = torch.randint(0, spec.vocab, (check_tokens,), generator=g)
+    rows, first = [], None
+    for mc in max_ctxs:
+        mc = mc or spec.max_ctx
+        if mc < ctx + iters + check_tokens + 16:
+            raise ValueError(f"max_ctx {mc} cannot hold ctx {ctx} and {iters} timed steps")
+        e = Engine(spec, w, max_ctx=mc, attention="splitk", pdl=pdl)
+        prefill(e, prompt, progress=False)
+        o = Oracle(spec, w, max_ctx=mc)
+        e.capture()
+        j = forced_from_cache(e, o, ctx, forced, graph=True)
+        del o
+        mine = (e.argmax[ctx + 1: ctx + check_tokens + 1].cpu(), e.buffers["logits"].cpu())
+        n_splits = e.partials()[0].shape[1]
+        r = {"model": spec.name, "rung": f"splitk{' + PDL' if e.pdl else ''}", "ctx": ctx,
+             "max_ctx": mc, "chunk": e.chunk, "n_splits": n_splits,
+             "live_splits": K.live_splits_host(ctx + 1, e.chunk, n_splits),
+             "agree": j["agree"], "flips": agree.disagreements(j), "floor_ms": floor}
+        if first is None:
+            first = mine
+        else:
+            r["same_as_first"] = bool(torch.equal(mine[0], first[0]) and torch.equal(mine[1], first[1]))
+        if j["ok"]:
+            e.pos.fill_(ctx)
+            e.prompt_len.fill_(0)
+            ms = time_engine_step(e, True, iters, dev)
+            r.update(ms_per_token=ms, x_floor=ms / floor if floor else None)
+        else:
+            r.update(ms_per_token=None, x_floor=None, refused=refusal(r["flips"]))
+        rows.append(r)
+        del e
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+    times = [r["ms_per_token"] for r in rows]
+    rows.append({"model": spec.name, "ctx": ctx, "summary": "step time, last engine / first",
+                 "max_ctx": [r["max_ctx"] for r in rows], "ms_per_token": times,
+                 "ratio": times[-1] / times[0] if None not in times else None})
+    return rows
+
+
 def long_context_agreement(spec, w, device="cuda", ctx=32768, tokens=12, pdl=True, chunk=1024):
     """Oracle prefill of ``ctx`` random tokens (batched, in chunks) and its greedy
     continuation; the graph engine adopts the prefilled cache and is teacher-forced along
@@ -906,6 +965,12 @@ def main(argv=None):
             for r in out[key]:
                 print(json.dumps(r))
             failed += gate_failures(out[key])
+    if "maxctx" in what:     # the same step in an engine for 1024 positions and the default
+        out["maxctx"] = maxctx_rows(spec, w, dev, ctx=a.ctx, max_ctxs=(1024, None), iters=a.iters,
+                                    read_tbps=bw)
+        for r in out["maxctx"]:
+            print(json.dumps(r))
+        failed += gate_failures(out["maxctx"])
     if "long" in what:
         out["long"] = long_context_agreement(spec, w, dev, ctx=min(32768, 4000 if spec.is_moe else longest))
         print(json.dumps(out["long"]))

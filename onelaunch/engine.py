@@ -88,7 +88,7 @@ class Engine:
         cos, sin = rope_cos_sin(torch.arange(self.max_ctx, device=dev), s.head_dim, s.rope_theta,
                                 torch.bfloat16)
         self.cos, self.sin = cos.contiguous(), sin.contiguous()          # [max_ctx, D]
-        self.chunk = K.chunk_for(self.max_ctx)                           # split-K chunk
+        self.chunk = K.chunk_for(self.max_ctx)   # split-K unit: the live length is shared out in it
         # ---- the step: a list of launches; each builder asks for the buffers it needs --
         self.plan = plan.build(self)
         self.graph = None

@@ -22,6 +22,7 @@ from onelaunch.oracle import rope_cos_sin
 from test_kernels import ref_attention as attention_ref, rel, rnd
 
 AO = importlib.import_module("onelaunch.kernels.attention_onekernel")
+AS = importlib.import_module("onelaunch.kernels.attention_splitk")
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 bf = torch.bfloat16
@@ -176,3 +177,71 @@ def test_launcher_refuses_bad_buffers():
     with pytest.raises(AssertionError):      # one counter for two kv heads
         AO.attention_onekernel(*args, torch.zeros(1, dtype=torch.int32, device=DEV),
                                Hq, Hkv, D, chunk, dict(BLOCK_T=16, num_warps=4))
+
+
+# ---- a grid smaller than the units: the live length shared out at run time ----------------
+def grid_partials(ns):
+    nan = dict(device=DEV, dtype=torch.float32)
+    return (torch.full((Hq, ns, D), float("nan"), **nan), torch.full((Hq, ns), float("nan"), **nan),
+            torch.full((Hq, ns), float("nan"), **nan))
+
+
+SMALL = [(3, n) for n in (1, 16, 17, 33, 48, 49, MAX)] + [(1, n) for n in (1, 17, MAX)]
+
+
+@pytest.mark.parametrize("ns,length", SMALL)
+def test_one_kernel_over_a_small_grid(ns, length):
+    """3 splits (or 1) of a cache of 70: each split holds up to 2 units (or all 5), the
+    newest token anywhere in its range. Still bit for bit the three launches."""
+    chunk, cfg = 16, dict(BLOCK_T=16, num_warps=4)
+    qkv, kc, vc, cos, sin = make_state(chunk)
+    kc_ref, vc_ref = kc.clone(), vc.clone()
+    p = pos_of(length)
+    q = torch.full((Hq * D,), float("nan"), dtype=bf, device=DEV)
+    out_ref = torch.full((Hq * D,), float("nan"), dtype=bf, device=DEV)
+    parts_ref = grid_partials(ns)
+    K.rope_kv_write(qkv, q, kc_ref[LAYER], vc_ref[LAYER], cos, sin, p, Hq, Hkv, D)
+    K.attention_splitk(q, kc_ref[LAYER], vc_ref[LAYER], out_ref, p, *parts_ref, Hq, Hkv, D, chunk, cfg)
+    for fuse in (True, False):
+        kc2, vc2 = kc.clone(), vc.clone()
+        counter = torch.zeros(Hkv, dtype=torch.int32, device=DEV)
+        out = torch.full((Hq * D,), float("nan"), dtype=bf, device=DEV)
+        parts = grid_partials(ns)
+        AO.attention_onekernel(qkv, kc2[LAYER], vc2[LAYER], cos, sin, out, p, *parts, counter, Hq,
+                               Hkv, D, chunk, cfg, fuse_reduce=fuse)
+        n = AS.live_splits_host(length, chunk, ns)
+        assert same_bits(kc2, kc_ref) and same_bits(vc2, vc_ref)
+        for a, b in zip(parts, parts_ref):
+            assert same_bits(a[:, :n].contiguous(), b[:, :n].contiguous())
+            assert a[:, n:].isnan().all()                # past the live splits: untouched
+        assert same_bits(out, out_ref), fuse
+        assert not counter.any()
+    assert rel(out_ref, attention_ref(q, kc_ref[LAYER], vc_ref[LAYER], length, Hq, Hkv, D)) < 1e-2
+
+
+@pytest.mark.skipif(DEV != "cpu", reason="emulates the PDL wait in Triton's interpreter")
+@pytest.mark.parametrize("ns,length", [(3, 1), (3, 17), (3, 33), (5, 16), (5, 49), (3, MAX)])
+def test_one_kernel_reads_qkv_only_after_its_wait(monkeypatch, ns, length):
+    """The emulation of test_splitk's: every program starts with qkv (the previous
+    kernel's output) and slot pos unwritten (NaN) and its wait writes them; keys and
+    values older than pos may be read before it, and slot pos is never read from memory
+    (the program that holds it folds the new token in from registers)."""
+    from test_splitk import poisoned_until_the_wait
+    chunk, cfg = 16, dict(BLOCK_T=16, num_warps=4)
+    qkv, kc, vc, cos, sin = make_state(chunk)
+    want_k, want_v = kc.clone(), vc.clone()
+    want = torch.full((Hq * D,), float("nan"), dtype=bf)
+    parts_want = grid_partials(ns)
+    counter = torch.zeros(Hkv, dtype=torch.int32)
+    AO.attention_onekernel(qkv, want_k[LAYER], want_v[LAYER], cos, sin, want, pos_of(length),
+                           *parts_want, counter, Hq, Hkv, D, chunk, cfg)
+    out = torch.full((Hq * D,), float("nan"), dtype=bf)
+    parts = grid_partials(ns)
+    kc[LAYER, :, length - 1], vc[LAYER, :, length - 1] = float("nan"), float("nan")
+    with monkeypatch.context() as m:
+        poisoned_until_the_wait(m, AO, None, None, length, [qkv])
+        AO.attention_onekernel(qkv, kc[LAYER], vc[LAYER], cos, sin, out, pos_of(length), *parts,
+                               counter, Hq, Hkv, D, chunk, cfg)
+    assert same_bits(out, want)
+    assert same_bits(kc, want_k) and same_bits(vc, want_v)
+    assert not counter.any()

@@ -12,27 +12,31 @@ bit for bit the same results.
     out[h]           = sum_s exp(part_m - M) part_o / sum_s exp(part_m - M) part_l,
                        M = max_s part_m                          (as ``_attn_reduce_kernel``)
 
-Grid (Hkv, n_splits), the partial kernel's: program (kh, s) owns the chunk
-[s*CHUNK, (s+1)*CHUNK) of kv head kh's timeline and the GROUP query heads that share it.
+Grid (Hkv, n_splits), the partial kernel's: program (kh, s) owns split s's share
+[start, end) of kv head kh's live timeline (``split_range``: the live length in units of
+CHUNK, shared out over the fixed grid at run time from pos) and the GROUP query heads that
+share it. A program whose share is empty (past the live length) exits at once.
 
-1. Every program with a chunk that holds a token rotates its GROUP query heads from the
-   un-rotated ``qkv`` with ``rope_kv``'s own helper (same products, same roundings), so
-   q never goes through memory: the q buffer's write and read-back disappear.
-2. The program whose chunk holds ``pos`` (the new token) also rotates the new k of its kv
-   head and writes k and v at ``pos``, as ``rope_kv_write`` does, then passes a barrier
-   so that all its threads see those stores before it reads its chunk. No other program
-   reads position pos (a chunk never reads past its end), so no ordering between
-   programs is needed for this.
-3. The split-K partial, as ``_attn_partial_kernel`` (same tiles, same online softmax,
-   same partial buffers).
+0. Before its PDL wait, each program reads pos and requests its first tile of keys and
+   values older than pos (written by earlier steps; see ``attention_splitk``).
+1. Every program with a share rotates its GROUP query heads from the un-rotated ``qkv``
+   with ``rope_kv``'s own helper (same products, same roundings), so q never goes
+   through memory: the q buffer's write and read-back disappear.
+2. The program whose share holds ``pos`` (the new token) also rotates the new k of its kv
+   head and writes k and v at ``pos``, as ``rope_kv_write`` does, and folds that token
+   into its online softmax from registers, as the tile of one valid row that
+   ``_attn_partial_kernel`` loads from slot pos (same values, same tl.dot): no program
+   reads slot pos from memory here, so no barrier and no ordering between programs is
+   needed for it.
+3. The split-K partial, as ``_attn_partial_kernel`` (same tiles in the same order, same
+   online softmax, same partial buffers).
 4. The reduction, by last arrival (the threadfence-reduction pattern, as in
    ``down_residual``): each program that holds a token writes its partials, fences, and
    bumps its kv head's counter. All programs read the same pos, so all know how many
-   splits hold a token (n_valid); one whose chunk starts past the length writes nothing
-   and need not arrive. The n_valid-th arrival merges the valid splits of each of the
-   GROUP query heads with the reduce kernel's own helper (``merge_head``: BLOCK_S = 32
-   splits a block; pass 1 the max, pass 2 rescale and sum), writes ``out`` and resets
-   the counter.
+   splits hold a token (``live_splits``); one past the length writes nothing and need
+   not arrive. The last of them to arrive merges the live splits of each of the
+   GROUP query heads with the reduce kernel's own helper (``merge_head``: the maxima in
+   one load, then BLOCK_S = 32 splits a block), writes ``out`` and resets the counter.
 
 With ``fuse_reduce=False`` the launcher skips step 4 and launches the split-K reduce
 kernel instead: two launches, RoPE still fused into the partial.
@@ -51,7 +55,7 @@ Buffers (all on the device; the launch shape never changes, so a CUDA graph repl
     out      [Hq D]               bf16   attention output
 
 Bytes: the KV read, 2 * length * Hkv * D * 2 per layer, as before, plus
-Hq * n_valid * (D + 2) * 4 of partials written and read back through L2 and about
+Hq * n_live * (D + 2) * 4 of partials written and read back through L2 and about
 (Hq + 2Hkv) D * 2 of qkv; the q vector no longer makes a round trip through memory.
 
 Why: at batch 1 the RoPE kernel moves about 4 KB and the reduce kernel a few KB, so each
@@ -79,7 +83,9 @@ import triton.language as tl
 
 from . import config
 from ._common import bf16_round, pdl_wait, thread_fence
-from .attention_splitk import BLOCK_S, attention_reduce, merge_head, partial_tiles, store_partials
+from .attention_splitk import (BLOCK_S, NEW_T, attention_reduce, block_m, live_splits,
+                              load_kv_tile, merge_head, split_partial, split_range,
+                              store_partials)
 from .rope_kv import _rope_pair
 
 @triton.jit
@@ -88,34 +94,46 @@ def _attn_onekernel_kernel(qkv_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, 
                            stride_c_h, stride_c_t, n_splits, scale, HQ, HKV,
                            GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
                            BLOCK_D: tl.constexpr, CHUNK: tl.constexpr, BLOCK_T: tl.constexpr,
-                           BLOCK_S: tl.constexpr, DOT_F32: tl.constexpr,
+                           BLOCK_S: tl.constexpr, BLOCK_M: tl.constexpr, DOT_F32: tl.constexpr,
                            LAST_ARRIVAL: tl.constexpr, FENCE: tl.constexpr,
                            USE_PDL: tl.constexpr):
     kh = tl.program_id(0)
     split = tl.program_id(1)
-    pdl_wait(USE_PDL)
+    # ---- before the wait: pos (the previous step's) and the first tile older than pos ----
     pos = tl.load(pos_ptr)
     length = pos + 1
-    start = split * CHUNK
+    start, end = split_range(pos, split, n_splits, CHUNK)
     HALF: tl.constexpr = D // 2
     d = tl.arange(0, BLOCK_D)
     dm = d < D
-    if start < length:
-        end = tl.minimum(start + CHUNK, length)          # never past this chunk
+    if start < end:                                      # else: past the live length, exit
+        base = kh * stride_c_h
+        k0, v0, tm0 = load_kv_tile(k_cache_ptr, v_cache_ptr, base, start, tl.minimum(end, pos),
+                                   stride_c_t, d, dm, BLOCK_T)
+        pdl_wait(USE_PDL)
         # ---- RoPE, as rope_kv_write: rotate_half as a gather with a sign -----------------
         partner = tl.where(d < HALF, d + HALF, d - HALF)
         sign = tl.where(d < HALF, -1.0, 1.0)
         cos_row = cos_ptr + pos * D
         sin_row = sin_ptr + pos * D
-        base = kh * stride_c_h
-        if end == length:                                # this chunk holds the new token
+        holds_pos = end == length                        # this share holds the new token
+        # the new token as a tile whose only valid row is row 0: what _attn_partial_kernel
+        # loads from slot pos (zeros elsewhere), built from registers
+        r = tl.arange(0, NEW_T)
+        row0 = (r == 0)[:, None] & dm[None, :]
+        kn = tl.zeros([NEW_T, BLOCK_D], tl.float32).to(k_cache_ptr.dtype.element_ty)
+        vn = kn
+        if holds_pos:
             y = _rope_pair(qkv_ptr + (HQ + kh) * D, cos_row, sin_row, d, partner, sign, dm,
                            qkv_ptr, 1.0, False)
-            slot = base + pos * stride_c_t
-            tl.store(k_cache_ptr + slot + d, bf16_round(y).to(k_cache_ptr.dtype.element_ty), mask=dm)
+            k_new = bf16_round(y)                        # the bf16 value rope_kv_write stores
             v_new = tl.load(qkv_ptr + (HQ + HKV + kh) * D + d, mask=dm, other=0.0)
+            slot = base + pos * stride_c_t
+            tl.store(k_cache_ptr + slot + d, k_new.to(k_cache_ptr.dtype.element_ty), mask=dm)
             tl.store(v_cache_ptr + slot + d, v_new, mask=dm)
-            tl.debug_barrier()                           # every thread sees k, v at pos
+            kn = tl.where(row0, k_new[None, :], 0.0).to(k_cache_ptr.dtype.element_ty)
+            vn = tl.where(row0, v_new.to(tl.float32)[None, :], 0.0).to(v_cache_ptr.dtype.element_ty)
+        tmn = (r == 0) & holds_pos
         # the GROUP query heads of this kv head, rotated in registers ([GROUP_PAD, BLOCK_D];
         # element-wise the same arithmetic as rope_kv_write's, so the same bits)
         g = tl.arange(0, GROUP_PAD)
@@ -130,16 +148,16 @@ def _attn_onekernel_kernel(qkv_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, 
         else:
             q = q.to(k_cache_ptr.dtype.element_ty)       # exact: q is already a bf16 value
         # ---- split-K partial: the helpers _attn_partial_kernel uses ----------------------
-        m_i, l_i, acc = partial_tiles(q, k_cache_ptr, v_cache_ptr, base, start, end, stride_c_t,
-                                      d, dm, scale, GROUP_PAD, BLOCK_D, BLOCK_T, DOT_F32)
+        m_i, l_i, acc = split_partial(q, k_cache_ptr, v_cache_ptr, base, start, end, pos,
+                                      stride_c_t, d, dm, scale, k0, v0, tm0, kn, vn, tmn,
+                                      GROUP_PAD, BLOCK_D, BLOCK_T, DOT_F32)
         store_partials(part_o_ptr, part_m_ptr, part_l_ptr, heads, gm, split, n_splits, m_i, l_i,
                        acc, d, dm, D)
-    if LAST_ARRIVAL:
-        # ---- the last of the n_valid programs of kv head kh merges its GROUP heads --------
-        # Every program reads the same pos, so all agree on n_valid; a program whose chunk
-        # starts past the length writes nothing and need not arrive.
-        n_valid = (length + CHUNK - 1) // CHUNK          # splits that hold any token
-        if start < length:
+        if LAST_ARRIVAL:
+            # ---- the last of the live programs of kv head kh merges its GROUP heads ------
+            # Every program reads the same pos, so all agree on how many splits are live; a
+            # program past the length wrote nothing and does not arrive.
+            n_valid = live_splits(pos, n_splits, CHUNK)
             thread_fence(FENCE)                          # this thread's partials are visible
             tl.debug_barrier()                           # ... and every thread's
             arrived = tl.atomic_add(counter_ptr + kh, 1, sem="acq_rel")
@@ -147,7 +165,7 @@ def _attn_onekernel_kernel(qkv_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, 
                 for i in range(GROUP):                   # the reduce kernel's merge, per head
                     h = kh * GROUP + i
                     o_h = merge_head(part_o_ptr, part_m_ptr, part_l_ptr, h, n_splits, n_valid,
-                                     d, dm, D, BLOCK_D, BLOCK_S, True)
+                                     d, dm, D, BLOCK_D, BLOCK_S, BLOCK_M, True)
                     tl.store(out_ptr + h * D + d, bf16_round(o_h).to(out_ptr.dtype.element_ty),
                              mask=dm)
                 tl.store(counter_ptr + kh, 0)            # zero for the next call
@@ -169,14 +187,15 @@ def attention_onekernel(qkv, k_cache, v_cache, cos, sin, out, pos, part_o, part_
     assert chunk % block_t == 0, "a tile must not straddle two chunks"
     assert head_dim % 2 == 0, "RoPE pairs element d with d + D/2"
     assert counter.dtype == torch.int32 and counter.numel() >= kv_heads, "counter too small"
-    assert n_splits * chunk >= k_cache.shape[1], "the splits must cover the cache"
+    assert n_splits >= 1, "at least one split"
     kw = {"launch_pdl": True} if use_pdl else {}
     _attn_onekernel_kernel[(kv_heads, n_splits)](
         qkv, k_cache, v_cache, cos, sin, pos, out, part_o, part_m, part_l, counter,
         k_cache.stride(0), k_cache.stride(1), n_splits, head_dim ** -0.5, heads, kv_heads,
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), D=head_dim,
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)), CHUNK=chunk, BLOCK_T=block_t,
-        BLOCK_S=BLOCK_S, DOT_F32=config.interpreting(), LAST_ARRIVAL=fuse_reduce,
-        FENCE=not config.interpreting(), USE_PDL=use_pdl, num_warps=cfg["num_warps"], **kw)
+        BLOCK_S=BLOCK_S, BLOCK_M=block_m(n_splits), DOT_F32=config.interpreting(),
+        LAST_ARRIVAL=fuse_reduce, FENCE=not config.interpreting(), USE_PDL=use_pdl,
+        num_warps=cfg["num_warps"], **kw)
     if not fuse_reduce and launch_reduce:                # two launches: the reduce kernel
         attention_reduce(part_o, part_m, part_l, out, pos, head_dim, chunk, use_pdl)
