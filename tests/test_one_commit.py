@@ -75,10 +75,6 @@ def test_two_runs_of_one_commit_fail(tmp_path):
     assert p.returncode == 1 and "run aaa-2, not aaa-1" in p.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="chapters predate the one-run GPU book run: chapter 1 "
-                   "and its results are from e55c9b9324a2, the rest from 3b38b25523ea. After "
-                   "`bash ci/gpu_book.sh` this passes, and strict=True makes CI fail until this "
-                   "marker is removed.")
 def test_the_book_comes_from_one_run():
     p = _check(ROOT)
     assert p.returncode == 0, p.stderr
