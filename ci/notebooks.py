@@ -237,6 +237,28 @@ def _refresh_prose(nb_path: Path) -> bool:
         return refresh(nb_path)
 
 
+def _drop_repeated_glue(nb) -> list[str]:
+    """Later outputs that glue a name already glued with the same value (a chapter that
+    glues a default twice): myst-nb would warn and the strict build fail, though the page
+    reads the same. A name glued twice with *different* values is left for the build to
+    reject."""
+    seen, dropped = {}, []
+    for cell in nb.cells:
+        keep = []
+        for o in cell.get("outputs", []):
+            name = o.get("metadata", {}).get("scrapbook", {}).get("name")
+            if name is not None:
+                value = json.dumps(o.get("data", {}), sort_keys=True)
+                if seen.get(name) == value:
+                    dropped.append(name)
+                    continue
+                seen.setdefault(name, value)
+            keep.append(o)
+        if "outputs" in cell:
+            cell["outputs"] = keep
+    return dropped
+
+
 def stage(reuse: bool, timeout: int) -> int:
     import nbformat
     sys.path.insert(0, str(ROOT))
@@ -261,6 +283,10 @@ def stage(reuse: bool, timeout: int) -> int:
             fresh = _refresh_prose(dest)
             dest.with_suffix(".md").unlink()
             nb = nbformat.read(dest, as_version=4)
+            dropped = _drop_repeated_glue(nb)
+            if dropped:
+                print(f"[stage] {src.stem}: glued twice with the same value, kept once: "
+                      + ", ".join(dropped))
             note = staleness_note(src.stem, nb.metadata.get("onelaunch", {}).get("commit"))
             if note:
                 _insert_note(nb, note)

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Copy the prose of the chapters' sources into their executed notebooks, without a rerun.
 
-The executed ``notebooks/<stem>.ipynb`` keeps its code cells and their outputs; its
-markdown cells are replaced by the source's, in the source's order. Only allowed while the
+The executed ``notebooks/<stem>.ipynb`` keeps its code cells' outputs; its markdown cells
+are replaced by the source's, in the source's order, and its code cells take the source's
+text where only layout or comments differ (``check_stale.same_program``). Only allowed while the
 code cells still match (``ci/check_stale.py``): otherwise the numbers would sit next to
 code that did not produce them, and the chapter needs a GPU rerun instead.
 
@@ -35,6 +36,7 @@ def refresh(nb_path: Path) -> bool:
         if c.cell_type == "code":
             ran = next(executed)
             ran.metadata = {**ran.metadata, "tags": c.metadata.get("tags", [])}
+            ran.source = c.source       # same syntax tree (check_stale): the source's layout
             cells.append(ran)
             if "parameters" in c.metadata.get("tags", []):
                 cells += injected  # papermill's cell stays right after the defaults

@@ -45,6 +45,40 @@ def test_check_stale_catches_changed_code(tmp_path):
     assert p.returncode == 1 and "code differs" in p.stderr
 
 
+def test_check_stale_allows_layout_but_not_values(tmp_path):
+    """Re-wrapping a cell or editing a comment leaves the syntax tree as it ran: not stale.
+    Changing a number in it is."""
+    import nbformat
+    from notebooks import read_source
+    src = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.md"))[0]
+    text = src.read_text()
+    nb = read_source(src)
+    (tmp_path / src.name).write_text(text)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    code[-1].source = "# a comment the run did not have\n" + code[-1].source.replace(", ", ",\n    ", 1)
+    nbformat.write(nb, tmp_path / (src.stem + ".ipynb"))
+    run = lambda: subprocess.run([PY, "ci/check_stale.py", str(tmp_path / (src.stem + ".ipynb"))],
+                                 cwd=ROOT, capture_output=True, text=True)
+    assert run().returncode == 0, run().stderr
+    code[-1].source += "\nx = 1"
+    nbformat.write(nb, tmp_path / (src.stem + ".ipynb"))
+    assert run().returncode == 1
+
+
+def test_staging_keeps_one_of_a_glue_repeated_with_the_same_value():
+    import nbformat
+    from notebooks import _drop_repeated_glue
+
+    def out(name, v):
+        return nbformat.v4.new_output("display_data", data={"text/plain": v},
+                                      metadata={"scrapbook": {"name": name}})
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("", outputs=[out("a", "1"), out("b", "2")]),
+                nbformat.v4.new_code_cell("", outputs=[out("a", "1"), out("b", "3")])]
+    assert _drop_repeated_glue(nb) == ["a"]
+    assert [len(c.outputs) for c in nb.cells] == [2, 1]     # b differs: the build decides
+
+
 def test_chapters_run_on_cpu():
     """Every chapter executes with papermill (CPU parameters); a raising cell fails."""
     _run(PY, "ci/notebooks.py", "cpu")

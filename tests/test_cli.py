@@ -127,22 +127,27 @@ def _between_rules(out: str) -> str:
     return out.split("-" * 8 + "\n", 1)[1].rsplit("\n" + "-" * 8 + "\n", 1)[0]
 
 
-@pytest.mark.parametrize("key, chat", [("qwen", True), ("olmoe", False)])
-def test_generate_text_round_trip(capsys, ckpts, key, chat):
+# The prompts are ones whose first 4 steps hold no near tie on these random tiny weights:
+# the text is compared with the oracle's free-running greedy decode, which a near tie
+# (the rule itself is tested in test_gates.py) would legitimately change. Tiny random MoE
+# weights have many (the OLMoE case found a 1-ulp tie at step 0 with the qwen prompt).
+@pytest.mark.parametrize("key, chat, text", [("qwen", True, "中文 wörld ab"),
+                                             ("olmoe", False, "中文 ab wörld xy")])
+def test_generate_text_round_trip(capsys, ckpts, key, chat, text):
     """Prompt text -> the checkpoint's tokenizer -> ids -> the engine (batched prefill) ->
     streamed text: equal to decoding the oracle's greedy ids (up to a stop token)."""
     from onelaunch.oracle import Oracle
     from onelaunch.text import TextStream, encode, load_tokenizer, stop_ids
     from onelaunch.weights import load_checkpoint
     folder = str(ckpts[key])
-    rc, out = _main(capsys, "generate", "--checkpoint", folder, "--prompt", "中文 wörld ab",
+    rc, out = _main(capsys, "generate", "--checkpoint", folder, "--prompt", text,
                     *(["--chat"] if chat else []), "--tokens", "4", "--device", "cpu", "--check")
     if rc == 2 and "mixture of experts" in out.err:
         pytest.skip("the engine runs the dense family only, so far")
     assert rc == 0, out.err
     tok = load_tokenizer(folder)
     spec, w = load_checkpoint(folder)
-    prompt = torch.tensor(encode(tok, "中文 wörld ab", chat=chat))
+    prompt = torch.tensor(encode(tok, text, chat=chat))
     ref = Oracle(spec, w, max_ctx=64).generate(prompt, 4).tolist()
     s = TextStream(tok, stop_ids(tok, folder))
     assert _between_rules(out.out) == s.push(ref) + s.flush()

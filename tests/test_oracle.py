@@ -35,8 +35,11 @@ def test_given_prompt_and_weights():
 
 def test_bf16_oracle_path():
     # the path the GPU check takes (bf16 oracle, fp32 reference), at tiny shapes on the CPU:
-    # no fp32 tolerance applies, and any flip must come with its margin
-    r = compare_with_hf("tiny-olmoe", tokens=TOKENS, prompt_len=7,
+    # no fp32 tolerance applies, and any flip must come with its margin. Seed 1: with seed 0
+    # a tiny random router puts two experts within bf16 rounding at some step, bf16 picks
+    # the other one and the logits move by 42% with every token still the same (seeds
+    # 1-3: 3-5%); what this test checks is the dtype path, not a router's near tie.
+    r = compare_with_hf("tiny-olmoe", tokens=TOKENS, prompt_len=7, seed=1,
                         oracle_dtype=torch.bfloat16, hf_generate=False)
     assert r["oracle_dtype"] == "bfloat16" and r["logits_ok"] is None
     assert 0 < r["rel_err"] < 0.1                 # bf16 rounding: not zero, not a bug
