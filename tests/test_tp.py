@@ -96,7 +96,10 @@ def test_a_failing_rank_is_named_and_a_stuck_run_is_stopped():
     assert time.monotonic() - t0 < 30
 
 
-@pytest.mark.parametrize("model,rung", [(m, r) for m in MODELS for r in ("gloo", "fused")])
+# The gloo rung of both tiny models runs in chapter 7's CPU run (tests/test_book.py),
+# checked against the oracle there; here the fused rung, whose exchange the chapter's CPU
+# run does not reach, bit for bit across the ranks.
+@pytest.mark.parametrize("model,rung", [(m, "fused") for m in MODELS])
 def test_two_ranks_compute_the_one_gpu_step(model, rung):
     """Two processes (gloo, the interpreter), each a rank with half the heads, half the MLP
     and half the vocabulary: teacher-forced along the oracle's tokens they choose what the
