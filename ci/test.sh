@@ -6,7 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash ci/setup.sh
 export TRITON_INTERPRET=1
-.venv/bin/python -m pytest -q -m "not gpu and not browser" tests "$@"
+# two workers (both cores), a test file's tests in order in one of them: the CPU run of
+# the chapters (tests/test_book.py, about 10 minutes) beside everything else
+.venv/bin/python -m pytest -q -n 2 --dist loadfile -m "not gpu and not browser" tests "$@"
 # the book: tests/test_book.py (in the run above) executed every chapter on the CPU with
 # papermill and built the book with -W -n; now open it in headless chromium, offline
 .venv/bin/python -m pytest -q -m browser tests/test_browser.py
