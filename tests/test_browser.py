@@ -129,3 +129,19 @@ def test_pages_stay_local(site, browser, path):
     assert not outside, f"{path} asked for something outside localhost: {outside}"
     page.screenshot(path=str(SHOTS / (path.replace("/", "_") + ".png")), full_page=True)
     page.close()
+
+
+def test_chapter_code_fits_without_scrolling(site, browser):
+    """Every chapter's code cells (88-character lines) show whole at a laptop's width: no
+    code block scrolls sideways."""
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    wide = {}
+    for f in sorted((HTML / "notebooks").glob("[0-9][0-9]_*.html")):
+        page.goto(f"{site}/notebooks/{f.name}", wait_until="load")
+        n = page.evaluate("""() => [...document.querySelectorAll(
+            'div.cell_input div.highlight pre')].filter(
+            p => p.scrollWidth > p.clientWidth + 2).length""")
+        if n:
+            wide[f.name] = n
+    page.close()
+    assert not wide, f"code blocks that scroll sideways: {wide}"
