@@ -259,6 +259,8 @@ def cmd_generate(args) -> int:
 def _generate_tp(args, spec, prompt, tokens, max_ctx, tok, device) -> int:
     """generate --tp N: one process per GPU, each a rank; rank 0 reports (no streaming)."""
     from . import tp
+    if device == "cpu":                      # no peer memory on a CPU: gloo's all-reduce
+        args.tp_rung = "gloo"
     try:
         out = tp.launch(tp.generate_job, world=args.tp, device=device, uses=(args.tp_rung,),
                         timeout_s=args.timeout, model=spec.name, checkpoint=args.checkpoint,

@@ -27,7 +27,8 @@ the agreement rule, and a peer with a real flip is refused: its row gets no time
 steps are timed per step with :func:`onelaunch.timing.time_ms` at position ``ctx``.
 Compiling the HF forward ourselves is not a rung: on transformers 5.17 wrapping
 ``model.forward`` in ``torch.compile(mode="reduce-overhead")`` fails on the static cache
-(see ``/work/shared/ANCHORS.md``); ``cache_implementation="static"`` is the supported path.
+("skipping cudagraphs due to mutated inputs", then an overwrite error);
+``cache_implementation="static"`` is the supported path.
 
 On the CPU (tiny models, fp32) every rung runs, for smoke tests only: there is no floor
 (``floor_ms`` is None), HF static is not compiled (transformers compiles on GPUs only), and

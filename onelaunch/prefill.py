@@ -1,7 +1,7 @@
 """Batched prefill: fill the engine's KV cache for a whole prompt in a few large chunks.
 
 The engine's step consumes one token: run over a prompt it writes one KV slot per step,
-so a 32751-token prompt took 47.5 s on the H200 before the first new token (ANCHORS).
+so a 32751-token prompt took 47.5 s on the H200 before the first new token.
 Prefill is compute-bound, not bandwidth-bound: a chunk of T tokens reads each weight once
 for T tokens. So the prompt goes through the oracle's own batched forward (the same math,
 in the engine's bf16), chunk by chunk, and the oracle writes its keys and values straight

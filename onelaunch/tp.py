@@ -479,22 +479,28 @@ def bench_job(rank, world, device, model, ctx=512, tokens=12, iters=100, rungs=R
         if cuda:
             torch.cuda.empty_cache()
         dist.barrier()
-    if rank != 0:
-        return None
-    compute = next(r for r in rows if r["rung"] == "none")["ms_per_token"]
+    return finish_rows([one] + rows) if rank == 0 else None
+
+
+def finish_rows(rows: list[dict]) -> list[dict]:
+    """The ratios of a bench --tp run, from its measured rows (also those of a run stopped
+    part way, as far as they go): each row's x floor, each rung against the one-GPU step,
+    and, once the compute-only row exists, each rung's split into compute and
+    communication and its cost per sync point."""
+    by = {r["rung"]: r for r in rows}
+    one = by.get("one GPU", {}).get("ms_per_token")
+    compute = by.get("none", {}).get("ms_per_token")
     for r in rows:
-        ms = r["ms_per_token"]
+        ms = r.get("ms_per_token")
         if ms is None:
             continue
-        r["x_floor"] = ms / r["floor_ms"] if r["floor_ms"] else None
-        if one and one["ms_per_token"]:
-            r["vs_one_gpu"] = ms / one["ms_per_token"]
-        if r["rung"] != "none" and compute:
+        r["x_floor"] = ms / r["floor_ms"] if r.get("floor_ms") else None
+        if one and r["rung"] != "one GPU":
+            r["vs_one_gpu"] = ms / one
+        if r["rung"] not in ("none", "one GPU") and compute:
             r["compute_ms"], r["comm_ms"] = compute, ms - compute
             r["allreduce_us_in_step"] = (ms - compute) * 1e3 / r["sync_points"]
-    if one["ms_per_token"] and one["floor_ms"]:
-        one["x_floor"] = one["ms_per_token"] / one["floor_ms"]
-    return [one] + rows
+    return rows
 
 
 def compare_job(rank, world, device, model, rung="gloo", seed=0, prompt_len=6, tokens=4,

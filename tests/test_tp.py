@@ -115,3 +115,13 @@ def test_two_ranks_compute_the_one_gpu_step(model, rung):
     assert torch.equal(r0["x"], r1["x"])                      # replicated, bit for bit
     err = (r0["x"] - one["x"]).abs().max().item()
     assert err <= 0.02 * one["x"].abs().max().item(), err
+
+
+def test_generate_tp_on_the_cpu(capsys):
+    """generate --tp 2 on a CPU: two processes (gloo, the interpreter), the oracle's verdict."""
+    from onelaunch.cli import main
+    rc = main(["generate", "--model", "tiny-qwen2", "--tp", "2", "--device", "cpu",
+               "--tokens", "2", "--prompt-len", "3", "--check"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "on 2 GPUs (gloo all-reduce" in out and "oracle:" in out

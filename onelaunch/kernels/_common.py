@@ -226,7 +226,7 @@ def pdl_wait(USE_PDL: tl.constexpr):
     """Wait for the previous kernel's results (a no-op without PDL), then let the next
     kernel start launching: its programs will issue their weight loads and wait in turn.
     (Triggering before the wait, so that launches run two kernels ahead, measured 0.014 ms
-    slower per token on the H200: NOTES.md, entry 6.)"""
+    slower per token on the H200: the repository's performance log.)"""
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()

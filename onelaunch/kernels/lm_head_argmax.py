@@ -4,7 +4,7 @@
     tok    = argmax(logits)                first index among equal maxima, like torch
 
 Grid: one program per BLOCK_N vocabulary rows (151936 / 32 = 4748 for Qwen2.5-1.5B,
-233 MB of weights: the single largest read of the step). Each program writes its logits
+467 MB of weights: the single largest read of the step). Each program writes its logits
 and its local (max, index); the last program to arrive (per-launch counter) reduces the
 local maxima to the token, then does what the host would otherwise do between steps:
 if the next position is past the prompt it stores the token into the sequence buffer
