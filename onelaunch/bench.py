@@ -460,8 +460,22 @@ def forced_from_cache(e: Engine, o: Oracle, start: int, tokens: torch.Tensor, gr
     return agree.judge_tokens(torch.stack(logits), got)
 
 
+def timed_if_agreed(e: Engine, r: dict, j: dict, ctx: int, floor, iters: int, dev) -> dict:
+    """Fill row ``r`` for engine ``e`` at context ``ctx``: its time (graph replay, the
+    cache as it is) if the check ``j`` passed, else the refusal and no time."""
+    if j["ok"]:
+        e.pos.fill_(ctx)
+        e.prompt_len.fill_(0)
+        ms = time_engine_step(e, True, iters, dev)
+        r.update(ms_per_token=ms, x_floor=ms / floor if floor else None)
+    else:
+        r.update(ms_per_token=None, x_floor=None, refused=refusal(r["flips"]))
+    return r
+
+
 def sweep_rows(spec, w, device="cuda", ctxs=(128, 512, 2048, 8192, 16384, 32768), iters=50,
-               read_tbps=None, pdl=True, attention="splitk", check_tokens: int = 2) -> list[dict]:
+               read_tbps=None, pdl=True, attention="splitk", check_tokens: int = 2,
+               live_caps=(0,)) -> list[dict]:
     """ms/token of the graph-captured step at each context (one engine sized for the largest).
 
     The cache holds the keys and values of a real prompt: random token ids run through the
@@ -473,7 +487,10 @@ def sweep_rows(spec, w, device="cuda", ctxs=(128, 512, 2048, 8192, 16384, 32768)
     Before a context is timed, the captured step is checked there: the oracle takes a copy
     of the engine's cache and both decode ``check_tokens`` forced tokens from that context;
     the engine's choices are judged by the agreement rule. A context that fails is
-    reported refused, with no time."""
+    reported refused, with no time.
+
+    ``live_caps``: the cap on live splits a kv head (``Engine(live_cap=)``: 0 the default,
+    None none), one pass over ``ctxs`` each, the same engine and cache recaptured."""
     from .prefill import prefill
     spec = get_spec(spec)
     dev = torch.device(device)
@@ -482,23 +499,18 @@ def sweep_rows(spec, w, device="cuda", ctxs=(128, 512, 2048, 8192, 16384, 32768)
     g = torch.Generator(device="cpu").manual_seed(2)
     prefill(e, torch.randint(0, spec.vocab, (max(ctxs) + 1,), generator=g), progress=False)
     o = Oracle(spec, w, max_ctx=max_ctx)
-    e.capture()
     rows = []
-    for c in ctxs:
-        forced = torch.randint(0, spec.vocab, (check_tokens,), generator=g)
-        j = forced_from_cache(e, o, c, forced, graph=True)
-        floor = spec.bytes_per_token(c) / (read_tbps * 1e12) * 1e3 if read_tbps else None
-        r = {"model": spec.name, "rung": f"{attention}{' + PDL' if e.pdl else ''}", "ctx": c,
-             "agree": j["agree"], "flips": agree.disagreements(j), "floor_ms": floor,
-             "kv_bytes": c * spec.kv_bytes_per_token_of_context()}
-        if j["ok"]:
-            e.pos.fill_(c)
-            e.prompt_len.fill_(0)
-            ms = time_engine_step(e, True, iters, dev)
-            r.update(ms_per_token=ms, x_floor=ms / floor if floor else None)
-        else:
-            r.update(ms_per_token=None, x_floor=None, refused=refusal(r["flips"]))
-        rows.append(r)
+    for cap in live_caps:
+        e.live_cap = K.default_live_cap(spec.kv_heads) if cap == 0 else cap
+        e.capture()
+        for c in ctxs:
+            forced = torch.randint(0, spec.vocab, (check_tokens,), generator=g)
+            j = forced_from_cache(e, o, c, forced, graph=True)
+            floor = spec.bytes_per_token(c) / (read_tbps * 1e12) * 1e3 if read_tbps else None
+            r = {"model": spec.name, "rung": f"{attention}{' + PDL' if e.pdl else ''}", "ctx": c,
+                 "agree": j["agree"], "flips": agree.disagreements(j), "floor_ms": floor,
+                 "kv_bytes": c * spec.kv_bytes_per_token_of_context(), "live_cap": e.live_cap}
+            rows.append(timed_if_agreed(e, r, j, c, floor, iters, dev))
     del o
     return rows
 
@@ -538,20 +550,13 @@ def maxctx_rows(spec, w, device="cuda", ctx=512, max_ctxs=(1024, None), iters=10
         n_splits = e.partials()[0].shape[1]
         r = {"model": spec.name, "rung": f"splitk{' + PDL' if e.pdl else ''}", "ctx": ctx,
              "max_ctx": mc, "chunk": e.chunk, "n_splits": n_splits,
-             "live_splits": K.live_splits_host(ctx + 1, e.chunk, n_splits),
+             "live_splits": K.live_splits_host(ctx + 1, e.chunk, K.live_share(n_splits, e.live_cap)),
              "agree": j["agree"], "flips": agree.disagreements(j), "floor_ms": floor}
         if first is None:
             first = mine
         else:
             r["same_as_first"] = bool(torch.equal(mine[0], first[0]) and torch.equal(mine[1], first[1]))
-        if j["ok"]:
-            e.pos.fill_(ctx)
-            e.prompt_len.fill_(0)
-            ms = time_engine_step(e, True, iters, dev)
-            r.update(ms_per_token=ms, x_floor=ms / floor if floor else None)
-        else:
-            r.update(ms_per_token=None, x_floor=None, refused=refusal(r["flips"]))
-        rows.append(r)
+        rows.append(timed_if_agreed(e, r, j, ctx, floor, iters, dev))
         del e
         if dev.type == "cuda":
             torch.cuda.empty_cache()
@@ -959,18 +964,19 @@ def main(argv=None):
     for key, fn in (("kernels", lambda: [] if spec.is_moe else kernel_rows(spec, w, dev, ctx=a.ctx, read_tbps=bw)),
                     ("ops", lambda: plan_op_rows(spec, w, dev, ctx=a.ctx, read_tbps=bw)),
                     ("ladder", lambda: ladder_rows(spec, w, dev, ctx=a.ctx, iters=a.iters, read_tbps=bw)),
-                    ("sweep", lambda: sweep_rows(spec, w, dev, ctxs=ctxs, read_tbps=bw))):
+                    ("sweep", lambda: sweep_rows(spec, w, dev, ctxs=ctxs, read_tbps=bw)),
+                    # the same step in an engine for 1024 positions and the default
+                    ("maxctx", lambda: maxctx_rows(spec, w, dev, ctx=a.ctx, max_ctxs=(1024, None),
+                                                   iters=a.iters, read_tbps=bw)),
+                    # the long contexts with the live splits capped at 256..32 programs, or not
+                    ("splitcap", lambda: sweep_rows(
+                        spec, w, dev, ctxs=tuple(c for c in ctxs if c >= 2048), read_tbps=bw,
+                        live_caps=(None,) + tuple(-(-p // spec.kv_heads) for p in (256, 128, 64, 32))))):
         if key in what:
             out[key] = fn()
             for r in out[key]:
                 print(json.dumps(r))
             failed += gate_failures(out[key])
-    if "maxctx" in what:     # the same step in an engine for 1024 positions and the default
-        out["maxctx"] = maxctx_rows(spec, w, dev, ctx=a.ctx, max_ctxs=(1024, None), iters=a.iters,
-                                    read_tbps=bw)
-        for r in out["maxctx"]:
-            print(json.dumps(r))
-        failed += gate_failures(out["maxctx"])
     if "long" in what:
         out["long"] = long_context_agreement(spec, w, dev, ctx=min(32768, 4000 if spec.is_moe else longest))
         print(json.dumps(out["long"]))

@@ -48,7 +48,7 @@ class EngineError(ValueError):
 class Engine:
     def __init__(self, spec, weights: dict[str, torch.Tensor], max_ctx: int | None = None,
                  attention: str = "splitk", pdl: bool = False, fuse_rope: bool = False,
-                 device=None, cfgs: dict | None = None, tp=None):
+                 device=None, cfgs: dict | None = None, tp=None, live_cap: int | None = 0):
         self.spec = spec = get_spec(spec)
         if attention not in ("plain", "splitk"):
             raise EngineError("attention must be 'plain' or 'splitk'")
@@ -89,6 +89,8 @@ class Engine:
                                 torch.bfloat16)
         self.cos, self.sin = cos.contiguous(), sin.contiguous()          # [max_ctx, D]
         self.chunk = K.chunk_for(self.max_ctx)   # split-K unit: the live length is shared out in it
+        # live splits a kv head at most (0: the default for this model; None: no cap)
+        self.live_cap = K.default_live_cap(spec.kv_heads) if live_cap == 0 else live_cap
         # ---- the step: a list of launches; each builder asks for the buffers it needs --
         self.plan = plan.build(self)
         self.graph = None

@@ -69,7 +69,8 @@ def attention(e, li: int) -> list[Launch]:
         cnt = e.buf("attn_counter", (s.kv_heads,), I32)
         out.append(Launch("attention_onekernel", li, lambda: K.attention_onekernel(
             qkv, kc, vc, e.cos, e.sin, attn, e.pos, po, pm, pl, cnt, s.heads, s.kv_heads,
-            s.head_dim, e.chunk, c, use_pdl=pdl, fuse_reduce=False, launch_reduce=False),
+            s.head_dim, e.chunk, c, use_pdl=pdl, fuse_reduce=False, launch_reduce=False,
+            live_cap=e.live_cap),
             0, kv_ctx))
     else:
         q = e.buf("q", (s.q_size,))                   # q after RoPE
@@ -91,11 +92,11 @@ def attention(e, li: int) -> list[Launch]:
             pm, pl, po = e.partials()
             out.append(Launch("attention_partial", li, lambda: K.attention_partial(
                 q, kc, vc, e.pos, po, pm, pl, s.heads, s.kv_heads, s.head_dim, e.chunk, c,
-                use_pdl=pdl), 0, kv_ctx))
+                use_pdl=pdl, live_cap=e.live_cap), 0, kv_ctx))
     if e.attention == "splitk":
         pm, pl, po = e.partials()
         out.append(Launch("attention_reduce", li, lambda: K.attention_reduce(
-            po, pm, pl, attn, e.pos, s.head_dim, e.chunk, use_pdl=pdl), 0))
+            po, pm, pl, attn, e.pos, s.head_dim, e.chunk, use_pdl=pdl, live_cap=e.live_cap), 0))
     out += into_residual(e, "o_proj_residual", li, _nbytes(L["w_o"]), lambda **tp: K.o_proj_residual(
         attn, L["w_o"], e.x, use_pdl=pdl, cfg=c_o, **tp))
     return out

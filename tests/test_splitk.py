@@ -63,10 +63,10 @@ def test_tile_wider_than_chunk_does_not_double_count(length):
     ns = pm.shape[1]
     pos = torch.tensor([length - 1], dtype=torch.int32)
     AS._attn_partial_kernel[(Hkv, ns)](
-        q, kc, vc, po, pm, pl, pos, kc.stride(0), kc.stride(1), ns, D ** -0.5, GROUP=Hq // Hkv,
+        q, kc, vc, po, pm, pl, pos, kc.stride(0), kc.stride(1), ns, ns, D ** -0.5, GROUP=Hq // Hkv,
         GROUP_PAD=16, D=D, BLOCK_D=16, CHUNK=CHUNK, BLOCK_T=2 * CHUNK, DOT_F32=True, USE_PDL=False)
     out = torch.empty(Hq * D, dtype=torch.bfloat16)
-    AS._attn_reduce_kernel[(Hq,)](po, pm, pl, out, pos, ns, D=D, BLOCK_D=16, CHUNK=CHUNK,
+    AS._attn_reduce_kernel[(Hq,)](po, pm, pl, out, pos, ns, ns, D=D, BLOCK_D=16, CHUNK=CHUNK,
                                   BLOCK_S=4, BLOCK_M=8, USE_PDL=False)
     assert rel(out, attention_ref(q, kc, vc, length, Hq, Hkv, D)) < TOL
 
@@ -105,12 +105,28 @@ def grid_state(ns, length=None, seed=0):
     return q, kc, vc, nan(Hq, ns, D), nan(Hq, ns), nan(Hq, ns)
 
 
-def run_grid(ns, length, block_t=BT, **kw):
+def run_grid(ns, length, block_t=BT, live_cap=None, **kw):
     q, kc, vc, po, pm, pl = grid_state(ns, **kw)
     out = torch.full((Hq * D,), float("nan"), dtype=torch.bfloat16)
     K.attention_splitk(q, kc, vc, out, torch.tensor([length - 1], dtype=torch.int32), po, pm, pl,
-                       Hq, Hkv, D, U, dict(BLOCK_T=block_t, num_warps=4))
+                       Hq, Hkv, D, U, dict(BLOCK_T=block_t, num_warps=4), live_cap=live_cap)
     return out, (po, pm, pl), (q, kc, vc)
+
+
+@pytest.mark.parametrize("length", [1, 2 * U, 2 * U + 1, 5 * U + 1, MAX])
+def test_a_cap_on_live_splits_makes_them_longer_not_more(length):
+    """With the live splits capped at 2 a kv head, a grid of NS splits shares the length
+    out over at most 2 (each holding more units): right against the reference, exactly
+    those written; below the cap the same bits as without it."""
+    out, (po, pm, pl), (q, kc, vc) = run_grid(NS, length, live_cap=2)
+    assert rel(out, attention_ref(q, kc, vc, length, Hq, Hkv, D)) < TOL
+    n_live = AS.live_splits_host(length, U, AS.live_share(NS, 2))
+    assert n_live == min(2, -(-length // U))
+    assert not pm[:, :n_live].isnan().any() and pm[:, n_live:].isnan().all()
+    if length <= 2 * U:
+        free, _, _ = run_grid(NS, length)
+        assert torch.equal(out.view(torch.int16), free.view(torch.int16))
+    assert AS.live_share(NS, None) == NS and AS.live_share(NS, 10 ** 6) == NS
 
 
 @pytest.mark.parametrize("length", PAST)

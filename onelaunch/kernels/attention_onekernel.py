@@ -83,15 +83,15 @@ import triton.language as tl
 
 from . import config
 from ._common import bf16_round, pdl_wait, thread_fence
-from .attention_splitk import (BLOCK_S, NEW_T, attention_reduce, block_m, live_splits,
-                              load_kv_tile, merge_head, split_partial, split_range,
-                              store_partials)
+from .attention_splitk import (BLOCK_S, NEW_T, attention_reduce, block_m, live_share,
+                              live_splits, load_kv_tile, merge_head, split_partial,
+                              split_range, store_partials)
 from .rope_kv import _rope_pair
 
 @triton.jit
 def _attn_onekernel_kernel(qkv_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, pos_ptr, out_ptr,
                            part_o_ptr, part_m_ptr, part_l_ptr, counter_ptr,
-                           stride_c_h, stride_c_t, n_splits, scale, HQ, HKV,
+                           stride_c_h, stride_c_t, n_splits, n_share, scale, HQ, HKV,
                            GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
                            BLOCK_D: tl.constexpr, CHUNK: tl.constexpr, BLOCK_T: tl.constexpr,
                            BLOCK_S: tl.constexpr, BLOCK_M: tl.constexpr, DOT_F32: tl.constexpr,
@@ -102,7 +102,7 @@ def _attn_onekernel_kernel(qkv_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, 
     # ---- before the wait: pos (the previous step's) and the first tile older than pos ----
     pos = tl.load(pos_ptr)
     length = pos + 1
-    start, end = split_range(pos, split, n_splits, CHUNK)
+    start, end = split_range(pos, split, n_share, CHUNK)
     HALF: tl.constexpr = D // 2
     d = tl.arange(0, BLOCK_D)
     dm = d < D
@@ -157,7 +157,7 @@ def _attn_onekernel_kernel(qkv_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, 
             # ---- the last of the live programs of kv head kh merges its GROUP heads ------
             # Every program reads the same pos, so all agree on how many splits are live; a
             # program past the length wrote nothing and does not arrive.
-            n_valid = live_splits(pos, n_splits, CHUNK)
+            n_valid = live_splits(pos, n_share, CHUNK)
             thread_fence(FENCE)                          # this thread's partials are visible
             tl.debug_barrier()                           # ... and every thread's
             arrived = tl.atomic_add(counter_ptr + kh, 1, sem="acq_rel")
@@ -173,14 +173,15 @@ def _attn_onekernel_kernel(qkv_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, 
 
 def attention_onekernel(qkv, k_cache, v_cache, cos, sin, out, pos, part_o, part_m, part_l, counter,
                         heads, kv_heads, head_dim, chunk, cfg, use_pdl=0, fuse_reduce=True,
-                        launch_reduce=True):
+                        launch_reduce=True, live_cap=None):
     """rope_kv_write + attention_splitk in one launch. qkv: [(Hq+2Hkv) D] before RoPE;
     k_cache, v_cache: one layer's [Hkv, C, D] (k, v at pos written here); cos, sin: [C, D];
     out: [Hq D]; pos: int32 [1] on the device; part_*: [Hq, n_splits(, D)] fp32;
     counter: int32 [>= Hkv] zeros (left zero; unused without fuse_reduce); cfg: the
     "attn_split" entry. use_pdl: passed to pdl_wait. fuse_reduce=False: merge with
     the split-K reduce kernel, a second launch, instead of by last arrival (with
-    launch_reduce=False the caller launches it: ``attention_reduce``)."""
+    launch_reduce=False the caller launches it: ``attention_reduce``). live_cap: the
+    live splits a kv head at most (``attention_splitk.live_share``)."""
     n_splits = part_m.shape[1]
     group = heads // kv_heads
     block_t = min(cfg["BLOCK_T"], chunk)
@@ -191,11 +192,12 @@ def attention_onekernel(qkv, k_cache, v_cache, cos, sin, out, pos, part_o, part_
     kw = {"launch_pdl": True} if use_pdl else {}
     _attn_onekernel_kernel[(kv_heads, n_splits)](
         qkv, k_cache, v_cache, cos, sin, pos, out, part_o, part_m, part_l, counter,
-        k_cache.stride(0), k_cache.stride(1), n_splits, head_dim ** -0.5, heads, kv_heads,
+        k_cache.stride(0), k_cache.stride(1), n_splits, live_share(n_splits, live_cap),
+        head_dim ** -0.5, heads, kv_heads,
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), D=head_dim,
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)), CHUNK=chunk, BLOCK_T=block_t,
         BLOCK_S=BLOCK_S, BLOCK_M=block_m(n_splits), DOT_F32=config.interpreting(),
         LAST_ARRIVAL=fuse_reduce, FENCE=not config.interpreting(), USE_PDL=use_pdl,
         num_warps=cfg["num_warps"], **kw)
     if not fuse_reduce and launch_reduce:                # two launches: the reduce kernel
-        attention_reduce(part_o, part_m, part_l, out, pos, head_dim, chunk, use_pdl)
+        attention_reduce(part_o, part_m, part_l, out, pos, head_dim, chunk, use_pdl, live_cap)

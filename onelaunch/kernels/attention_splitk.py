@@ -52,23 +52,24 @@ NEW_T = tl.constexpr(16)   # rows of the newest token's tile: the smallest tl.do
 
 
 @triton.jit
-def split_range(pos, split, n_splits, CHUNK: tl.constexpr):
+def split_range(pos, split, n_share, CHUNK: tl.constexpr):
     """[start, end) of split ``split``'s share of the live timeline [0, pos + 1): the
-    live length counted in units of CHUNK, ceil(units / n_splits) units a split, in order.
-    Empty (start >= end) for the splits past the live length."""
+    live length counted in units of CHUNK, ceil(units / n_share) units a split, in order
+    (``n_share``: the splits the live length may use, ``live_share``). Empty (start >= end)
+    for the splits past the live length."""
     length = pos + 1
     units = (length + CHUNK - 1) // CHUNK
-    per = (units + n_splits - 1) // n_splits              # units a split, >= 1
+    per = (units + n_share - 1) // n_share                # units a split, >= 1
     start = split * per * CHUNK
     end = tl.minimum(start + per * CHUNK, length)
     return start, end
 
 
 @triton.jit
-def live_splits(pos, n_splits, CHUNK: tl.constexpr):
+def live_splits(pos, n_share, CHUNK: tl.constexpr):
     """How many splits hold a token at this pos (the first ones): what the reduce merges."""
     units = (pos + CHUNK) // CHUNK                        # ceil((pos + 1) / CHUNK)
-    per = (units + n_splits - 1) // n_splits
+    per = (units + n_share - 1) // n_share
     return (units + per - 1) // per
 
 
@@ -174,7 +175,7 @@ def merge_head(part_o_ptr, part_m_ptr, part_l_ptr, h, n_splits, n_valid, d, dm,
 
 @triton.jit
 def _attn_partial_kernel(q_ptr, k_cache_ptr, v_cache_ptr, part_o_ptr, part_m_ptr, part_l_ptr,
-                         pos_ptr, stride_c_h, stride_c_t, n_splits, scale,
+                         pos_ptr, stride_c_h, stride_c_t, n_splits, n_share, scale,
                          GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
                          BLOCK_D: tl.constexpr, CHUNK: tl.constexpr, BLOCK_T: tl.constexpr,
                          DOT_F32: tl.constexpr, USE_PDL: tl.constexpr):
@@ -182,7 +183,7 @@ def _attn_partial_kernel(q_ptr, k_cache_ptr, v_cache_ptr, part_o_ptr, part_m_ptr
     split = tl.program_id(1)
     # ---- before the wait: pos (the previous step's) and the first tile older than pos ----
     pos = tl.load(pos_ptr)
-    start, end = split_range(pos, split, n_splits, CHUNK)
+    start, end = split_range(pos, split, n_share, CHUNK)
     if start < end:                                      # else: past the live length, exit
         d = tl.arange(0, BLOCK_D)
         dm = d < D
@@ -211,11 +212,11 @@ def _attn_partial_kernel(q_ptr, k_cache_ptr, v_cache_ptr, part_o_ptr, part_m_ptr
 
 
 @triton.jit
-def _attn_reduce_kernel(part_o_ptr, part_m_ptr, part_l_ptr, out_ptr, pos_ptr, n_splits,
+def _attn_reduce_kernel(part_o_ptr, part_m_ptr, part_l_ptr, out_ptr, pos_ptr, n_splits, n_share,
                         D: tl.constexpr, BLOCK_D: tl.constexpr, CHUNK: tl.constexpr,
                         BLOCK_S: tl.constexpr, BLOCK_M: tl.constexpr, USE_PDL: tl.constexpr):
     h = tl.program_id(0)
-    n_valid = live_splits(tl.load(pos_ptr), n_splits, CHUNK)   # before the wait: pos is old
+    n_valid = live_splits(tl.load(pos_ptr), n_share, CHUNK)    # before the wait: pos is old
     d = tl.arange(0, BLOCK_D)
     dm = d < D
     pdl_wait(USE_PDL)
@@ -227,6 +228,7 @@ def _attn_reduce_kernel(part_o_ptr, part_m_ptr, part_l_ptr, out_ptr, pos_ptr, n_
 BLOCK_S = 32      # splits merged per block by the reduce (and by any last-arrival merge)
 SPLIT_UNIT = 64   # positions a split's share is counted in (the engine's chunk)
 MAX_SPLITS = 256  # the most splits a grid has per kv head
+LIVE_PROGRAMS = 256  # live partial programs at most, over all kv heads (default_live_cap)
 
 
 def block_m(n_splits: int) -> int:
@@ -253,17 +255,32 @@ def chunk_for(max_ctx: int) -> int:
     return SPLIT_UNIT
 
 
-def live_splits_host(length: int, chunk: int, n_splits: int) -> int:
-    """``live_splits`` on the host: the splits that hold a token at this length."""
+def live_share(n_splits: int, live_cap: int | None) -> int:
+    """The splits a kv head's live length is shared over: the grid's n_splits, at most
+    ``live_cap``. Past units = live_cap the splits grow longer instead of more numerous:
+    every live split writes a partial the reduce reads back, and each program pays its
+    fixed cost per tile, so beyond what fills the GPU more splits cost more than they
+    hide (``default_live_cap``). None: no cap."""
+    return n_splits if live_cap is None else max(1, min(n_splits, int(live_cap)))
+
+
+def default_live_cap(kv_heads: int) -> int:
+    """Live splits a kv head at most: LIVE_PROGRAMS partial programs over all kv heads."""
+    return max(1, -(-LIVE_PROGRAMS // kv_heads))
+
+
+def live_splits_host(length: int, chunk: int, n_share: int) -> int:
+    """``live_splits`` on the host: the splits that hold a token at this length, with the
+    live length shared over ``n_share`` splits (``live_share``)."""
     units = -(-length // chunk)
-    per = -(-units // n_splits)
+    per = -(-units // n_share)
     return -(-units // per)
 
 
 def attention_partial(q, k_cache, v_cache, pos, part_o, part_m, part_l, heads, kv_heads, head_dim,
-                      chunk, cfg, use_pdl=False):
+                      chunk, cfg, use_pdl=False, live_cap=None):
     """Stage 1. q: [Hq D]; k_cache, v_cache: one layer's [Hkv, C, D];
-    part_*: [Hq, n_splits(, D)] fp32; grid (Hkv, n_splits)."""
+    part_*: [Hq, n_splits(, D)] fp32; grid (Hkv, n_splits); ``live_cap``: see live_share."""
     n_splits = part_m.shape[1]
     group = heads // kv_heads
     block_t = min(cfg["BLOCK_T"], chunk)
@@ -271,26 +288,27 @@ def attention_partial(q, k_cache, v_cache, pos, part_o, part_m, part_l, heads, k
     kw = {"launch_pdl": True} if use_pdl else {}
     _attn_partial_kernel[(kv_heads, n_splits)](
         q, k_cache, v_cache, part_o, part_m, part_l, pos, k_cache.stride(0), k_cache.stride(1),
-        n_splits, head_dim ** -0.5, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)),
+        n_splits, live_share(n_splits, live_cap), head_dim ** -0.5, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)),
         D=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), CHUNK=chunk,
         BLOCK_T=block_t, DOT_F32=config.interpreting(), USE_PDL=use_pdl,
         num_warps=cfg["num_warps"], **kw)
 
 
-def attention_reduce(part_o, part_m, part_l, out, pos, head_dim, chunk, use_pdl=False):
+def attention_reduce(part_o, part_m, part_l, out, pos, head_dim, chunk, use_pdl=False,
+                     live_cap=None):
     """Stage 2: merge the live splits of each query head into out [Hq D]; grid (Hq,)."""
     heads, n_splits = part_m.shape
     kw = {"launch_pdl": True} if use_pdl else {}
     _attn_reduce_kernel[(heads,)](
-        part_o, part_m, part_l, out, pos, n_splits, D=head_dim,
+        part_o, part_m, part_l, out, pos, n_splits, live_share(n_splits, live_cap), D=head_dim,
         BLOCK_D=triton.next_power_of_2(head_dim), CHUNK=chunk, BLOCK_S=BLOCK_S,
         BLOCK_M=block_m(n_splits), USE_PDL=use_pdl, num_warps=4, **kw)
 
 
 def attention_splitk(q, k_cache, v_cache, out, pos, part_o, part_m, part_l, heads, kv_heads,
-                     head_dim, chunk, cfg, use_pdl=False):
+                     head_dim, chunk, cfg, use_pdl=False, live_cap=None):
     """Both stages. q, out: [Hq D]; k_cache, v_cache: one layer's [Hkv, C, D];
     part_*: [Hq, n_splits(, D)]."""
     attention_partial(q, k_cache, v_cache, pos, part_o, part_m, part_l, heads, kv_heads, head_dim,
-                      chunk, cfg, use_pdl)
-    attention_reduce(part_o, part_m, part_l, out, pos, head_dim, chunk, use_pdl)
+                      chunk, cfg, use_pdl, live_cap)
+    attention_reduce(part_o, part_m, part_l, out, pos, head_dim, chunk, use_pdl, live_cap)

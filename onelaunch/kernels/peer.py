@@ -81,6 +81,7 @@ def peer_sum(y, offs_n, n_mask, tile, peer_ptr, WORLD: tl.constexpr, FENCE: tl.c
     rank = tl.load(peer_ptr + 2 * WORLD + 1).to(tl.int32)
     n_max = tl.load(peer_ptr + 2 * WORLD + 2)
     v = tl.load(seq + tile, volatile=True) + 1
+    tl.debug_barrier()        # every warp has read the old number before one stores the new
     tl.store(seq + tile, v)
     half = (v % 2) * WORLD * n_max                 # double buffer: the parity of the exchange
     word = (v.to(tl.int64) << 32) | (y.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF)
