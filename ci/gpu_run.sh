@@ -23,6 +23,9 @@
 #     tp       2 GPUs: `bench --tp 2` for both models (the one-GPU step, every all-reduce
 #              rung and the compute-only split, one run each)
 #     tpgen    2 GPUs: `generate --tp 2 --check` (fused and nccl), and --tp 2 on one GPU
+#     tpfix    2 GPUs: the fused down projection alone (ci/tp_peer_check.py, downs only),
+#              then Qwen's fused rung in the whole step (`bench --tp 2 --tp-rungs fused`)
+#     splitcap Qwen and OLMoE: the long contexts with the live splits capped or not
 #     attn     Qwen: the step at ctx 512 in an engine for 1024 positions and one for the
 #              default maximum (each checked, then timed; their ratio), the context sweep,
 #              and the one-kernel attention's bit-identity tests compiled on the GPU
@@ -76,6 +79,10 @@ has tp && run tp_olmoe 420 python3 -m onelaunch bench --model olmoe-1b-7b --tp 2
 has tpgen && run tpgen_fused 240 python3 -m onelaunch generate --model qwen2.5-1.5b --tp 2 --prompt-len 512 --tokens 32 --check
 has tpgen && run tpgen_nccl 240 python3 -m onelaunch generate --model olmoe-1b-7b --tp 2 --tp-rung nccl --prompt-len 256 --tokens 16 --check
 has tpgen && run tp_one_gpu 60 env CUDA_VISIBLE_DEVICES=0 python3 -m onelaunch bench --model qwen2.5-1.5b --tp 2
+has tpfix && run tpfix_down 120 env TP_CHECK_ONLY=down TP_CHECK_WATCHDOG_S=100 python3 ci/tp_peer_check.py
+has tpfix && run tpfix_qwen 200 python3 -m onelaunch bench --model qwen2.5-1.5b --tp 2 --tp-rungs fused --ctx 512 --timeout 180 --json work/tp_qwen_fused.json
+has splitcap && run splitcap_qwen 240 python3 -m onelaunch.bench --model qwen2.5-1.5b --what splitcap --json work/splitcap_qwen.json
+has splitcap && run splitcap_olmoe 150 python3 -m onelaunch.bench --model olmoe-1b-7b --what splitcap --json work/splitcap_olmoe.json
 has attn && run attn_maxctx 300 python3 -m onelaunch.bench --model qwen2.5-1.5b --what maxctx --json work/attn_maxctx.json
 has attn && run attn_sweep 400 python3 -m onelaunch.bench --model qwen2.5-1.5b --what sweep --json work/attn_sweep.json
 has attn && run attn_tests 300 python3 -m pytest -q tests/test_attention_onekernel.py

@@ -45,6 +45,7 @@ def main(rank: int, world: int) -> None:
     import torch.distributed as dist
 
     from onelaunch import kernels as K
+    from onelaunch import plan
     from onelaunch.kernels import config
 
     threading.Timer(WATCHDOG_S, lambda: (print(f"rank {rank}: watchdog", flush=True),
@@ -99,7 +100,7 @@ def main(rank: int, world: int) -> None:
             s = s + p
         return s
 
-    bufs = K.PeerBuffers.cuda(dist.group.WORLD.group_name, rank, world, sites=16, n_max=4096,
+    bufs = K.PeerBuffers.cuda(dist.group.WORLD.group_name, rank, world, sites=20, n_max=4096,
                               tiles_max=1024, device=dev)
     barrier()
 
@@ -140,13 +141,20 @@ def main(rank: int, world: int) -> None:
     # ---- the cases: (name, fused(x) in place, unfused partial(x) -> fp32 [N], x0)
     sc_d, cnt_d = scratch(Q["H"])
     sc_m, cnt_m = scratch(O["H"])
+    # the plan's fused down: one program per row tile (plan.one_per_tile); and split-K's
+    # last arrival exchanging, which the plan does not use (it hung before the exchange
+    # number was read behind a barrier)
+    c_dn = plan.one_per_tile(config.get("down", dev, tuple(q_wd.shape)), {"peer": None})
     cases = {
         "o_proj_qwen": (lambda x, **kw: K.o_proj_residual(q_a, q_wo, x, use_pdl=pdl, **kw), q_x, 0),
-        "down_qwen": (lambda x, **kw: K.down_residual(q_h, q_wd, x, sc_d, cnt_d, use_pdl=pdl, **kw), q_x, 1),
+        "down_qwen": (lambda x, **kw: K.down_residual(q_h, q_wd, x, sc_d, cnt_d, use_pdl=pdl,
+                                                      cfg=c_dn, **kw), q_x, 1),
         "o_proj_olmoe": (lambda x, **kw: K.o_proj_residual(o_a, o_wo, x, use_pdl=pdl, **kw), o_x, 2),
         "moe_down_olmoe": (lambda x, **kw: K.moe_down_residual(o_h, o_wd, ids, wts, x, sc_m, cnt_m,
                                                                use_pdl=pdl, **kw), o_x, 3),
         "allreduce_residual": (None, q_x, 4),
+        "down_qwen_splitk": (lambda x, **kw: K.down_residual(q_h, q_wd, x, sc_d, cnt_d, use_pdl=pdl,
+                                                             **kw), q_x, 5),
     }
     R["correct"], R["timing_us"] = {}, {}
 
@@ -179,6 +187,8 @@ def main(rank: int, world: int) -> None:
         return int(bad.item())
 
     for name, (fn, x0, site) in cases.items():
+        if only and only not in name:
+            continue
         try:
             x = x0.clone()
             if fn is None:                               # allreduce_residual
@@ -291,9 +301,9 @@ def main(rank: int, world: int) -> None:
           torch.zeros(16, dtype=i32, device=dev)]
     # (pos advances each call: keep it inside the 16-slot buffers by resetting it)
     timed("lm_head_qwen plain", lambda: (st[1].zero_(), head(*st)))
-    timed("lm_head_qwen fused", lambda: (st[1].zero_(), head(*st, peer=bufs.site(14))))
+    timed("lm_head_qwen fused", lambda: (st[1].zero_(), head(*st, peer=bufs.site(16))))
     timed("qk_sumsq plain", lambda: K.qk_sumsq(qkv, ss, 1024, 1024, use_pdl=pdl))
-    timed("qk_sumsq fused", lambda: K.qk_sumsq(qkv, ss, 1024, 1024, use_pdl=pdl, peer=bufs.site(15)))
+    timed("qk_sumsq fused", lambda: K.qk_sumsq(qkv, ss, 1024, 1024, use_pdl=pdl, peer=bufs.site(17)))
     R["pdl"] = pdl
     R["ok"] = all(v.get("equal_unfused", False) and v.get("ranks_identical", True)
                   for v in R["correct"].values())

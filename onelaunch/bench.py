@@ -370,7 +370,7 @@ def refusal(flips: list[dict]) -> str:
 
 
 def time_engine_step(e: Engine, graph: bool, iters: int, device) -> float:
-    t = time_ms(lambda: e.step(graph), iters=iters, warmup=5, device=device)
+    t = time_ms(lambda: e.step(graph), iters=iters, warmup=min(5, iters), device=device)
     return t.median_ms
 
 
@@ -416,7 +416,9 @@ def ladder_rows(spec, w, device="cuda", ctx=512, tokens=12, iters=100, read_tbps
         prev_tokens = j["tokens"]
         if j["ok"]:
             p0 = int(e.pos)
-            ms = time_engine_step(e, st["graph"], iters if st["graph"] else max(10, iters // 4), dev)
+            # eager steps are slow: a quarter of the replays, at least 10 (or all of a few)
+            ms = time_engine_step(e, st["graph"], iters if st["graph"] else max(min(iters, 10), iters // 4),
+                                  dev)
             r["ms_per_token"] = ms
             r["x_floor"] = ms / floor if floor else None
             if spec.is_moe:      # the timed steps read many experts, not one set from L2
