@@ -227,6 +227,12 @@ def attribute(events, plan, replays: int | None = None, read_tbps: float | None 
 
 
 # ---- on the GPU -------------------------------------------------------------------------
+def _require_cuda(dev: torch.device) -> None:
+    if dev.type != "cuda":
+        raise ProfileError(f"the step profile needs a CUDA GPU (torch.profiler records the "
+                           f"kernels through CUPTI); this is a {dev.type} device")
+
+
 def _record(engine, graph: bool, replays: int, trace_path: str | None = None):
     """Kernel events of ``replays`` steps under torch.profiler (CUDA activity only)."""
     from torch.profiler import ProfilerActivity, profile
@@ -262,9 +268,7 @@ def step_profile(engine, ctx: int, replays: int = 20, read_tbps: float | None = 
     events come from the graph's replays, the plan is profiled eagerly instead and the
     rows say so (``note``)."""
     dev = torch.device(engine.device)
-    if dev.type != "cuda":
-        raise ProfileError(f"the step profile needs a CUDA GPU (torch.profiler records the "
-                           f"kernels through CUPTI); this engine is on {dev.type}")
+    _require_cuda(dev)
     need = ctx + max(warmup, 1) + max(replays, timed_iters + 10) + 2
     if need > engine.max_ctx:
         raise ProfileError(f"the profile runs steps up to position {need}: build the engine "
@@ -301,14 +305,15 @@ PROFILE_RUNGS = ("fused eager", "fused + graph", "+ split-K", "+ PDL")
 
 
 def profile_rows(spec_name, weights, device="cuda", ctx: int = 512, rungs=PROFILE_RUNGS,
-                 replays: int = 20, tokens: int = 8, read_tbps: float | None = None,
+                 replays: int = 20, tokens: int = 12, read_tbps: float | None = None,
                  seed: int = 0, trace_dir: str | None = None, echo: bool = False) -> list[dict]:
     """The step profile of each rung (``bench.RUNG_SETTINGS``): an engine built with the
     rung's settings is checked against the oracle first (``bench.judge``, teacher-forced,
     the agreement rule; the ladder's check), which also runs it over a prompt of ``ctx``
-    random tokens; then :func:`step_profile` from position ``ctx``. A rung that fails the
-    check is one row with ``refused`` and no times. PDL rungs are left out on a GPU
-    without PDL (as the ladder does)."""
+    random tokens; then :func:`step_profile` from position ``ctx``. The prompt (seed
+    ``seed``) and the engine's size are the ladder's (``bench.ladder_rows``' defaults).
+    A rung that fails the check is one row with ``refused`` and no times. PDL rungs are
+    left out on a GPU without PDL (as the ladder does)."""
     from . import bench
     from .engine import Engine
     from .kernels import config
@@ -316,14 +321,12 @@ def profile_rows(spec_name, weights, device="cuda", ctx: int = 512, rungs=PROFIL
     from .timing import read_bandwidth
     spec = get_spec(spec_name)
     dev = torch.device(device)
-    if dev.type != "cuda":
-        raise ProfileError("the step profile needs a CUDA GPU (torch.profiler records the "
-                           f"kernels through CUPTI); device {dev.type} has none")
+    _require_cuda(dev)
     bad = [r for r in rungs if r not in bench.RUNG_SETTINGS]
     if bad:
         raise ProfileError(f"unknown rung(s) {bad}: pick from {list(bench.RUNG_SETTINGS)}")
     read_tbps = read_tbps or read_bandwidth(dev)
-    max_ctx = ctx + tokens + replays + 128
+    max_ctx = ctx + tokens + max(100, replays) + 64        # the ladder's engine (iters 100)
     g = torch.Generator().manual_seed(seed)
     prompt = torch.randint(0, spec.vocab, (ctx,), generator=g)
     ref = bench.oracle_tokens(spec, weights, prompt, tokens, max_ctx)

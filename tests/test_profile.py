@@ -275,3 +275,88 @@ def test_draw_profile_renders_with_labels():
                                           "attention_partial", "attention_reduce"]
     cap = profile.caption(rows)
     assert "+ PDL" in cap and "refused" in cap
+
+
+class FakeEngine:
+    """What step_profile touches of an engine, on a 'cuda' device that is never used."""
+
+    def __init__(self, plan):
+        from onelaunch.plan import Launch
+        self.device = torch.device("cuda")
+        self.max_ctx = 1000
+        self.plan = [Launch(op, None, lambda: None, b, 2) for op, b in plan]
+        self.graph = "captured"
+        self.pos = torch.zeros(1, dtype=torch.int32)
+        self.prompt_len = torch.zeros(1, dtype=torch.int32)
+        self.steps = []
+
+    def step(self, graph=True):
+        self.steps.append((graph, int(self.pos)))
+        self.pos += 1
+
+
+def test_step_profile_flow_and_eager_fallback(monkeypatch):
+    """The GPU path with the recorder replaced: bytes at ctx, the state put back, and
+    when the graph's replays give no kernel events, the eager plan with a note."""
+    from types import SimpleNamespace
+    import onelaunch.timing
+    plan = [("embed", 10), ("rms_qkv", 100), ("lm_head_argmax", 50)]
+    e = FakeEngine(plan)
+    e.pos.fill_(7)
+    calls = []
+
+    def record(engine, graph, replays, trace_path=None):
+        calls.append((graph, int(engine.pos)))
+        return [] if graph else events_for(plan, replays, dur=lambda k: 2.0)
+    monkeypatch.setattr(profile, "_record", record)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(onelaunch.timing, "time_ms",
+                        lambda fn, **kw: SimpleNamespace(median_ms=0.01))
+    rows = profile.step_profile(e, 64, replays=4, read_tbps=1e-3)
+    assert calls == [(True, 64), (False, 64)]
+    assert all(r["graph"] is False and r["note"] == profile.FALLBACK_NOTE for r in rows)
+    by = {r["op"]: r for r in rows}
+    assert by["rms_qkv"]["bytes"] == 100 + 64 * 2            # Launch.bytes_at(ctx)
+    assert by["rms_qkv"]["ms"] == pytest.approx(2.0 / 1e3) and rows[0]["ctx"] == 64
+    assert rows[0]["step_ms"] == 0.01 and rows[0]["span_over_step"] == pytest.approx(0.6)
+    assert int(e.pos) == 7 and int(e.prompt_len) == 0          # put back
+    calls.clear()
+    monkeypatch.setattr(profile, "_record", lambda engine, graph, replays, trace_path=None:
+                        calls.append(graph) or events_for(plan, replays))
+    rows = profile.step_profile(e, 64, replays=3)
+    assert calls == [True] and rows[0]["graph"] is True and "note" not in rows[0]
+    with pytest.raises(ProfileError, match="max_ctx >= "):
+        profile.step_profile(e, 990, replays=3)
+
+
+def test_profile_rows_checks_each_rung_first(monkeypatch):
+    """Each rung's engine is built from RUNG_SETTINGS and judged before it is profiled; a
+    rung that fails the check is one refused row, never profiled."""
+    judged, profiled = [], []
+
+    def judge(e, prompt, ref, graph):
+        judged.append((e.attention, e.pdl, graph, prompt.numel()))
+        ok = e.attention == "plain"
+        return {"ok": ok, "agree": "2/2" if ok else "1/2",
+                "flips": [] if ok else [dict(step=1, ref_token=1, got_token=2, ref_top=1.0,
+                                             ref_got=0.0, gap=1.0, threshold=0.1, verdict="flip")]}
+
+    def step_profile(e, ctx, replays, read_tbps, graph=True, trace_path=None):
+        profiled.append((e.attention, graph, ctx, e.max_ctx))
+        return [{"op": "embed", "ms": 0.1, "span_ms": 0.1}]
+    monkeypatch.setattr(profile, "_require_cuda", lambda dev: None)
+    monkeypatch.setattr(profile, "step_profile", step_profile)
+    monkeypatch.setattr(bench, "judge", judge)
+    monkeypatch.setattr(bench, "oracle_tokens", lambda *a: (None, None))
+    spec = get_spec("tiny-qwen2")
+    rows = profile.profile_rows(spec.name, random_weights(spec, 0), "cpu", ctx=6,
+                                rungs=("fused eager", "fused + graph", "+ split-K"),
+                                read_tbps=1.0)
+    assert judged == [("plain", False, False, 6), ("plain", False, True, 6), ("splitk", False, True, 6)]
+    assert profiled == [("plain", False, 6, 6 + 12 + 100 + 64), ("plain", True, 6, 182)]
+    assert [r["rung"] for r in rows] == ["fused eager", "fused + graph", "+ split-K"]
+    assert rows[-1]["refused"] and rows[-1]["ms"] is None and rows[0]["agree"] == "2/2"
+    from onelaunch.agree import failures
+    assert failures(rows) == [rows[-1]]
+    with pytest.raises(ProfileError, match="unknown rung"):
+        profile.profile_rows(spec.name, {}, "cpu", rungs=("+ nothing",))
