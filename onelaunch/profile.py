@@ -93,8 +93,11 @@ def _matches(name: str, patterns) -> bool:
     return any(p in b for p in patterns)
 
 
+BAD_TS_US = 60e6      # a kernel record this far (us) from the session's median start is corrupt
+
+
 def split_replays(events, ops: list[str], replays: int | None = None,
-                  kernels: dict = OP_KERNELS):
+                  kernels: dict = OP_KERNELS, lead_in: int = 0):
     """Group kernel events into replays of the plan, each launch with its kernels.
 
     ``events``: (name, start_us, end_us); ``ops``: the plan's op per launch, in order.
@@ -102,40 +105,84 @@ def split_replays(events, ops: list[str], replays: int | None = None,
     its op's names (:data:`OP_KERNELS`; an op with no entry takes one kernel whatever its
     name), then any following kernels that match its op and not the next launch's. When
     every op has names, kernels matching none of them (another library's, between
-    replays) are set aside and counted. Returns ``(replays, dropped)``: a list of replays,
-    each a list (one per launch) of event lists, and the names set aside. Raises
-    :class:`ProfileError` when the kernels do not form whole replays of the plan."""
+    replays) are set aside and counted, as are records whose start lies a minute or more
+    from the others' (CUPTI hands back such corrupt records at a session's head).
+
+    ``lead_in``: the session ran that many steps before the ``replays`` it measures (its
+    head records can be missing or corrupt: pytorch/pytorch#192021). The walk then goes
+    from the last kernel backwards, takes exactly ``replays`` whole replays and leaves
+    the rest, which must be no more than ``lead_in`` replays' kernels.
+
+    Returns ``(replays, set_aside)``: a list of replays, each a list (one per launch) of
+    event lists, and a dict of what was set aside (``foreign`` names, ``bad_timestamps``,
+    ``lead_in`` kernel count). Raises :class:`ProfileError` when the kernels do not form
+    whole replays of the plan."""
     if not ops:
         raise ProfileError("the plan is empty")
+    if lead_in and replays is None:
+        raise ValueError("a lead-in needs the number of replays")
     ev = sorted(((str(n), float(s), float(e)) for n, s, e in events), key=lambda t: (t[1], t[2]))
     if not ev:
         raise ProfileError("no GPU kernel events were recorded")
     n = len(ops)
     pats = [kernels.get(op) for op in ops]
-    dropped: list[str] = []
+    aside = {"foreign": [], "bad_timestamps": 0, "lead_in": 0}
     if all(p is not None for p in pats):
         every = tuple(p for ps in pats for p in ps)
-        dropped = [e[0] for e in ev if not _matches(e[0], every)]
+        aside["foreign"] = [e[0] for e in ev if not _matches(e[0], every)]
         ev = [e for e in ev if _matches(e[0], every)]
         if not ev:
-            raise ProfileError(f"none of the {len(dropped)} kernels recorded is one of the plan's "
-                               f"(first: {dropped[0]!r}); expected names like {pats[0][0]!r}")
-    where = lambda i: f"kernel {i + 1} of {len(ev)} ({ev[i][0]!r})"
+            raise ProfileError(f"none of the {len(aside['foreign'])} kernels recorded is one of "
+                               f"the plan's (first: {aside['foreign'][0]!r}); expected names like "
+                               f"{pats[0][0]!r}")
+    mid = statistics.median(s for _, s, _ in ev)
+    ok = [e for e in ev if abs(e[1] - mid) < BAD_TS_US and e[2] >= e[1]]
+    aside["bad_timestamps"] = len(ev) - len(ok)
+    ev = ok
+    if lead_in:                    # from the tail: exactly `replays`, the head left over
+        back, used = _walk(ev[::-1], ops[::-1], pats[::-1], replays, backwards=True)
+        out = [[sorted(ks, key=lambda t: t[1]) for ks in rep[::-1]] for rep in back[::-1]]
+        if len(out) < replays:
+            raise ProfileError(f"the kernels make {len(out)} whole replays of the plan ({n} "
+                               f"launches), not the {replays} that ran after the lead-in")
+        per = sum(len(ks) for ks in out[0])
+        left = len(ev) - used
+        if left > lead_in * per:
+            raise ProfileError(f"{left} kernels before the last {replays} replays: more than "
+                               f"the lead-in's {lead_in} steps of {per} kernels")
+        aside["lead_in"] = left
+        return out, aside
+    out, used = _walk(ev, ops, pats, None)
+    if replays is not None and len(out) != replays:
+        raise ProfileError(f"the kernels make {len(out)} replays of the plan ({n} launches), "
+                           f"not the {replays} that ran")
+    return out, aside
+
+
+def _walk(ev, ops, pats, limit, backwards=False):
+    """Take whole replays of ``ops`` from the kernels ``ev`` in order (at most ``limit``):
+    ``(replays, kernels used)``. ``backwards``: ev and ops are reversed (messages count
+    from the last kernel)."""
+    n = len(ops)
+    where = lambda i: (f"kernel {i + 1} from the last ({ev[i][0]!r})" if backwards
+                       else f"kernel {i + 1} of {len(ev)} ({ev[i][0]!r})")
+    launch = lambda k: n - k if backwards else k + 1
     out, i = [], 0
-    while i < len(ev):
-        rep = []
+    while i < len(ev) and (limit is None or len(out) < limit):
+        rep, r = [], len(out) + 1
         for k in range(n):
-            r = len(out) + 1
             if i >= len(ev):
+                if backwards:          # the head of the lead-in: not a whole replay
+                    return out, i - sum(len(ks) for ks in rep)
                 raise ProfileError(
                     f"replay {r} ends after {k} of the plan's {n} launches: {len(ev)} kernels "
-                    f"do not make whole replays ({'expected ' + str(replays) + ' replays, ' if replays else ''}"
-                    f"one kernel per launch would be {n} a replay)")
+                    f"do not make whole replays (one kernel per launch would be {n} a replay)")
             if pats[k] is not None and not _matches(ev[i][0], pats[k]):
                 raise ProfileError(
-                    f"{where(i)} should be launch {k + 1} of replay {r}, op {ops[k]!r} "
-                    f"(a kernel named like {' or '.join(map(repr, pats[k]))}): the kernels "
-                    "do not map onto the plan")
+                    f"{where(i)} should be launch {launch(k)} of replay {r}"
+                    f"{' from the last' if backwards else ''}, op {ops[k]!r} (a kernel named "
+                    f"like {' or '.join(map(repr, pats[k]))}): the kernels do not map onto "
+                    "the plan")
             got = [ev[i]]
             i += 1
             nxt = pats[(k + 1) % n]
@@ -145,10 +192,7 @@ def split_replays(events, ops: list[str], replays: int | None = None,
                 i += 1
             rep.append(got)
         out.append(rep)
-    if replays is not None and len(out) != replays:
-        raise ProfileError(f"the kernels make {len(out)} replays of the plan ({n} launches), "
-                           f"not the {replays} that ran")
-    return out, dropped
+    return out, i
 
 
 def added_times(replay) -> list[float]:
@@ -164,7 +208,7 @@ def added_times(replay) -> list[float]:
 
 
 def attribute(events, plan, replays: int | None = None, read_tbps: float | None = None,
-              kernels: dict = OP_KERNELS) -> list[dict]:
+              kernels: dict = OP_KERNELS, lead_in: int = 0) -> list[dict]:
     """Per op of ``plan`` (a list of ``(op, bytes)``, one per launch, in step order): the
     time it adds to the step, median over replays (``ms``), its bytes, the time those
     bytes need at ``read_tbps`` (``bytes_ms``) and the time beyond (``beyond_ms``).
@@ -174,7 +218,8 @@ def attribute(events, plan, replays: int | None = None, read_tbps: float | None 
     ``gap_ms`` (median idle time between one replay's end and the next one's start: the
     launch of the graph, outside the span) and ``replays``."""
     ops = [op for op, _ in plan]
-    reps, dropped = split_replays(events, ops, replays, kernels)
+    reps, aside = split_replays(events, ops, replays, kernels, lead_in)
+    dropped = aside["foreign"]
     order = list(dict.fromkeys(ops))
     per_op = {op: [] for op in order}
     spans, gaps = [], []
@@ -219,7 +264,8 @@ def attribute(events, plan, replays: int | None = None, read_tbps: float | None 
             "span_x_floor": span / floor if floor else None,
             "gap_ms": statistics.median(gaps) / 1e3 if gaps else None,
             "replays": len(reps), "read_tbps": read_tbps,
-            "dropped_kernels": len(dropped),
+            "dropped_kernels": len(dropped), "bad_timestamps": aside["bad_timestamps"],
+            "lead_in_kernels": aside["lead_in"],
         })
         if dropped:
             rows[-1]["dropped_names"] = sorted(set(map(_base, dropped)))[:8]
@@ -227,6 +273,9 @@ def attribute(events, plan, replays: int | None = None, read_tbps: float | None 
 
 
 # ---- on the GPU -------------------------------------------------------------------------
+LEAD_IN = 2          # steps a session runs before the measured ones (left out)
+
+
 def _require_cuda(dev: torch.device) -> None:
     if dev.type != "cuda":
         raise ProfileError(f"the step profile needs a CUDA GPU (torch.profiler records the "
@@ -255,7 +304,7 @@ def _record(engine, graph: bool, replays: int, trace_path: str | None = None):
 @torch.no_grad()
 def step_profile(engine, ctx: int, replays: int = 20, read_tbps: float | None = None,
                  graph: bool = True, warmup: int = 3, timed_iters: int = 50,
-                 trace_path: str | None = None) -> list[dict]:
+                 trace_path: str | None = None, lead_in: int = LEAD_IN) -> list[dict]:
     """Profile ``replays`` steps of ``engine`` from position ``ctx`` (its captured CUDA
     graph; ``graph=False``: the same launches eagerly) and attribute the GPU's kernel
     events to the plan (:func:`attribute`). The caller has checked the engine (its cache
@@ -266,9 +315,13 @@ def step_profile(engine, ctx: int, replays: int = 20, read_tbps: float | None = 
     where it is not the graph, and ``step_ms``: the same step timed with CUDA events
     outside the profiler, to show what the profiler's presence costs. If no kernel
     events come from the graph's replays, the plan is profiled eagerly instead and the
-    rows say so (``note``)."""
+    rows say so (``note``). Each session runs ``lead_in`` steps first, from ``ctx -
+    lead_in``, whose kernels are left out (a session's first records can be lost or
+    corrupt); the ``replays`` measured ones run at positions ctx, ctx + 1, ..."""
     dev = torch.device(engine.device)
     _require_cuda(dev)
+    if ctx < lead_in:
+        raise ProfileError(f"ctx {ctx} is shorter than the lead-in ({lead_in} steps)")
     need = ctx + max(warmup, 1) + max(replays, timed_iters + 10) + 2
     if need > engine.max_ctx:
         raise ProfileError(f"the profile runs steps up to position {need}: build the engine "
@@ -281,14 +334,14 @@ def step_profile(engine, ctx: int, replays: int = 20, read_tbps: float | None = 
     engine.pos.fill_(ctx)
     for _ in range(warmup):
         engine.step(graph)
-    engine.pos.fill_(ctx)
+    engine.pos.fill_(ctx - lead_in)
     note = None if graph else EAGER_NOTE
-    events = _record(engine, graph, replays, trace_path)
+    events = _record(engine, graph, lead_in + replays, trace_path)
     if graph and not events:
         graph, note = False, FALLBACK_NOTE
-        engine.pos.fill_(ctx)
-        events = _record(engine, False, replays, trace_path)
-    rows = attribute(events, plan, replays, read_tbps)
+        engine.pos.fill_(ctx - lead_in)
+        events = _record(engine, False, lead_in + replays, trace_path)
+    rows = attribute(events, plan, replays, read_tbps, lead_in=lead_in)
     from .timing import time_ms
     engine.pos.fill_(ctx)
     step_ms = time_ms(lambda: engine.step(graph), iters=timed_iters, warmup=5, device=dev).median_ms

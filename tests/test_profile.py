@@ -307,13 +307,14 @@ def test_step_profile_flow_and_eager_fallback(monkeypatch):
 
     def record(engine, graph, replays, trace_path=None):
         calls.append((graph, int(engine.pos)))
+        assert replays == 4 + profile.LEAD_IN
         return [] if graph else events_for(plan, replays, dur=lambda k: 2.0)
     monkeypatch.setattr(profile, "_record", record)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
     monkeypatch.setattr(onelaunch.timing, "time_ms",
                         lambda fn, **kw: SimpleNamespace(median_ms=0.01))
     rows = profile.step_profile(e, 64, replays=4, read_tbps=1e-3)
-    assert calls == [(True, 64), (False, 64)]
+    assert calls == [(True, 62), (False, 62)]                  # from ctx - lead-in
     assert all(r["graph"] is False and r["note"] == profile.FALLBACK_NOTE for r in rows)
     by = {r["op"]: r for r in rows}
     assert by["rms_qkv"]["bytes"] == 100 + 64 * 2            # Launch.bytes_at(ctx)
@@ -360,3 +361,31 @@ def test_profile_rows_checks_each_rung_first(monkeypatch):
     assert failures(rows) == [rows[-1]]
     with pytest.raises(ProfileError, match="unknown rung"):
         profile.profile_rows(spec.name, {}, "cpu", rungs=("+ nothing",))
+
+
+def test_lead_in_leaves_out_a_sessions_lost_or_corrupt_head():
+    """CUPTI can lose or corrupt a session's first kernel records: the session runs
+    lead-in steps first and the replays are taken from the last kernel backwards."""
+    plan = layer_plan()
+    n = len(plan)
+    ev = events_for(plan, 2 + 5, overlap=1.0, t=1e6)
+    clean = attribute(ev[2 * n:], plan, replays=5, read_tbps=1.0)
+    lost = ev[3:]                                             # head records lost
+    corrupt = [(name, s - 1e11, e - 1e11) if i < 2 else (name, s, e)
+               for i, (name, s, e) in enumerate(ev)]          # ~1e14 ns early
+    for head in (lost, corrupt, ev):
+        rows = attribute(head, plan, replays=5, read_tbps=1.0, lead_in=2)
+        assert [(r["op"], r["ms"]) for r in rows] == [(r["op"], r["ms"]) for r in clean]
+        assert rows[0]["replays"] == 5
+    assert attribute(corrupt, plan, replays=5, lead_in=2)[0]["bad_timestamps"] == 2
+    assert attribute(ev, plan, replays=5, lead_in=2)[0]["lead_in_kernels"] == 2 * n
+    with pytest.raises(ProfileError, match="kernel 1 of .* should be launch 1 of replay 1"):
+        attribute(lost, plan, replays=7)                      # without a lead-in: an error
+    with pytest.raises(ProfileError, match="more than the lead-in's 1 steps"):
+        attribute(ev, plan, replays=5, lead_in=1)
+    with pytest.raises(ProfileError, match="make 4 whole replays .* not the 5"):
+        attribute(ev[2 * n + 1:], plan, replays=5, lead_in=2)      # a replay short
+    broken = list(ev)
+    broken[-3] = ("_embed_kernel", *broken[-3][1:])
+    with pytest.raises(ProfileError, match="kernel 3 from the last .* should be launch"):
+        attribute(broken, plan, replays=5, lead_in=2)
