@@ -123,7 +123,8 @@ def split_replays(events, ops: list[str], replays: int | None = None,
         raise ValueError("a lead-in needs the number of replays")
     ev = sorted(((str(n), float(s), float(e)) for n, s, e in events), key=lambda t: (t[1], t[2]))
     if not ev:
-        raise ProfileError("no GPU kernel events were recorded")
+        raise ProfileError("no GPU kernel events were recorded (if torch.profiler records "
+                           "none at all in this process, try --cupti-warmup)")
     n = len(ops)
     pats = [kernels.get(op) for op in ops]
     aside = {"foreign": [], "bad_timestamps": 0, "lead_in": 0}
@@ -359,14 +360,22 @@ PROFILE_RUNGS = ("fused eager", "fused + graph", "+ split-K", "+ PDL")
 
 def profile_rows(spec_name, weights, device="cuda", ctx: int = 512, rungs=PROFILE_RUNGS,
                  replays: int = 20, tokens: int = 12, read_tbps: float | None = None,
-                 seed: int = 0, trace_dir: str | None = None, echo: bool = False) -> list[dict]:
+                 seed: int = 0, trace_dir: str | None = None, echo: bool = False,
+                 cupti_warmup: bool = False) -> list[dict]:
     """The step profile of each rung (``bench.RUNG_SETTINGS``): an engine built with the
     rung's settings is checked against the oracle first (``bench.judge``, teacher-forced,
     the agreement rule; the ladder's check), which also runs it over a prompt of ``ctx``
     random tokens; then :func:`step_profile` from position ``ctx``. The prompt (seed
     ``seed``) and the engine's size are the ladder's (``bench.ladder_rows``' defaults).
-    A rung that fails the check is one row with ``refused`` and no times. PDL rungs are
-    left out on a GPU without PDL (as the ladder does)."""
+    A rung that fails the check is one row with ``refused`` and no times; one whose
+    kernels cannot be attributed, one row with ``error``. PDL rungs are
+    left out on a GPU without PDL (as the ladder does).
+
+    ``cupti_warmup``: open an empty profiler session before any graph is captured
+    (``torch.profiler._utils._init_for_cuda_graphs``, PyTorch's documented workaround for
+    graphs captured before the profiler's first use). Off by default: on CUDA 13 it has
+    been reported to leave the process with no kernel records at all (and attaching after
+    capture to work), so it is the second try, not the first."""
     from . import bench
     from .engine import Engine
     from .kernels import config
@@ -378,6 +387,9 @@ def profile_rows(spec_name, weights, device="cuda", ctx: int = 512, rungs=PROFIL
     bad = [r for r in rungs if r not in bench.RUNG_SETTINGS]
     if bad:
         raise ProfileError(f"unknown rung(s) {bad}: pick from {list(bench.RUNG_SETTINGS)}")
+    if cupti_warmup:
+        from torch.profiler._utils import _init_for_cuda_graphs
+        _init_for_cuda_graphs()
     read_tbps = read_tbps or read_bandwidth(dev)
     max_ctx = ctx + tokens + max(100, replays) + 64        # the ladder's engine (iters 100)
     g = torch.Generator().manual_seed(seed)
@@ -393,13 +405,18 @@ def profile_rows(spec_name, weights, device="cuda", ctx: int = 512, rungs=PROFIL
                    fuse_rope=st.get("fuse_rope", False))
         j = bench.judge(e, prompt, ref, st["graph"])
         base = {"model": spec.name, "rung": rung, "ctx": ctx, "agree": j["agree"],
-                "launches_per_step": e.launches_per_step(), "pdl": e.pdl}
+                "launches_per_step": e.launches_per_step(), "pdl": e.pdl,
+                "cupti_warmup": cupti_warmup}
         if not j["ok"]:
             rows.append({**base, "op": None, "ms": None, "refused": bench.refusal(j["flips"])})
         else:
             trace = os.path.join(trace_dir, f"{spec.name}_{_slug(rung)}.json") if trace_dir else None
-            for r in step_profile(e, ctx, replays, read_tbps, graph=st["graph"], trace_path=trace):
-                rows.append({**base, **r})
+            try:
+                for r in step_profile(e, ctx, replays, read_tbps, graph=st["graph"],
+                                      trace_path=trace):
+                    rows.append({**base, **r})
+            except ProfileError as ex:         # reported in the rows, never skipped silently
+                rows.append({**base, "op": None, "ms": None, "error": f"ProfileError: {ex}"})
         if echo:
             for r in rows[before:]:
                 print(json.dumps(r), flush=True)
@@ -467,7 +484,12 @@ def draw_profile(rows: list[dict], model: str | None = None, head: str = "",
     ops = op_order(rows)
     colors = op_colors(ops)
     by = {(r["rung"], r.get("op")): r for r in rows}
-    refused = {g for g in rungs if any(r.get("refused") for r in rows if r["rung"] == g)}
+    refused = {}                                  # rung -> why it has no bar
+    for r in rows:
+        if r.get("refused"):
+            refused[r["rung"]] = "check failed: not profiled"
+        elif r.get("error"):
+            refused.setdefault(r["rung"], "no profile (error)")
     first = {g: next(r for r in rows if r["rung"] == g) for g in rungs}
     n = len(rungs)
 
@@ -501,7 +523,7 @@ def draw_profile(rows: list[dict], model: str | None = None, head: str = "",
     totals, prev = [], None
     for i, g in enumerate(rungs):
         if g in refused:
-            ax.text(0.02, i, "check failed: not profiled", transform=side, va="center",
+            ax.text(0.02, i, refused[g], transform=side, va="center",
                     fontsize=FONT, color="#c92a2a", zorder=5,
                     bbox=dict(facecolor="white", edgecolor="none", pad=1.5))
             ax.text(1.03, i, "no time shown", transform=side, va="center", fontsize=FONT,
@@ -594,6 +616,9 @@ def caption(rows: list[dict], model: str | None = None) -> str:
         if any(r.get("refused") for r in mine):
             parts.append(f"{g}: refused by the oracle check, not profiled")
             continue
+        if any(r.get("error") for r in mine):
+            parts.append(f"{g}: not profiled (its kernels could not be attributed)")
+            continue
         top = max((r for r in mine if r.get("beyond_ms") is not None),
                   key=lambda r: r["beyond_ms"], default=None)
         span = mine[0]["span_ms"]
@@ -621,6 +646,9 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None, help="write {meta, read_tbps, rows} here")
     ap.add_argument("--png", default=None, help="draw the figure here")
     ap.add_argument("--trace-dir", default=None, help="keep each rung's Chrome trace here")
+    ap.add_argument("--cupti-warmup", action="store_true",
+                    help="an empty profiler session before any graph capture (PyTorch's "
+                         "workaround; try it if the first run records no kernels or crashes)")
     ap.add_argument("--results", action="store_true",
                     help="also merge the rows into results/<gpu>/profile.json")
     a = ap.parse_args(argv)
@@ -642,7 +670,8 @@ def main(argv=None) -> int:
     print(f"{spec.name}, ctx {a.ctx}, on {torch.cuda.get_device_name()}: read bandwidth "
           f"{bw:.3f} TB/s", flush=True)
     rows = profile_rows(spec.name, w, dev, ctx=a.ctx, rungs=rungs, replays=a.replays,
-                        read_tbps=bw, seed=a.seed, trace_dir=a.trace_dir, echo=True)
+                        read_tbps=bw, seed=a.seed, trace_dir=a.trace_dir, echo=True,
+                        cupti_warmup=a.cupti_warmup)
     commit, gpu = results.git_commit(), results.gpu_name(dev)
     for r in rows:
         r.setdefault("commit", commit)
@@ -650,11 +679,12 @@ def main(argv=None) -> int:
         if results.run_id():
             r.setdefault("run", results.run_id())
     params = {"model": spec.name, "ctx": a.ctx, "replays": a.replays, "rungs": list(rungs),
-              "seed": a.seed}
+              "seed": a.seed, "cupti_warmup": a.cupti_warmup}
     for g in dict.fromkeys(r["rung"] for r in rows):
         mine = [r for r in rows if r["rung"] == g]
-        if mine[0].get("refused"):
-            print(f"{g:>16}: REFUSED ({mine[0]['refused'][:120]})")
+        if mine[0].get("refused") or mine[0].get("error"):
+            why = mine[0].get("refused") or mine[0].get("error")
+            print(f"{g:>16}: {'REFUSED' if mine[0].get('refused') else 'ERROR'} ({why[:300]})")
             continue
         m = mine[0]
         print(f"{g:>16}: span {m['span_ms']:.4f} ms ({m['span_x_floor']:.2f}x floor "
@@ -676,11 +706,15 @@ def main(argv=None) -> int:
         fig.savefig(a.png, dpi=DPI)
         print(f"wrote {a.png}")
         print(caption(rows, spec.name))
-    from .agree import failures
-    bad = failures(rows)
-    if bad:
+    errors = [r for r in rows if r.get("error")]
+    refused = [r for r in rows if r.get("refused")]
+    if errors:
+        print(f"FAILED: no profile for {', '.join(r['rung'] for r in errors)} "
+              f"({errors[0]['error'][:200]})", file=sys.stderr)
+        return 3
+    if refused:
         print(f"FAILED: refused by the oracle check: "
-              f"{', '.join(dict.fromkeys(r['rung'] for r in bad))}", file=sys.stderr)
+              f"{', '.join(r['rung'] for r in refused)}", file=sys.stderr)
         return 1
     return 0
 

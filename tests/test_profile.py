@@ -359,6 +359,20 @@ def test_profile_rows_checks_each_rung_first(monkeypatch):
     assert rows[-1]["refused"] and rows[-1]["ms"] is None and rows[0]["agree"] == "2/2"
     from onelaunch.agree import failures
     assert failures(rows) == [rows[-1]]
+    def fails(e, ctx, replays, read_tbps, graph=True, trace_path=None):
+        raise ProfileError("kernel 3 of 9 ('x') should be launch 3")
+    monkeypatch.setattr(profile, "step_profile", fails)
+    rows = profile.profile_rows(spec.name, random_weights(spec, 0), "cpu", ctx=6,
+                                rungs=("fused + graph",), read_tbps=1.0)
+    assert len(rows) == 1 and rows[0]["error"].startswith("ProfileError: kernel 3")
+    assert failures(rows) == rows
+    fig = profile.draw_profile(synthetic_rows() + [dict(rows[0], model="qwen2.5-1.5b",
+                                                        rung="+ RoPE in attention")])
+    import matplotlib
+    words = " ".join(t.get_text() for t in fig.findobj(matplotlib.text.Text))
+    assert "no profile (error)" in words
+    import matplotlib.pyplot as plt
+    plt.close(fig)
     with pytest.raises(ProfileError, match="unknown rung"):
         profile.profile_rows(spec.name, {}, "cpu", rungs=("+ nothing",))
 
