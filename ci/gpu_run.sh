@@ -27,6 +27,8 @@
 #              default maximum (each checked, then timed; their ratio), the context sweep,
 #              and the one-kernel attention's bit-identity tests compiled on the GPU
 #     book     every chapter through papermill with the GPU parameters (ci/gpu_book.sh)
+#     profile  both models: each rung's step under torch.profiler, per op: the time its
+#              bytes need and the time beyond (ci/profile_check.sh; rows and figures in $OUT/profile)
 # Results and logs go to $OUT (one archive, gpu-run.tar.gz, plus the last log).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -76,6 +78,7 @@ has tp && run tp_olmoe 420 python3 -m onelaunch bench --model olmoe-1b-7b --tp 2
 has tpgen && run tpgen_fused 240 python3 -m onelaunch generate --model qwen2.5-1.5b --tp 2 --prompt-len 512 --tokens 32 --check
 has tpgen && run tpgen_nccl 240 python3 -m onelaunch generate --model olmoe-1b-7b --tp 2 --tp-rung nccl --prompt-len 256 --tokens 16 --check
 has tpgen && run tp_one_gpu 60 env CUDA_VISIBLE_DEVICES=0 python3 -m onelaunch bench --model qwen2.5-1.5b --tp 2
+has profile && run profile 900 bash ci/profile_check.sh
 has attn && run attn_maxctx 300 python3 -m onelaunch.bench --model qwen2.5-1.5b --what maxctx --json work/attn_maxctx.json
 has attn && run attn_sweep 400 python3 -m onelaunch.bench --model qwen2.5-1.5b --what sweep --json work/attn_sweep.json
 has attn && run attn_tests 300 python3 -m pytest -q tests/test_attention_onekernel.py
