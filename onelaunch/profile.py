@@ -85,7 +85,8 @@ def kernel_events(trace: dict) -> list[tuple[str, float, float]]:
 
 def _base(name: str) -> str:
     """A kernel's name without a C++ signature or return type."""
-    return name.split("(")[0].strip().rsplit(" ", 1)[-1]
+    b = name.split("(")[0].strip()
+    return b[5:] if b.startswith("void ") else b
 
 
 def _matches(name: str, patterns) -> bool:
@@ -260,7 +261,7 @@ def attribute(events, plan, replays: int | None = None, read_tbps: float | None 
             "op": op, "step": i, "ms": ms, "bytes": bytes_of[op], "bytes_ms": bms,
             "beyond_ms": None if bms is None else ms - bms, "launches": launches[op],
             "kernels": names.get(op, []),
-            "kernels_per_replay": sum(len(ks) for ks in reps[0]),
+            "kernels_per_replay": sum(len(ks) for ks in reps[0]), "plan_launches": len(plan),
             "span_ms": span, "floor_ms": floor,
             "span_x_floor": span / floor if floor else None,
             "gap_ms": statistics.median(gaps) / 1e3 if gaps else None,
@@ -564,7 +565,7 @@ def draw_profile(rows: list[dict], model: str | None = None, head: str = "",
     ax.set_xlabel("ms per step: each op is the time it adds to the step", fontsize=FONT)
     ax.grid(axis="x", alpha=0.2)
     if floor:
-        ax.axvline(floor, color="black", ls="--", lw=1.2)
+        ax.axvline(floor, color="black", ls="--", lw=1.2, zorder=1)
     handles = [Patch(facecolor=colors[o][0], label=o) for o in ops]
     handles += [Patch(facecolor="black", label="bytes at read bandwidth"),
                 Patch(facecolor="white", edgecolor="black", hatch="///", lw=0.8,

@@ -113,6 +113,8 @@ def test_a_launch_of_several_kernels_and_foreign_kernels():
     assert by["all_reduce"]["ms"] == pytest.approx(5.0 / 1e3)
     assert by["all_reduce"]["kernels"] == ["ncclDevKernel_AllReduce_Sum_f32_RING_LL"]
     assert rows[0]["kernels_per_replay"] == 6 and rows[0]["dropped_kernels"] == 2
+    assert rows[0]["plan_launches"] == 5 and rows[0]["dropped_names"] == [
+        "at::native::vectorized_elementwise_kernel<4, FillFunctor<int>>"]
     assert rows[0]["span_ms"] == pytest.approx(11.0 / 1e3)
 
 
