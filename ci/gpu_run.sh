@@ -30,6 +30,8 @@
 #              default maximum (each checked, then timed; their ratio), the context sweep,
 #              and the one-kernel attention's bit-identity tests compiled on the GPU
 #     book     every chapter through papermill with the GPU parameters (ci/gpu_book.sh)
+#     profile  both models: each rung's step under torch.profiler, per op: the time its
+#              bytes need and the time beyond (ci/profile_check.sh; rows and figures in $OUT/profile)
 # Results and logs go to $OUT (one archive, gpu-run.tar.gz, plus the last log).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -83,6 +85,7 @@ has tpfix && run tpfix_down 120 env TP_CHECK_ONLY=down TP_CHECK_WATCHDOG_S=100 p
 has tpfix && run tpfix_qwen 200 python3 -m onelaunch bench --model qwen2.5-1.5b --tp 2 --tp-rungs fused --ctx 512 --timeout 180 --json work/tp_qwen_fused.json
 has splitcap && run splitcap_qwen 240 python3 -m onelaunch.bench --model qwen2.5-1.5b --what splitcap --json work/splitcap_qwen.json
 has splitcap && run splitcap_olmoe 150 python3 -m onelaunch.bench --model olmoe-1b-7b --what splitcap --json work/splitcap_olmoe.json
+has profile && run profile 900 bash ci/profile_check.sh
 has attn && run attn_maxctx 300 python3 -m onelaunch.bench --model qwen2.5-1.5b --what maxctx --json work/attn_maxctx.json
 has attn && run attn_sweep 400 python3 -m onelaunch.bench --model qwen2.5-1.5b --what sweep --json work/attn_sweep.json
 has attn && run attn_tests 300 python3 -m pytest -q tests/test_attention_onekernel.py

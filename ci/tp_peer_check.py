@@ -45,7 +45,6 @@ def main(rank: int, world: int) -> None:
     import torch.distributed as dist
 
     from onelaunch import kernels as K
-    from onelaunch import plan
     from onelaunch.kernels import config
 
     threading.Timer(WATCHDOG_S, lambda: (print(f"rank {rank}: watchdog", flush=True),
@@ -141,20 +140,14 @@ def main(rank: int, world: int) -> None:
     # ---- the cases: (name, fused(x) in place, unfused partial(x) -> fp32 [N], x0)
     sc_d, cnt_d = scratch(Q["H"])
     sc_m, cnt_m = scratch(O["H"])
-    # the plan's fused down: one program per row tile (plan.one_per_tile); and split-K's
-    # last arrival exchanging, which the plan does not use (it hung before the exchange
-    # number was read behind a barrier)
-    c_dn = plan.one_per_tile(config.get("down", dev, tuple(q_wd.shape)), {"peer": None})
     cases = {
         "o_proj_qwen": (lambda x, **kw: K.o_proj_residual(q_a, q_wo, x, use_pdl=pdl, **kw), q_x, 0),
         "down_qwen": (lambda x, **kw: K.down_residual(q_h, q_wd, x, sc_d, cnt_d, use_pdl=pdl,
-                                                      cfg=c_dn, **kw), q_x, 1),
+                                                      **kw), q_x, 1),
         "o_proj_olmoe": (lambda x, **kw: K.o_proj_residual(o_a, o_wo, x, use_pdl=pdl, **kw), o_x, 2),
         "moe_down_olmoe": (lambda x, **kw: K.moe_down_residual(o_h, o_wd, ids, wts, x, sc_m, cnt_m,
                                                                use_pdl=pdl, **kw), o_x, 3),
         "allreduce_residual": (None, q_x, 4),
-        "down_qwen_splitk": (lambda x, **kw: K.down_residual(q_h, q_wd, x, sc_d, cnt_d, use_pdl=pdl,
-                                                             **kw), q_x, 5),
     }
     R["correct"], R["timing_us"] = {}, {}
 

@@ -40,6 +40,14 @@ except ImportError:                    # pragma: no cover - until that move land
 RUNGS = ("fused eager", "fused + graph", "+ split-K", "+ PDL")
 # "+ RoPE in attention" (ladder_rows(rungs=...) runs it) measured slower than + PDL on the
 # H200 and is not a rung of the ladder: NOTES.md, entry 8
+# how each rung builds and runs its engine (ladder_rows; profile.profile_rows draws them)
+RUNG_SETTINGS = {
+    "fused eager": dict(attention="plain", graph=False, pdl=False),
+    "fused + graph": dict(attention="plain", graph=True, pdl=False),
+    "+ split-K": dict(attention="splitk", graph=True, pdl=False),
+    "+ PDL": dict(attention="splitk", graph=True, pdl=True),
+    "+ RoPE in attention": dict(attention="splitk", graph=True, pdl=True, fuse_rope=True),
+}
 
 
 def f32(t):
@@ -385,16 +393,9 @@ def ladder_rows(spec, w, device="cuda", ctx=512, tokens=12, iters=100, read_tbps
     prompt = torch.randint(0, spec.vocab, (ctx,), generator=g)
     ref = ref if ref is not None else oracle_tokens(spec, w, prompt, tokens, max_ctx)
     floor = spec.bytes_per_token(ctx) / (read_tbps * 1e12) * 1e3 if read_tbps else None
-    settings = {
-        "fused eager": dict(attention="plain", graph=False, pdl=False),
-        "fused + graph": dict(attention="plain", graph=True, pdl=False),
-        "+ split-K": dict(attention="splitk", graph=True, pdl=False),
-        "+ PDL": dict(attention="splitk", graph=True, pdl=True),
-        "+ RoPE in attention": dict(attention="splitk", graph=True, pdl=True, fuse_rope=True),
-    }
     rows, eager_tokens, prev_tokens = [], None, None
     for rung in rungs:
-        st = settings[rung]
+        st = RUNG_SETTINGS[rung]
         if rung == "+ PDL" and not config.pdl_supported(dev):
             continue                     # later rungs keep their other steps, without PDL
         e = Engine(spec, w, max_ctx=max_ctx, attention=st["attention"], pdl=st["pdl"],

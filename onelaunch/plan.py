@@ -114,7 +114,7 @@ def dense_mlp(e, li: int) -> list[Launch]:
             e.x, L["post_norm"], L["w_gate_up"], h, s.rms_eps, use_pdl=pdl, cfg=c_gu),
             _nbytes(L["post_norm"], L["w_gate_up"])),
     ] + into_residual(e, "down_residual", li, _nbytes(L["w_down"]), lambda **tp: K.down_residual(
-        h, L["w_down"], e.x, scratch, counter, use_pdl=pdl, cfg=one_per_tile(c_dn, tp), **tp))
+        h, L["w_down"], e.x, scratch, counter, use_pdl=pdl, cfg=c_dn, **tp))
 
 
 def moe_mlp(e, li: int) -> list[Launch]:
@@ -143,8 +143,7 @@ def moe_mlp(e, li: int) -> list[Launch]:
             k * per_expert(L["w_experts_gate_up"])),
     ] + into_residual(e, "moe_down_residual", li, k * per_expert(L["w_experts_down"]),
                       lambda **tp: K.moe_down_residual(h, L["w_experts_down"], ids, wts, e.x, scratch,
-                                                       counter, use_pdl=pdl, cfg=c_dn, **tp),
-                      one_program_per_tile=False)
+                                                       counter, use_pdl=pdl, cfg=c_dn, **tp))
 
 
 def head(e) -> list[Launch]:
@@ -177,40 +176,28 @@ def head(e) -> list[Launch]:
 
 
 # ---- tensor parallelism: where partial sums meet ---------------------------------------
-def into_residual(e, op: str, li: int, weight_bytes: int, gemv,
-                  one_program_per_tile: bool = True) -> list[Launch]:
+def into_residual(e, op: str, li: int, weight_bytes: int, gemv) -> list[Launch]:
     """A row-parallel GEMV whose output is added to the residual stream x. ``gemv(**kw)``
     issues the kernel; at TP=1 it adds into x itself. Under TP (``e.tp``, see ``tp.py``) the
     rung decides: ``fused`` passes a peer call site (the program that finishes a row tile
     exchanges it with the other ranks and adds the sum); the others write the rank's fp32
-    partial, all-reduce it (one more launch) and add it to x (one more). A fused exchange
-    must sit in a launch with one program per row tile (``kernels/peer.py``: spinning
-    last arrivals of split-K can starve the programs the peer waits for), so the MoE's
-    down, whose tile is finished by the last of its slots, exchanges in a launch of its
-    own on the fused rung."""
+    partial, all-reduce it (one more launch) and add it to x (one more); ``p2p`` exchanges
+    in a launch of its own (``allreduce_residual``)."""
     tp = e.tp
     if tp is None or tp.rung == "none":  # none: the rank's partial alone (timing only)
         return [Launch(op, li, gemv, weight_bytes)]
-    if tp.fused and one_program_per_tile:
+    if tp.fused:
         site = tp.site()
         return [Launch(op, li, lambda: gemv(peer=site), weight_bytes)]
     part = tp.buffer(e, "tp_partial", (e.spec.hidden,))
     out = [Launch(op, li, lambda: gemv(out=part), weight_bytes)]
-    if tp.rung in ("p2p", "fused"):      # the peer exchange as a launch of its own
+    if tp.rung == "p2p":                 # the peer exchange as a launch of its own
         site = tp.site()
         return out + [Launch("allreduce_residual", li, lambda: K.allreduce_residual(
             part, e.x, site, use_pdl=e.pdl), 0)]
     reduce, total = tp.allreduce(e, part)
     return out + [Launch("all_reduce", li, reduce, 0),
                   Launch("residual_add", li, lambda: K.residual_add(total, e.x, use_pdl=e.pdl), 0)]
-
-
-def one_per_tile(cfg: dict, tp: dict) -> dict:
-    """The down projection's launch for a fused exchange: no split-K (one program owns each
-    row tile), in narrower tiles so the grid still covers the GPU."""
-    if "peer" not in tp:
-        return cfg
-    return dict(cfg, SPLIT_K=1, BLOCK_N=min(cfg["BLOCK_N"], 4))
 
 
 def qk_sumsq(e, li: int, qkv) -> tuple[list[Launch], torch.Tensor]:

@@ -41,14 +41,16 @@ A tile must fit: ``n <= n_max`` values and tile index < ``tiles_max`` (a GEMV si
 N rows in BLOCK_N-row programs needs tiles_max >= ceil(N / BLOCK_N)).
 
 Progress: a program that exchanges spins until the same tile's program on every other
-rank has stored. GPUs dispatch a grid's programs in index order, so when each tile has
-exactly one program (the O-projection; down without split-K) the lowest unfinished tile
-is resident on every rank and completes. When a tile's exchange falls to the *last* of
-several programs (split-K, the MoE's slots), spinning programs can fill a GPU while the
-programs the peer waits for are not yet dispatched: on two H200s 50 fused split-K downs in
-one graph hung. So the plan gives the fused rung only one-program-per-tile launches
-(``plan.into_residual``). ``reset`` zeroes this rank's slots, flags and seqno (all ranks,
-with a barrier before and after), so a replay after an interrupted one starts clean.
+rank has stored. GPUs dispatch a grid's programs in index order, and every rank runs the
+same grid, so a program spinning on tile t means its rank has dispatched everything
+before it; the peer's programs for tile t are then either dispatched too or behind
+programs that can finish, whether the tile has one program (the O-projection) or its
+exchange falls to the last of several (split-K's down, the MoE's slots). (The first
+version hung on split-K downs: every warp read the exchange number and one warp stored
+the next, so a late warp could read the new number and wait for words that never come.
+The number is now read behind a barrier; 100 checked replays of each fused kernel on two
+H200s, ``ci/tp_peer_check.py``.) ``reset`` zeroes this rank's slots, flags and seqno (all
+ranks, with a barrier before and after), so a replay after an interrupted one starts clean.
 """
 from __future__ import annotations
 
