@@ -178,8 +178,10 @@ def test_fast_decode_module_gives_the_oracles_tokens():
     step, g0 = peers.compiled_oracle_step(fast), peers.dynamo_graphs()
     tf, _ = peers.oracle_greedy(fast, prompt, 10, step=step, compiled=True, forced=ref)
     assert torch.equal(tf, ref) and peers.dynamo_graphs() - g0 <= 1
-    with pytest.raises(ValueError, match="GPU"):
-        peers.fast_decode_rows("tiny-qwen2", ctx=8, device="cpu")
+    # the peer's row on the CPU: the same check, one smoke mode, a time, no floor
+    r, = peers.fast_decode_rows("tiny-qwen2", ctx=8, device="cpu", iters=2, new_tokens=3)
+    assert r["agree"] == "3/3" and r["ms_per_token"] > 0 and r["floor_ms"] is None
+    assert r["kind"] == "peer" and "cpu smoke" in r["note"] and "refused" not in r
 
 
 @pytest.mark.gpu
