@@ -32,6 +32,10 @@ _DEFAULT = {
     "router":      dict(BLOCK_N=4, BLOCK_K=512, num_warps=4),
     "moe_gate_up": dict(BLOCK_N=8, BLOCK_K=512, num_warps=4),
     "moe_down":    dict(BLOCK_N=8, BLOCK_K=512, num_warps=4),
+    # the persistent layer kernel (one launch a layer): the warps of every phase (its
+    # GEMV tiles are the unfused ops' entries); NEXT: request the next phase's first
+    # weight tiles before each grid barrier
+    "layer_persistent": dict(num_warps=4, NEXT=1),
 }
 
 TABLE: dict[str, dict[str, dict]] = {
