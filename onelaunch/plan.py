@@ -96,8 +96,9 @@ def attention(e, li: int) -> list[Launch]:
                 use_pdl=pdl), 0, kv_ctx))
     if e.attention == "splitk":
         pm, pl, po = e.partials()
+        rw = e.cfg("attn_split").get("reduce_warps", 4)
         out.append(Launch("attention_reduce", li, lambda: K.attention_reduce(
-            po, pm, pl, attn, e.pos, s.head_dim, e.chunk, use_pdl=pdl), 0))
+            po, pm, pl, attn, e.pos, s.head_dim, e.chunk, use_pdl=pdl, num_warps=rw), 0))
     out += into_residual(e, "o_proj_residual", li, _nbytes(L["w_o"]), lambda **tp: K.o_proj_residual(
         attn, L["w_o"], e.x, use_pdl=pdl, cfg=c_o, **tp))
     return out
@@ -147,6 +148,7 @@ def persistent_cfgs(e, li: int = 0) -> dict:
     for op, w in (("rms_qkv", L["w_qkv"]), ("o_proj", L["w_o"]), ("gate_up", L["w_gate_up"]),
                   ("down", L["w_down"]), ("attn_split", None)):
         out[op] = dict(e.cfg(op, w), num_warps=c_p["num_warps"])
+    out["attn_split"]["reduce_warps"] = c_p["num_warps"]          # the merge too
     return out
 
 

@@ -310,14 +310,15 @@ def attention_partial(q, k_cache, v_cache, pos, part_o, part_m, part_l, heads, k
         num_warps=cfg["num_warps"], **kw)
 
 
-def attention_reduce(part_o, part_m, part_l, out, pos, head_dim, chunk, use_pdl=False):
-    """Stage 2: merge the live splits of each query head into out [Hq D]; grid (Hq,)."""
+def attention_reduce(part_o, part_m, part_l, out, pos, head_dim, chunk, use_pdl=False, num_warps=4):
+    """Stage 2: merge the live splits of each query head into out [Hq D]; grid (Hq,).
+    (``num_warps``: the persistent layer's reference runs the merge at its warps.)"""
     heads, n_splits = part_m.shape
     kw = {"launch_pdl": True} if use_pdl else {}
     _attn_reduce_kernel[(heads,)](
         part_o, part_m, part_l, out, pos, n_splits, D=head_dim,
         BLOCK_D=triton.next_power_of_2(head_dim), CHUNK=chunk, BLOCK_S=BLOCK_S,
-        BLOCK_M=block_m(n_splits), USE_PDL=use_pdl, num_warps=4, **kw)
+        BLOCK_M=block_m(n_splits), USE_PDL=use_pdl, num_warps=num_warps, **kw)
 
 
 def attention_splitk(q, k_cache, v_cache, out, pos, part_o, part_m, part_l, heads, kv_heads,
