@@ -76,6 +76,31 @@ def test_persistent_layer_is_the_splitk_step_bit_for_bit(w, lp):
     assert not eng.down_counter.any() and not eng.layer_barrier.any()   # left zero
 
 
+@pytest.mark.parametrize("nxt", [1, 0])
+def test_one_launch_of_one_program(w, monkeypatch, nxt):
+    """A grid of one program runs all seven phases in ONE launch in the interpreter too
+    (its barriers never wait for another program): the GPU's code path, barriers, the
+    counters' reset and the requests made before each barrier included."""
+    LP = __import__("importlib").import_module("onelaunch.kernels.layer_persistent")
+    launches = []
+    real = LP._layer_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*a, **k):
+                launches.append((grid, k["FIRST"], k["LAST"]))
+                return real[grid](*a, **k)
+            return launch
+    monkeypatch.setattr(LP, "_layer_kernel", Spy())
+    ref = Engine(SPEC, w, max_ctx=MAX_CTX)
+    eng = Engine(SPEC, w, max_ctx=MAX_CTX, persistent=True,
+                 cfgs={"layer_persistent": {"GRID": 1, "NEXT": nxt}})
+    near_the_split((ref, eng), pos=63)
+    run_both(ref, eng, 2)
+    assert set(launches) == {((1,), 0, 6)} and len(launches) == 2 * get_spec(SPEC).layers
+    assert not eng.layer_barrier.any() and not eng.down_counter.any()
+
+
 def test_generate_same_tokens(w):
     ref = Engine(SPEC, w, max_ctx=MAX_CTX)
     eng = Engine(SPEC, w, max_ctx=MAX_CTX, persistent=True)

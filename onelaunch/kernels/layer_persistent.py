@@ -32,7 +32,9 @@ next launch touches the counters only after its ``gdc_wait``, when this grid has
 
 Phases are a constexpr range [FIRST, LAST]. On the GPU one launch runs 0..6. Triton's
 interpreter runs programs one after another, where a spinning barrier would never end,
-so there the launcher issues one launch per phase (no barrier), running the same code.
+so there the launcher issues one launch per phase (no barrier), running the same code;
+with a grid of one program the interpreter runs the one launch, barriers and the
+requests before them included (a lone program never waits for another).
 """
 from __future__ import annotations
 
@@ -58,18 +60,18 @@ LAST_PHASE = len(PHASES) - 1
 
 
 @triton.jit
-def grid_barrier(bar_ptr, target, n_progs, RESET: tl.constexpr):
+def grid_barrier(bar_ptr, target, n_progs, RESET: tl.constexpr, FENCE: tl.constexpr):
     """Wait until ``target`` arrivals (every program's, at this and earlier barriers of the
     launch) are counted in bar[0]. With RESET (the launch's last barrier) each program then
     bumps bar[1], and the last one resets both to zero."""
-    thread_fence(True)                 # this thread's writes are visible GPU-wide ...
+    thread_fence(FENCE)                # this thread's writes are visible GPU-wide ...
     tl.debug_barrier()                 # ... and every thread's, before the arrival
     tl.atomic_add(bar_ptr, 1, sem="release", scope="gpu")
     seen = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
     while seen < target:
         seen = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
     tl.debug_barrier()                 # no thread reads the phase's inputs before the spin ends
-    thread_fence(True)
+    thread_fence(FENCE)
     if RESET:                          # every program has left the spin once bar[1] is full
         done = tl.atomic_add(bar_ptr + 1, 1, sem="acq_rel", scope="gpu")
         if done == n_progs - 1:
@@ -141,7 +143,7 @@ def _layer_kernel(
             a0, a1, a2, a3 = row_tiles(w_qkv_ptr, stride_qkv, N_QKV, t + P, 0, H, BN_QKV, BK_QKV,
                                        PF_QKV)
     if FIRST <= 0 and LAST >= 1:       # RoPE reads no weights: nothing to request early
-        grid_barrier(bar_ptr, (1 - FIRST) * P, P, LAST == 1)
+        grid_barrier(bar_ptr, (1 - FIRST) * P, P, LAST == 1, FENCE)
 
     # ---- phase 1: RoPE + KV write ----------------------------------------------------------
     if FIRST <= 1 and LAST >= 1:
@@ -154,7 +156,7 @@ def _layer_kernel(
             start, end = split_range(pos, pid // HKV, n_splits, CHUNK)
             k0, v0, tm0 = partial_early(k_cache_ptr, v_cache_ptr, pos, pid % HKV, start, end,
                                         stride_c_h, stride_c_t, D, BLOCK_DA, BLOCK_T)
-        grid_barrier(bar_ptr, (2 - FIRST) * P, P, LAST == 2)
+        grid_barrier(bar_ptr, (2 - FIRST) * P, P, LAST == 2, FENCE)
         if not NEXT:
             start, end = split_range(pos, pid // HKV, n_splits, CHUNK)
             k0, v0, tm0 = partial_early(k_cache_ptr, v_cache_ptr, pos, pid % HKV, start, end,
@@ -173,7 +175,7 @@ def _layer_kernel(
     if FIRST <= 2 and LAST >= 3:       # the merge is short: W_o's tiles are requested here
         if NEXT:
             o0, o1, o2, o3 = row_tiles(w_o_ptr, stride_o, H, pid, 0, K_O, BN_O, BK_O, PF_O)
-        grid_barrier(bar_ptr, (3 - FIRST) * P, P, LAST == 3)
+        grid_barrier(bar_ptr, (3 - FIRST) * P, P, LAST == 3, FENCE)
 
     # ---- phase 3: merge of the splits ------------------------------------------------------------
     if FIRST <= 3 and LAST >= 3:
@@ -184,7 +186,7 @@ def _layer_kernel(
     if FIRST <= 3 and LAST >= 4:
         if FIRST == 3 and NEXT:
             o0, o1, o2, o3 = row_tiles(w_o_ptr, stride_o, H, pid, 0, K_O, BN_O, BK_O, PF_O)
-        grid_barrier(bar_ptr, (4 - FIRST) * P, P, LAST == 4)
+        grid_barrier(bar_ptr, (4 - FIRST) * P, P, LAST == 4, FENCE)
         if not NEXT:
             o0, o1, o2, o3 = row_tiles(w_o_ptr, stride_o, H, pid, 0, K_O, BN_O, BK_O, PF_O)
 
@@ -198,7 +200,7 @@ def _layer_kernel(
         if NEXT:
             g0, g1, g2, g3, u0, u1, u2, u3 = gate_up_first(w_gu_ptr, stride_gu, I, H, pid, BN_GU,
                                                            BK_GU, PF_GU)
-        grid_barrier(bar_ptr, (5 - FIRST) * P, P, LAST == 5)
+        grid_barrier(bar_ptr, (5 - FIRST) * P, P, LAST == 5, FENCE)
         if not NEXT:
             g0, g1, g2, g3, u0, u1, u2, u3 = gate_up_first(w_gu_ptr, stride_gu, I, H, pid, BN_GU,
                                                            BK_GU, PF_GU)
@@ -215,7 +217,7 @@ def _layer_kernel(
         if NEXT:
             d0, d1, d2, d3 = down_first(w_dn_ptr, stride_dn, H, I, k_per_split, pid % n_dn_rows,
                                         pid // n_dn_rows, BN_DN, BK_DN, PF_DN)
-        grid_barrier(bar_ptr, (6 - FIRST) * P, P, LAST == 6)
+        grid_barrier(bar_ptr, (6 - FIRST) * P, P, LAST == 6, FENCE)
         if not NEXT:
             d0, d1, d2, d3 = down_first(w_dn_ptr, stride_dn, H, I, k_per_split, pid % n_dn_rows,
                                         pid // n_dn_rows, BN_DN, BK_DN, PF_DN)
@@ -259,6 +261,12 @@ def launch_options(device, use_pdl: bool) -> dict:
                 split=not gpu or bool(_env_int("ONELAUNCH_PERSIST_SPLIT", 0)))
 
 
+def one_launch(opts: dict, grid: int) -> bool:
+    """All phases in one launch: on the GPU unless split was asked for; in the interpreter
+    only with one program (its barriers never wait for another program, so they run)."""
+    return not opts["split"] or grid == 1
+
+
 def layer_persistent(x, L: dict, qkv, q, attn, h, k_cache, v_cache, cos, sin, pos, part_o, part_m,
                      part_l, scratch, counter, bar, heads, kv_heads, head_dim, eps, chunk, cfgs: dict,
                      use_pdl=False, grid=None, opts=None):
@@ -288,7 +296,7 @@ def layer_persistent(x, L: dict, qkv, q, attn, h, k_cache, v_cache, cos, sin, po
         kw["launch_pdl"] = True
     if opts["cooperative"]:
         kw["launch_cooperative_grid"] = True
-    ranges = [(p, p) for p in range(LAST_PHASE + 1)] if opts["split"] else [(0, LAST_PHASE)]
+    ranges = [(0, LAST_PHASE)] if one_launch(opts, P) else [(p, p) for p in range(LAST_PHASE + 1)]
     b = L["b_qkv"]
     compiled = []
     for first, last in ranges:
