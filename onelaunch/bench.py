@@ -39,7 +39,8 @@ except ImportError:                    # pragma: no cover - until that move land
 
 RUNGS = ("fused eager", "fused + graph", "+ split-K", "+ PDL")
 # "+ RoPE in attention" (ladder_rows(rungs=...) runs it) measured slower than + PDL on the
-# H200 and is not a rung of the ladder: NOTES.md, entry 8
+# H200 and is not a rung of the ladder: NOTES.md, entry 8. Nor, until it is measured, is
+# "+ persistent layer" (one launch a dense layer: kernels/layer_persistent.py)
 
 
 def f32(t):
@@ -391,6 +392,7 @@ def ladder_rows(spec, w, device="cuda", ctx=512, tokens=12, iters=100, read_tbps
         "+ split-K": dict(attention="splitk", graph=True, pdl=False),
         "+ PDL": dict(attention="splitk", graph=True, pdl=True),
         "+ RoPE in attention": dict(attention="splitk", graph=True, pdl=True, fuse_rope=True),
+        "+ persistent layer": dict(attention="splitk", graph=True, pdl=True, persistent=True),
     }
     rows, eager_tokens, prev_tokens = [], None, None
     for rung in rungs:
@@ -398,7 +400,7 @@ def ladder_rows(spec, w, device="cuda", ctx=512, tokens=12, iters=100, read_tbps
         if rung == "+ PDL" and not config.pdl_supported(dev):
             continue                     # later rungs keep their other steps, without PDL
         e = Engine(spec, w, max_ctx=max_ctx, attention=st["attention"], pdl=st["pdl"],
-                   fuse_rope=st.get("fuse_rope", False))
+                   fuse_rope=st.get("fuse_rope", False), persistent=st.get("persistent", False))
         j = judge(e, prompt, ref, st["graph"])
         r = {"model": spec.name, "rung": rung, "ctx": ctx, "agree": j["agree"],
              "agree_free": j["agree_free"], "flips": j["flips"], "floor_ms": floor,

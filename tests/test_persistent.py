@@ -206,3 +206,14 @@ r = subprocess.run([ptxas, "-arch=sm_90a", "-v", os.path.join(d, "k.ptx"), "-o",
 assert r.returncode == 0, r.stderr
 print(" ".join(re.findall(r"Used \d+ registers|\d+ bytes spill stores", r.stdout + r.stderr)))
 '''
+
+
+def test_ladder_rung_is_judged_then_timed(w):
+    """``bench.ladder_rows`` runs "+ persistent layer" (on request) like any rung: judged
+    against the oracle, then timed; its tokens are the split-K rung's."""
+    from onelaunch import bench
+    rows = bench.ladder_rows(SPEC, w, "cpu", ctx=4, tokens=2, iters=1,
+                             rungs=("+ split-K", "+ persistent layer"))
+    split, pers = rows
+    assert pers["rung"] == "+ persistent layer" and pers["launches"] == get_spec(SPEC).layers + 2
+    assert pers["same_tokens_as_previous_rung"] and pers["ms_per_token"] is not None
