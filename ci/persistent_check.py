@@ -203,11 +203,12 @@ def child(a) -> int:
 
     res["stage"] = "grids"
     res["grids"] = []
-    for per_sm in [int(v) for v in a.grids.split(",") if v]:
+    for per_sm in [float(v) for v in a.grids.split(",") if v]:
         if per_sm == 1:
             continue                                  # the default grid, measured above
-        os.environ["ONELAUNCH_PERSIST_GRID"] = str(per_sm * sms)
-        row = {"programs": per_sm * sms}
+        programs = max(1, int(per_sm * sms))
+        os.environ["ONELAUNCH_PERSIST_GRID"] = str(programs)
+        row = {"programs": programs}
         try:
             for n in ("persistent", "persistent_noprefetch"):
                 eng[n].graph = None
@@ -242,7 +243,7 @@ def main() -> int:
     ap.add_argument("out", nargs="?")
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--warps", default="4,8", help="num_warps of the persistent kernel, one child each")
-    ap.add_argument("--grids", default="1,2", help="programs per SM to try")
+    ap.add_argument("--grids", default="1,2,0.5", help="programs per SM to try (1: the default)")
     ap.add_argument("--timeout", type=int, default=150, help="seconds a child may take")
     ap.add_argument("--model", default=MODEL)
     ap.add_argument("--steps", type=int, default=STEPS, help="lockstep steps compared bit for bit")
