@@ -40,14 +40,33 @@ except ImportError:                    # pragma: no cover - until that move land
 RUNGS = ("fused eager", "fused + graph", "+ split-K", "+ PDL")
 # "+ RoPE in attention" (ladder_rows(rungs=...) runs it) measured slower than + PDL on the
 # H200 and is not a rung of the ladder: NOTES.md, entry 8
-# how each rung builds and runs its engine (ladder_rows; profile.profile_rows draws them)
+# how each rung builds and runs its engine (rung_engine; ladder_rows, profile.profile_rows)
 RUNG_SETTINGS = {
     "fused eager": dict(attention="plain", graph=False, pdl=False),
     "fused + graph": dict(attention="plain", graph=True, pdl=False),
     "+ split-K": dict(attention="splitk", graph=True, pdl=False),
     "+ PDL": dict(attention="splitk", graph=True, pdl=True),
     "+ RoPE in attention": dict(attention="splitk", graph=True, pdl=True, fuse_rope=True),
+    # one launch a dense layer (kernels/layer_persistent.py), with and without the next
+    # phase's weight tiles requested before each grid barrier (chapter 8)
+    "persistent, nothing ahead": dict(attention="splitk", graph=True, pdl=True, persistent=True,
+                                      cfgs={"layer_persistent": {"NEXT": 0}}),
+    "+ persistent layer": dict(attention="splitk", graph=True, pdl=True, persistent=True),
 }
+
+
+def rung_supported(spec, rung: str) -> bool:
+    """Whether ``rung`` applies to ``spec``'s model (the persistent layer: dense only)."""
+    return not (RUNG_SETTINGS[rung].get("persistent") and get_spec(spec).is_moe)
+
+
+def rung_engine(spec, w, rung: str, max_ctx: int) -> Engine:
+    """The engine of ladder rung ``rung`` (:data:`RUNG_SETTINGS`): one place that turns a
+    rung's settings into an engine, for the ladder and the profile."""
+    st = RUNG_SETTINGS[rung]
+    return Engine(spec, w, max_ctx=max_ctx, attention=st["attention"], pdl=st["pdl"],
+                  fuse_rope=st.get("fuse_rope", False), persistent=st.get("persistent", False),
+                  cfgs=st.get("cfgs"))
 
 
 def f32(t):
@@ -398,8 +417,7 @@ def ladder_rows(spec, w, device="cuda", ctx=512, tokens=12, iters=100, read_tbps
         st = RUNG_SETTINGS[rung]
         if rung == "+ PDL" and not config.pdl_supported(dev):
             continue                     # later rungs keep their other steps, without PDL
-        e = Engine(spec, w, max_ctx=max_ctx, attention=st["attention"], pdl=st["pdl"],
-                   fuse_rope=st.get("fuse_rope", False))
+        e = rung_engine(spec, w, rung, max_ctx)
         j = judge(e, prompt, ref, st["graph"])
         r = {"model": spec.name, "rung": rung, "ctx": ctx, "agree": j["agree"],
              "agree_free": j["agree_free"], "flips": j["flips"], "floor_ms": floor,

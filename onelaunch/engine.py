@@ -20,6 +20,9 @@ Modes: ``graph=False`` runs the same launches eagerly (the "fused eager" rung);
 ``fuse_rope=True`` (with split-K) does RoPE and the KV write inside the split-K partial
 kernel, one launch fewer per layer (``kernels/attention_onekernel.py``); on the H200 it
 measured 0.01-0.03 ms a token slower than the separate RoPE kernel, so no rung uses it.
+``persistent=True`` (split-K, dense models, one GPU) runs each layer as one persistent
+launch whose phases are the unfused kernels' bodies separated by grid barriers
+(``kernels/layer_persistent.py``): layers + 2 launches a step, same bits.
 
 The step itself is data: ``self.plan``, a list of launches built from the spec by the
 block builders in ``plan.py`` (embedding, attention, dense MLP or mixture of experts,
@@ -48,7 +51,8 @@ class EngineError(ValueError):
 class Engine:
     def __init__(self, spec, weights: dict[str, torch.Tensor], max_ctx: int | None = None,
                  attention: str = "splitk", pdl: bool = False, fuse_rope: bool = False,
-                 device=None, cfgs: dict | None = None, tp=None, live_cap: int | None = 0):
+                 device=None, cfgs: dict | None = None, tp=None, persistent: bool = False,
+                 live_cap: int | None = 0):
         self.spec = spec = get_spec(spec)
         if attention not in ("plain", "splitk"):
             raise EngineError("attention must be 'plain' or 'splitk'")
@@ -69,6 +73,18 @@ class Engine:
             raise EngineError("fuse_rope needs split-K attention and a model without q/k norm "
                               "(whose RMS spans all heads)")
         self.fuse_rope = bool(fuse_rope)
+        if persistent:
+            if attention != "splitk":
+                raise EngineError("persistent=True needs split-K attention: use attention='splitk'")
+            if spec.is_moe:
+                raise EngineError(f"persistent=True supports dense models only so far: build the "
+                                  f"{spec.name} engine with persistent=False")
+            if tp is not None:
+                raise EngineError("persistent=True runs on one GPU: leave out tp (or use "
+                                  "persistent=False under tensor parallelism)")
+            if fuse_rope:
+                raise EngineError("persistent=True has RoPE in its own phase: leave out fuse_rope")
+        self.persistent = bool(persistent)
         self.cfgs = dict(cfgs or {})                    # op -> launch config (a sweep's trial)
         self.tp = tp                                    # tp.Group: this engine is one rank
         self.hf_weights = weights                       # the HF-named dict (prefill reads it)

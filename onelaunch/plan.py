@@ -2,6 +2,8 @@
 
     plan = embedding(e) + [attention(e, l) + mlp(e, l) for each layer l] + head(e)
 
+(or, with ``e.persistent``, one ``layer_persistent(e, l)`` launch for each layer l)
+
 Each entry is one kernel launch: its op, its layer, a closure that issues it (reading and
 writing the engine's static buffers) and the bytes it must read. So ``len(plan)`` is the
 launch count, ``for launch in plan: launch.run()`` is the step (eagerly, or once under a
@@ -95,8 +97,10 @@ def attention(e, li: int) -> list[Launch]:
                 use_pdl=pdl, live_cap=e.live_cap), 0, kv_ctx))
     if e.attention == "splitk":
         pm, pl, po = e.partials()
+        rw = e.cfg("attn_split").get("reduce_warps", 4)
         out.append(Launch("attention_reduce", li, lambda: K.attention_reduce(
-            po, pm, pl, attn, e.pos, s.head_dim, e.chunk, use_pdl=pdl, live_cap=e.live_cap), 0))
+            po, pm, pl, attn, e.pos, s.head_dim, e.chunk, use_pdl=pdl, num_warps=rw,
+            live_cap=e.live_cap), 0))
     out += into_residual(e, "o_proj_residual", li, _nbytes(L["w_o"]), lambda **tp: K.o_proj_residual(
         attn, L["w_o"], e.x, use_pdl=pdl, cfg=c_o, **tp))
     return out
@@ -115,6 +119,39 @@ def dense_mlp(e, li: int) -> list[Launch]:
             _nbytes(L["post_norm"], L["w_gate_up"])),
     ] + into_residual(e, "down_residual", li, _nbytes(L["w_down"]), lambda **tp: K.down_residual(
         h, L["w_down"], e.x, scratch, counter, use_pdl=pdl, cfg=c_dn, **tp))
+
+
+def layer_persistent(e, li: int) -> list[Launch]:
+    """The whole dense layer in one launch (``kernels/layer_persistent.py``): the phases of
+    ``attention`` + ``dense_mlp`` separated by grid barriers, in the same buffers. Its
+    bytes are what those blocks claim (they are built here for that, never launched)."""
+    s, L = e.spec, e.W["layers"][li]
+    unfused = attention(e, li) + dense_mlp(e, li)
+    cfgs = persistent_cfgs(e, li)
+    pm, pl, po = e.partials()
+    bar = e.buf("layer_barrier", (2,), I32)                          # arrivals, exits: zeros
+    kc, vc = e.k_cache[li], e.v_cache[li]
+    run = lambda: K.layer_persistent(
+        e.x, L, e.qkv, e.q, e.attn, e.h, kc, vc, e.cos, e.sin, e.pos, po, pm, pl, e.down_scratch,
+        e.down_counter, bar, s.heads, s.kv_heads, s.head_dim, s.rms_eps, e.chunk, cfgs,
+        use_pdl=e.pdl, live_cap=e.live_cap)
+    return [Launch("layer_persistent", li, run, sum(u.weight_bytes for u in unfused),
+                   sum(u.kv_bytes_per_ctx for u in unfused))]
+
+
+def persistent_cfgs(e, li: int = 0) -> dict:
+    """The launch configurations the persistent layer runs: the unfused ops' tiles, all at
+    the persistent kernel's num_warps (one kernel has one; a reduction's order can depend
+    on it). An engine built with ``cfgs=persistent_cfgs(e)`` runs the same tiles unfused:
+    the bit-for-bit reference of the persistent rung."""
+    L = e.W["layers"][li]
+    c_p = dict(config.get("layer_persistent", e.device), **e.cfgs.get("layer_persistent", {}))
+    out = {"layer_persistent": c_p}
+    for op, w in (("rms_qkv", L["w_qkv"]), ("o_proj", L["w_o"]), ("gate_up", L["w_gate_up"]),
+                  ("down", L["w_down"]), ("attn_split", None)):
+        out[op] = dict(e.cfg(op, w), num_warps=c_p["num_warps"])
+    out["attn_split"]["reduce_warps"] = c_p["num_warps"]          # the merge too
+    return out
 
 
 def moe_mlp(e, li: int) -> list[Launch]:
@@ -220,7 +257,10 @@ def build(e) -> list[Launch]:
     mlp = moe_mlp if e.spec.is_moe else dense_mlp
     plan = embedding(e)
     for li in range(e.spec.layers):
-        plan += attention(e, li) + mlp(e, li)
+        if getattr(e, "persistent", False):
+            plan += layer_persistent(e, li)
+        else:
+            plan += attention(e, li) + mlp(e, li)
     return plan + head(e)
 
 

@@ -58,6 +58,7 @@ OP_KERNELS: dict[str, tuple[str, ...]] = {
     "residual_add": ("_residual_add_kernel",),
     "allreduce_residual": ("_residual_add_kernel",),
     "argmax_merge": ("_argmax_merge_kernel",),
+    "layer_persistent": ("_layer_kernel",),
     "all_reduce": ("nccl", "all_reduce", "allreduce", "one_shot"),
 }
 
@@ -378,7 +379,6 @@ def profile_rows(spec_name, weights, device="cuda", ctx: int = 512, rungs=PROFIL
     been reported to leave the process with no kernel records at all (and attaching after
     capture to work), so it is the second try, not the first."""
     from . import bench
-    from .engine import Engine
     from .kernels import config
     from .specs import get_spec
     from .timing import read_bandwidth
@@ -402,8 +402,7 @@ def profile_rows(spec_name, weights, device="cuda", ctx: int = 512, rungs=PROFIL
         st = bench.RUNG_SETTINGS[rung]
         if st["pdl"] and not config.pdl_supported(dev):
             continue
-        e = Engine(spec, weights, max_ctx=max_ctx, attention=st["attention"], pdl=st["pdl"],
-                   fuse_rope=st.get("fuse_rope", False))
+        e = bench.rung_engine(spec, weights, rung, max_ctx)
         j = bench.judge(e, prompt, ref, st["graph"])
         base = {"model": spec.name, "rung": rung, "ctx": ctx, "agree": j["agree"],
                 "launches_per_step": e.launches_per_step(), "pdl": e.pdl,

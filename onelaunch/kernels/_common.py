@@ -85,6 +85,16 @@ def load_w_tiles(w_ptr, stride_w_n, offs_n, n_mask, k_start, k_end, BLOCK_K: tl.
 
 
 @triton.jit
+def row_tiles(w_ptr, stride_w_n, N, tile, k_start, k_end, BLOCK_N: tl.constexpr,
+              BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr):
+    """:func:`load_w_tiles` for row tile ``tile`` (rows tile * BLOCK_N ...) of W [N, K]: what
+    a GEMV program requests before its wait. A tile past N is fully masked (no traffic), so
+    a persistent program may request its next tile without checking that it exists."""
+    offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    return load_w_tiles(w_ptr, stride_w_n, offs_n, offs_n < N, k_start, k_end, BLOCK_K, PREFETCH)
+
+
+@triton.jit
 def advance_tiles(w_ptr, stride_w_n, offs_n, n_mask, w0, w1, w2, w3, k_next, k_end,
                   BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr):
     """Move the ring of PREFETCH loaded tiles on by one: drop w0, request the tile at

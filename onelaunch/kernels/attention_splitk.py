@@ -174,6 +174,47 @@ def merge_head(part_o_ptr, part_m_ptr, part_l_ptr, h, n_splits, n_valid, d, dm,
 
 
 @triton.jit
+def partial_early(k_cache_ptr, v_cache_ptr, pos, kh, start, end, stride_c_h, stride_c_t,
+                  D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr):
+    """What a split of kv head ``kh`` with range [start, end) (``split_range``) may read
+    before its wait: its first tile of keys and values older than pos (all masked, no
+    traffic, when the range is empty)."""
+    d = tl.arange(0, BLOCK_D)
+    dm = d < D
+    return load_kv_tile(k_cache_ptr, v_cache_ptr, kh * stride_c_h, start, tl.minimum(end, pos),
+                        stride_c_t, d, dm, BLOCK_T)
+
+
+@triton.jit
+def partial_rest(q_ptr, k_cache_ptr, v_cache_ptr, part_o_ptr, part_m_ptr, part_l_ptr, pos, kh,
+                 split, start, end, k0, v0, tm0, stride_c_h, stride_c_t, n_splits, scale,
+                 GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
+                 BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr, DOT_F32: tl.constexpr):
+    """After the wait (a live split only): q and slot pos, both written by the previous
+    kernel (or phase), then the split's partial, stored."""
+    d = tl.arange(0, BLOCK_D)
+    dm = d < D
+    base = kh * stride_c_h
+    g = tl.arange(0, GROUP_PAD)
+    gm = g < GROUP
+    heads = kh * GROUP + g
+    q = tl.load(q_ptr + heads[:, None] * D + d[None, :], mask=gm[:, None] & dm[None, :],
+                other=0.0)
+    if DOT_F32:
+        q = q.to(tl.float32)
+    # the newest token as a tile of NEW_T rows whose only valid row is slot pos (all
+    # rows masked, so no traffic, in the splits that do not hold it)
+    new_end = tl.where(end == pos + 1, pos + 1, pos)
+    kn, vn, tmn = load_kv_tile(k_cache_ptr, v_cache_ptr, base, pos, new_end, stride_c_t, d, dm,
+                               NEW_T)
+    m_i, l_i, acc = split_partial(q, k_cache_ptr, v_cache_ptr, base, start, end, pos,
+                                  stride_c_t, d, dm, scale, k0, v0, tm0, kn, vn, tmn,
+                                  GROUP_PAD, BLOCK_D, BLOCK_T, DOT_F32)
+    store_partials(part_o_ptr, part_m_ptr, part_l_ptr, heads, gm, split, n_splits, m_i, l_i,
+                   acc, d, dm, D)
+
+
+@triton.jit
 def _attn_partial_kernel(q_ptr, k_cache_ptr, v_cache_ptr, part_o_ptr, part_m_ptr, part_l_ptr,
                          pos_ptr, stride_c_h, stride_c_t, n_splits, n_share, scale,
                          GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
@@ -185,30 +226,25 @@ def _attn_partial_kernel(q_ptr, k_cache_ptr, v_cache_ptr, part_o_ptr, part_m_ptr
     pos = tl.load(pos_ptr)
     start, end = split_range(pos, split, n_share, CHUNK)
     if start < end:                                      # else: past the live length, exit
-        d = tl.arange(0, BLOCK_D)
-        dm = d < D
-        base = kh * stride_c_h
-        k0, v0, tm0 = load_kv_tile(k_cache_ptr, v_cache_ptr, base, start, tl.minimum(end, pos),
-                                   stride_c_t, d, dm, BLOCK_T)
+        k0, v0, tm0 = partial_early(k_cache_ptr, v_cache_ptr, pos, kh, start, end, stride_c_h,
+                                    stride_c_t, D, BLOCK_D, BLOCK_T)
         pdl_wait(USE_PDL)
         # ---- after it: q and slot pos, both written by the previous kernel -----------------
-        g = tl.arange(0, GROUP_PAD)
-        gm = g < GROUP
-        heads = kh * GROUP + g
-        q = tl.load(q_ptr + heads[:, None] * D + d[None, :], mask=gm[:, None] & dm[None, :],
-                    other=0.0)
-        if DOT_F32:
-            q = q.to(tl.float32)
-        # the newest token as a tile of NEW_T rows whose only valid row is slot pos (all
-        # rows masked, so no traffic, in the splits that do not hold it)
-        new_end = tl.where(end == pos + 1, pos + 1, pos)
-        kn, vn, tmn = load_kv_tile(k_cache_ptr, v_cache_ptr, base, pos, new_end, stride_c_t, d, dm,
-                                   NEW_T)
-        m_i, l_i, acc = split_partial(q, k_cache_ptr, v_cache_ptr, base, start, end, pos,
-                                      stride_c_t, d, dm, scale, k0, v0, tm0, kn, vn, tmn,
-                                      GROUP_PAD, BLOCK_D, BLOCK_T, DOT_F32)
-        store_partials(part_o_ptr, part_m_ptr, part_l_ptr, heads, gm, split, n_splits, m_i, l_i,
-                       acc, d, dm, D)
+        partial_rest(q_ptr, k_cache_ptr, v_cache_ptr, part_o_ptr, part_m_ptr, part_l_ptr, pos, kh,
+                     split, start, end, k0, v0, tm0, stride_c_h, stride_c_t, n_splits, scale,
+                     GROUP, GROUP_PAD, D, BLOCK_D, BLOCK_T, DOT_F32)
+
+
+@triton.jit
+def reduce_head(part_o_ptr, part_m_ptr, part_l_ptr, out_ptr, h, n_splits, n_valid,
+                D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+                BLOCK_M: tl.constexpr, VOLATILE: tl.constexpr):
+    """Query head h's output from its n_valid live splits, rounded to bf16 and stored."""
+    d = tl.arange(0, BLOCK_D)
+    dm = d < D
+    out = merge_head(part_o_ptr, part_m_ptr, part_l_ptr, h, n_splits, n_valid, d, dm, D, BLOCK_D,
+                     BLOCK_S, BLOCK_M, VOLATILE)
+    tl.store(out_ptr + h * D + d, bf16_round(out).to(out_ptr.dtype.element_ty), mask=dm)
 
 
 @triton.jit
@@ -217,12 +253,9 @@ def _attn_reduce_kernel(part_o_ptr, part_m_ptr, part_l_ptr, out_ptr, pos_ptr, n_
                         BLOCK_S: tl.constexpr, BLOCK_M: tl.constexpr, USE_PDL: tl.constexpr):
     h = tl.program_id(0)
     n_valid = live_splits(tl.load(pos_ptr), n_share, CHUNK)    # before the wait: pos is old
-    d = tl.arange(0, BLOCK_D)
-    dm = d < D
     pdl_wait(USE_PDL)
-    out = merge_head(part_o_ptr, part_m_ptr, part_l_ptr, h, n_splits, n_valid, d, dm, D, BLOCK_D,
-                     BLOCK_S, BLOCK_M, False)
-    tl.store(out_ptr + h * D + d, bf16_round(out).to(out_ptr.dtype.element_ty), mask=dm)
+    reduce_head(part_o_ptr, part_m_ptr, part_l_ptr, out_ptr, h, n_splits, n_valid, D, BLOCK_D,
+                BLOCK_S, BLOCK_M, False)
 
 
 BLOCK_S = 32      # splits merged per block by the reduce (and by any last-arrival merge)
@@ -298,14 +331,15 @@ def attention_partial(q, k_cache, v_cache, pos, part_o, part_m, part_l, heads, k
 
 
 def attention_reduce(part_o, part_m, part_l, out, pos, head_dim, chunk, use_pdl=False,
-                     live_cap=None):
-    """Stage 2: merge the live splits of each query head into out [Hq D]; grid (Hq,)."""
+                     num_warps=4, live_cap=None):
+    """Stage 2: merge the live splits of each query head into out [Hq D]; grid (Hq,).
+    (``num_warps``: the persistent layer's reference runs the merge at its warps.)"""
     heads, n_splits = part_m.shape
     kw = {"launch_pdl": True} if use_pdl else {}
     _attn_reduce_kernel[(heads,)](
         part_o, part_m, part_l, out, pos, n_splits, live_share(n_splits, live_cap), D=head_dim,
         BLOCK_D=triton.next_power_of_2(head_dim), CHUNK=chunk, BLOCK_S=BLOCK_S,
-        BLOCK_M=block_m(n_splits), USE_PDL=use_pdl, num_warps=4, **kw)
+        BLOCK_M=block_m(n_splits), USE_PDL=use_pdl, num_warps=num_warps, **kw)
 
 
 def attention_splitk(q, k_cache, v_cache, out, pos, part_o, part_m, part_l, heads, kv_heads,

@@ -32,6 +32,10 @@ _DEFAULT = {
     "router":      dict(BLOCK_N=4, BLOCK_K=512, num_warps=4),
     "moe_gate_up": dict(BLOCK_N=8, BLOCK_K=512, num_warps=4),
     "moe_down":    dict(BLOCK_N=8, BLOCK_K=512, num_warps=4),
+    # the persistent layer kernel (one launch a layer): the warps of every phase (its
+    # GEMV tiles are the unfused ops' entries); NEXT: request the next phase's first
+    # weight tiles before each grid barrier
+    "layer_persistent": dict(num_warps=4, NEXT=1),
 }
 
 TABLE: dict[str, dict[str, dict]] = {
@@ -44,6 +48,9 @@ TABLE: dict[str, dict[str, dict]] = {
         "lm_head":    dict(BLOCK_N=64, BLOCK_K=256, num_warps=4),
         "attention":  dict(BLOCK_T=64, num_warps=4),
         "attn_split": dict(BLOCK_T=64, num_warps=4),
+        # not measured yet: at 8 warps the one-launch kernel compiles (ptxas, sm_90, the
+        # tuned tiles) to 242 registers and no spills; at 4, 255 and 800 bytes of spills
+        "layer_persistent": dict(num_warps=8, NEXT=1),
     },
     # RTX 4090 (Ada): not measured here; the defaults, whose tiles are safe on any GPU.
     # `python -m onelaunch.bench --what sweepcfg --write-table` writes a measured table.

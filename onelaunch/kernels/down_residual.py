@@ -23,8 +23,37 @@ import triton
 import triton.language as tl
 
 from . import config
-from ._common import finish_rows, gemv_tiles, last_arrival_residual, load_w_tiles, pdl_wait
+from ._common import finish_rows, gemv_tiles, last_arrival_residual, pdl_wait, row_tiles
 from .peer import epilogue_args
+
+
+@triton.jit
+def down_first(w_ptr, stride_w_n, N, K, k_per_split, pid_n, pid_k, BLOCK_N: tl.constexpr,
+               BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr):
+    """The first weight tiles of row block ``pid_n``, split ``pid_k`` of K."""
+    k_start = pid_k * k_per_split
+    k_end = tl.minimum(k_start + k_per_split, K)
+    return row_tiles(w_ptr, stride_w_n, N, pid_n, k_start, k_end, BLOCK_N, BLOCK_K, PREFETCH)
+
+
+@triton.jit
+def down_tile(h_ptr, w_ptr, x_ptr, scratch_ptr, counter_ptr, out_ptr, peer_ptr, N, K, k_per_split,
+              stride_w_n, pid_n, pid_k, w0, w1, w2, w3, SPLIT_K: tl.constexpr, FENCE: tl.constexpr,
+              OUT: tl.constexpr, PEER: tl.constexpr, WORLD: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr):
+    """Row block ``pid_n``, split ``pid_k``, given its first tiles (``down_first``): the
+    partial, and the residual add by the split that arrives last."""
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    k_start = pid_k * k_per_split
+    k_end = tl.minimum(k_start + k_per_split, K)
+    y = gemv_tiles(w_ptr, stride_w_n, offs_n, n_mask, h_ptr, h_ptr, 1.0, w0, w1, w2, w3, k_start, k_end,
+                   BLOCK_K, False, PREFETCH)
+    if SPLIT_K == 1:
+        finish_rows(y, x_ptr, out_ptr, offs_n, n_mask, pid_n, peer_ptr, OUT, PEER, WORLD, FENCE)
+    else:
+        last_arrival_residual(y, scratch_ptr, counter_ptr, x_ptr, pid_n, pid_k, N, offs_n, n_mask,
+                              out_ptr, peer_ptr, SPLIT_K, FENCE, OUT, PEER, WORLD)
 
 
 @triton.jit
@@ -35,19 +64,19 @@ def _down_residual_kernel(h_ptr, w_ptr, x_ptr, scratch_ptr, counter_ptr, out_ptr
                           PREFETCH: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = offs_n < N
-    k_start = pid_k * k_per_split
-    k_end = tl.minimum(k_start + k_per_split, K)
-    w0, w1, w2, w3 = load_w_tiles(w_ptr, stride_w_n, offs_n, n_mask, k_start, k_end, BLOCK_K, PREFETCH)
+    w0, w1, w2, w3 = down_first(w_ptr, stride_w_n, N, K, k_per_split, pid_n, pid_k, BLOCK_N, BLOCK_K,
+                                PREFETCH)
     pdl_wait(USE_PDL)
-    y = gemv_tiles(w_ptr, stride_w_n, offs_n, n_mask, h_ptr, h_ptr, 1.0, w0, w1, w2, w3, k_start, k_end,
-                   BLOCK_K, False, PREFETCH)
-    if SPLIT_K == 1:
-        finish_rows(y, x_ptr, out_ptr, offs_n, n_mask, pid_n, peer_ptr, OUT, PEER, WORLD, FENCE)
-    else:
-        last_arrival_residual(y, scratch_ptr, counter_ptr, x_ptr, pid_n, pid_k, N, offs_n, n_mask,
-                              out_ptr, peer_ptr, SPLIT_K, FENCE, OUT, PEER, WORLD)
+    down_tile(h_ptr, w_ptr, x_ptr, scratch_ptr, counter_ptr, out_ptr, peer_ptr, N, K, k_per_split,
+              stride_w_n, pid_n, pid_k, w0, w1, w2, w3, SPLIT_K, FENCE, OUT, PEER, WORLD, BLOCK_N,
+              BLOCK_K, PREFETCH)
+
+
+def down_split(K: int, cfg: dict) -> tuple[int, int]:
+    """(k_per_split, splits) of a launch config: whole BLOCK_K tiles a split, no empty split."""
+    bk = cfg["BLOCK_K"]
+    k_per_split = triton.cdiv(triton.cdiv(K, cfg["SPLIT_K"]), bk) * bk
+    return k_per_split, triton.cdiv(K, k_per_split)
 
 
 def down_residual(h, w_down, x, scratch, counter, use_pdl=False, cfg=None, out=None, peer=None):
@@ -57,10 +86,8 @@ def down_residual(h, w_down, x, scratch, counter, use_pdl=False, cfg=None, out=N
     (tiles_max >= ceil(N / BLOCK_N)) sums the ranks' partials and adds them to x."""
     N, K = w_down.shape
     c = cfg or config.get("down", x.device, w_down.shape)
-    split = c["SPLIT_K"]
     bk = c["BLOCK_K"]
-    k_per_split = triton.cdiv(triton.cdiv(K, split), bk) * bk
-    split = triton.cdiv(K, k_per_split)                       # no empty splits
+    k_per_split, split = down_split(K, c)                     # no empty splits
     n_blocks = triton.cdiv(N, c["BLOCK_N"])
     assert counter.numel() >= n_blocks and scratch.numel() >= split * N, "scratch too small"
     out_ptr, peer_ptr, ep = epilogue_args(x, out, peer, N, n_blocks)

@@ -16,8 +16,21 @@ import triton
 import triton.language as tl
 
 from . import config
-from ._common import finish_rows, gemv_tiles, load_w_tiles, pdl_wait
+from ._common import finish_rows, gemv_tiles, pdl_wait, row_tiles
 from .peer import epilogue_args
+
+
+@triton.jit
+def o_proj_tile(a_ptr, w_ptr, x_ptr, out_ptr, peer_ptr, N, K, stride_w_n, tile, w0, w1, w2, w3,
+                OUT: tl.constexpr, PEER: tl.constexpr, WORLD: tl.constexpr, FENCE: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr):
+    """Row tile ``tile`` of x += W_o @ attn, given its first weight tiles (``row_tiles``)."""
+    offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    y = gemv_tiles(w_ptr, stride_w_n, offs_n, n_mask, a_ptr, a_ptr, 1.0, w0, w1, w2, w3, 0, K,
+                   BLOCK_K, False, PREFETCH)
+    # x = bf16(x + bf16(y)): the projection's bf16 output, as HF, then the residual add
+    finish_rows(y, x_ptr, out_ptr, offs_n, n_mask, tile, peer_ptr, OUT, PEER, WORLD, FENCE)
 
 
 @triton.jit
@@ -26,14 +39,10 @@ def _o_proj_residual_kernel(a_ptr, w_ptr, x_ptr, out_ptr, peer_ptr, N, K, stride
                             WORLD: tl.constexpr, FENCE: tl.constexpr,
                             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr):
     pid = tl.program_id(0)
-    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = offs_n < N
-    w0, w1, w2, w3 = load_w_tiles(w_ptr, stride_w_n, offs_n, n_mask, 0, K, BLOCK_K, PREFETCH)
+    w0, w1, w2, w3 = row_tiles(w_ptr, stride_w_n, N, pid, 0, K, BLOCK_N, BLOCK_K, PREFETCH)
     pdl_wait(USE_PDL)
-    y = gemv_tiles(w_ptr, stride_w_n, offs_n, n_mask, a_ptr, a_ptr, 1.0, w0, w1, w2, w3, 0, K,
-                   BLOCK_K, False, PREFETCH)
-    # x = bf16(x + bf16(y)): the projection's bf16 output, as HF, then the residual add
-    finish_rows(y, x_ptr, out_ptr, offs_n, n_mask, pid, peer_ptr, OUT, PEER, WORLD, FENCE)
+    o_proj_tile(a_ptr, w_ptr, x_ptr, out_ptr, peer_ptr, N, K, stride_w_n, pid, w0, w1, w2, w3,
+                OUT, PEER, WORLD, FENCE, BLOCK_N, BLOCK_K, PREFETCH)
 
 
 def o_proj_residual(attn, w_o, x, use_pdl=False, cfg=None, out=None, peer=None):

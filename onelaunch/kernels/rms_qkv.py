@@ -14,7 +14,24 @@ import triton
 import triton.language as tl
 
 from . import config
-from ._common import bf16_round, gemv_tiles, load_w_tiles, pdl_wait, rms_rstd
+from ._common import bf16_round, gemv_tiles, pdl_wait, rms_rstd, row_tiles
+
+
+@triton.jit
+def rms_qkv_tile(x_ptr, g_ptr, w_ptr, b_ptr, out_ptr, N, K, rstd, stride_w_n, tile, w0, w1, w2, w3,
+                 HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 PREFETCH: tl.constexpr):
+    """Row tile ``tile`` of qkv, given its first weight tiles ``w0..w3`` (``row_tiles``) and
+    the RMS statistic of x: the body of a program of this kernel, and of the persistent
+    layer's QKV phase."""
+    offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    y = gemv_tiles(w_ptr, stride_w_n, offs_n, n_mask, x_ptr, g_ptr, rstd, w0, w1, w2, w3, 0, K,
+                   BLOCK_K, True, PREFETCH)
+    y = bf16_round(y)          # the projection's bf16 output, as HF
+    if HAS_BIAS:
+        y += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + offs_n, bf16_round(y).to(out_ptr.dtype.element_ty), mask=n_mask)
 
 
 @triton.jit
@@ -22,17 +39,11 @@ def _rms_qkv_kernel(x_ptr, g_ptr, w_ptr, b_ptr, out_ptr, N, K, eps, stride_w_n,
                     HAS_BIAS: tl.constexpr, USE_PDL: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr):
     pid = tl.program_id(0)
-    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = offs_n < N
-    w0, w1, w2, w3 = load_w_tiles(w_ptr, stride_w_n, offs_n, n_mask, 0, K, BLOCK_K, PREFETCH)  # before the wait
+    w0, w1, w2, w3 = row_tiles(w_ptr, stride_w_n, N, pid, 0, K, BLOCK_N, BLOCK_K, PREFETCH)  # before the wait
     pdl_wait(USE_PDL)
     rstd = rms_rstd(x_ptr, K, eps, BLOCK_K)
-    y = gemv_tiles(w_ptr, stride_w_n, offs_n, n_mask, x_ptr, g_ptr, rstd, w0, w1, w2, w3, 0, K,
-                   BLOCK_K, True, PREFETCH)
-    y = bf16_round(y)          # the projection's bf16 output, as HF
-    if HAS_BIAS:
-        y += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + offs_n, bf16_round(y).to(out_ptr.dtype.element_ty), mask=n_mask)
+    rms_qkv_tile(x_ptr, g_ptr, w_ptr, b_ptr, out_ptr, N, K, rstd, stride_w_n, pid, w0, w1, w2, w3,
+                 HAS_BIAS, BLOCK_N, BLOCK_K, PREFETCH)
 
 
 def rms_qkv(x, g, w_qkv, b_qkv, out, eps, use_pdl=False, cfg=None):

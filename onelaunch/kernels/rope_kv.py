@@ -43,14 +43,12 @@ def _rope_pair(src_ptr, cos_ptr, sin_ptr, d, partner, sign, dm, g_ptr, rstd, HAS
 
 
 @triton.jit
-def _rope_kv_write_kernel(qkv_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, pos_ptr,
-                          qn_ptr, kn_ptr, ss_ptr, eps, q_total, k_total, stride_c_h, stride_c_t,
-                          HQ, HKV, D: tl.constexpr, BLOCK_D: tl.constexpr, QK_NORM: tl.constexpr,
-                          HAS_SS: tl.constexpr,
-                          BLOCK_R: tl.constexpr, USE_PDL: tl.constexpr):
-    h = tl.program_id(0)
-    pdl_wait(USE_PDL)
-    pos = tl.load(pos_ptr)
+def rope_kv_head(h, pos, qkv_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr,
+                 qn_ptr, kn_ptr, ss_ptr, eps, q_total, k_total, stride_c_h, stride_c_t,
+                 HQ, HKV, D: tl.constexpr, BLOCK_D: tl.constexpr, QK_NORM: tl.constexpr,
+                 HAS_SS: tl.constexpr, BLOCK_R: tl.constexpr):
+    """Head ``h`` (q heads first, then kv heads) at position ``pos``: the body of a program
+    of this kernel, and of the persistent layer's RoPE phase."""
     HALF: tl.constexpr = D // 2
     d = tl.arange(0, BLOCK_D)
     dm = d < D
@@ -82,6 +80,20 @@ def _rope_kv_write_kernel(qkv_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, cos_ptr,
         tl.store(k_cache_ptr + slot + d, bf16_round(y).to(k_cache_ptr.dtype.element_ty), mask=dm)
         v = tl.load(qkv_ptr + (HQ + HKV + kh) * D + d, mask=dm, other=0.0)
         tl.store(v_cache_ptr + slot + d, v, mask=dm)
+
+
+@triton.jit
+def _rope_kv_write_kernel(qkv_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, pos_ptr,
+                          qn_ptr, kn_ptr, ss_ptr, eps, q_total, k_total, stride_c_h, stride_c_t,
+                          HQ, HKV, D: tl.constexpr, BLOCK_D: tl.constexpr, QK_NORM: tl.constexpr,
+                          HAS_SS: tl.constexpr,
+                          BLOCK_R: tl.constexpr, USE_PDL: tl.constexpr):
+    h = tl.program_id(0)
+    pdl_wait(USE_PDL)
+    pos = tl.load(pos_ptr)
+    rope_kv_head(h, pos, qkv_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, qn_ptr,
+                 kn_ptr, ss_ptr, eps, q_total, k_total, stride_c_h, stride_c_t, HQ, HKV, D, BLOCK_D,
+                 QK_NORM, HAS_SS, BLOCK_R)
 
 
 def rope_kv_write(qkv, q_out, k_cache, v_cache, cos, sin, pos, heads, kv_heads, head_dim,

@@ -1,0 +1,326 @@
+"""One whole dense layer in one launch: a persistent kernel with grid barriers.
+
+    phase 0  RMSNorm + QKV (+ bias)          tiles: row tiles of W_qkv
+    phase 1  RoPE + KV write                 tiles: Hq + Hkv heads
+    phase 2  split-K attention partials      tiles: Hkv x n_splits
+    phase 3  merge of the splits             tiles: Hq heads
+    phase 4  O-projection + residual         tiles: row tiles of W_o
+    phase 5  RMSNorm + gate/up + SwiGLU      tiles: channel tiles of W_gate_up
+    phase 6  down + residual                 tiles: row tiles x splits of K (last arrival)
+
+A fixed grid of resident programs (``launch_cooperative_grid``: all of them on the GPU at
+once, which a grid barrier needs) walks each phase's tiles (``for t in range(pid, n, P)``),
+and a grid barrier (``grid_barrier``) separates two phases. Each phase runs the same
+device functions as the kernel of the unfused plan (``rms_qkv_tile``, ``rope_kv_head``,
+``partial_rest``, ``reduce_head``, ``o_proj_tile``, ``gate_up_tile``, ``down_tile``), with
+the same tiles, so the layer's bits are the unfused plan's.
+
+The point: before a barrier each program requests the first weight tiles of its first
+tile of the next phase (``NEXT``; the attention's first K/V tile, W_o's tiles before the
+merge, which is short, W_gate_up's, W_down's), into registers, as a PDL kernel requests
+them before ``gdc_wait``. HBM keeps streaming while the slowest program finishes the phase.
+Within a phase a program requests its next tile's first weights as soon as its current
+tile's are consumed. The launch itself is a PDL launch on Hopper: phase 0's first tiles
+are requested before ``gdc_wait``, so layer boundaries overlap too.
+
+The barrier (``grid_barrier``): every thread fences its writes, the program arrives on a
+counter with a release atomic and spins with acquire atomics until every program has
+arrived at that barrier (targets P, 2P, ... within one launch); after the last barrier of
+the launch each program bumps an exit counter, and the last one resets both counters, so
+the next launch (the next layer, a CUDA-graph replay) finds zeros with no host reset. The
+next launch touches the counters only after its ``gdc_wait``, when this grid has finished.
+
+Phases are a constexpr range [FIRST, LAST]. On the GPU one launch runs 0..6. Triton's
+interpreter runs programs one after another, where a spinning barrier would never end,
+so there the launcher issues one launch per phase (no barrier), running the same code;
+with a grid of one program the interpreter runs the one launch, barriers and the
+requests before them included (a lone program never waits for another).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from . import config
+from ._common import pdl_wait, rms_rstd, row_tiles, thread_fence
+from .attention_splitk import (BLOCK_S, block_m, live_share, live_splits, partial_early,
+                               partial_rest, reduce_head, split_range)
+from .down_residual import down_first, down_split, down_tile
+from .o_proj_residual import o_proj_tile
+from .rms_gate_up_swiglu import gate_up_first, gate_up_tile
+from .rms_qkv import rms_qkv_tile
+from .rope_kv import rope_kv_head
+
+PHASES = ("rms_qkv", "rope_kv_write", "attention_partial", "attention_reduce", "o_proj_residual",
+          "rms_gate_up_swiglu", "down_residual")
+LAST_PHASE = len(PHASES) - 1
+
+
+@triton.jit
+def grid_barrier(bar_ptr, target, n_progs, RESET: tl.constexpr, FENCE: tl.constexpr):
+    """Wait until ``target`` arrivals (every program's, at this and earlier barriers of the
+    launch) are counted in bar[0]. With RESET (the launch's last barrier) each program then
+    bumps bar[1], and the last one resets both to zero."""
+    thread_fence(FENCE)                # this thread's writes are visible GPU-wide ...
+    tl.debug_barrier()                 # ... and every thread's, before the arrival
+    tl.atomic_add(bar_ptr, 1, sem="release", scope="gpu")
+    seen = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
+    while seen < target:
+        seen = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
+    tl.debug_barrier()                 # no thread reads the phase's inputs before the spin ends
+    thread_fence(FENCE)
+    if RESET:                          # every program has left the spin once bar[1] is full
+        done = tl.atomic_add(bar_ptr + 1, 1, sem="acq_rel", scope="gpu")
+        if done == n_progs - 1:
+            tl.atomic_xchg(bar_ptr, 0, sem="relaxed", scope="gpu")
+            tl.atomic_xchg(bar_ptr + 1, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit
+def _layer_kernel(
+        # phase 0: RMSNorm + QKV
+        x_ptr, gin_ptr, w_qkv_ptr, b_qkv_ptr, qkv_ptr, N_QKV, H, eps, stride_qkv,
+        # phase 1: RoPE + KV write
+        q_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, pos_ptr, qn_ptr, kn_ptr,
+        stride_c_h, stride_c_t, HQ, HKV,
+        # phases 2-3: split-K attention
+        part_o_ptr, part_m_ptr, part_l_ptr, attn_ptr, n_splits, n_share, scale,
+        # phase 4: O-projection + residual
+        w_o_ptr, K_O, stride_o,
+        # phase 5: RMSNorm + gate/up + SwiGLU
+        gpost_ptr, w_gu_ptr, h_ptr, I, stride_gu,
+        # phase 6: down + residual
+        w_dn_ptr, scratch_ptr, counter_ptr, k_per_split, stride_dn,
+        bar_ptr,
+        HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+        BLOCK_R: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
+        BLOCK_DA: tl.constexpr, CHUNK: tl.constexpr, BLOCK_T: tl.constexpr,
+        DOT_F32: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_M: tl.constexpr,
+        BN_QKV: tl.constexpr, BK_QKV: tl.constexpr, PF_QKV: tl.constexpr,
+        BN_O: tl.constexpr, BK_O: tl.constexpr, PF_O: tl.constexpr,
+        BN_GU: tl.constexpr, BK_GU: tl.constexpr, PF_GU: tl.constexpr,
+        BN_DN: tl.constexpr, BK_DN: tl.constexpr, PF_DN: tl.constexpr, SPLIT_K: tl.constexpr,
+        FIRST: tl.constexpr, LAST: tl.constexpr, NEXT: tl.constexpr, USE_PDL: tl.constexpr,
+        FENCE: tl.constexpr):
+    pid = tl.program_id(0)
+    P = tl.num_programs(0)
+    n_qkv = tl.cdiv(N_QKV, BN_QKV)
+    n_attn = HKV * n_splits
+    n_o = tl.cdiv(H, BN_O)
+    n_gu = tl.cdiv(I, BN_GU)
+    n_dn_rows = tl.cdiv(H, BN_DN)
+    n_dn = n_dn_rows * SPLIT_K
+    # pos before the wait: the previous step's head kernel wrote it, and it has finished
+    # (a kernel starts only after every program of the one before passed its wait)
+    pos = tl.load(pos_ptr)
+
+    # ---- before the PDL wait: the first weight tiles of the launch's first phase --------
+    if FIRST == 0:
+        a0, a1, a2, a3 = row_tiles(w_qkv_ptr, stride_qkv, N_QKV, pid, 0, H, BN_QKV, BK_QKV, PF_QKV)
+    if FIRST == 2:
+        start, end = split_range(pos, pid // HKV, n_share, CHUNK)
+        k0, v0, tm0 = partial_early(k_cache_ptr, v_cache_ptr, pos, pid % HKV, start, end,
+                                    stride_c_h, stride_c_t, D, BLOCK_DA, BLOCK_T)
+    if FIRST == 4:
+        o0, o1, o2, o3 = row_tiles(w_o_ptr, stride_o, H, pid, 0, K_O, BN_O, BK_O, PF_O)
+    if FIRST == 5:
+        g0, g1, g2, g3, u0, u1, u2, u3 = gate_up_first(w_gu_ptr, stride_gu, I, H, pid, BN_GU, BK_GU,
+                                                       PF_GU)
+    if FIRST == 6:
+        d0, d1, d2, d3 = down_first(w_dn_ptr, stride_dn, H, I, k_per_split, pid % n_dn_rows,
+                                    pid // n_dn_rows, BN_DN, BK_DN, PF_DN)
+    pdl_wait(USE_PDL)
+
+    # ---- phase 0: RMSNorm + QKV (+ bias) ---------------------------------------------------
+    if FIRST <= 0 and LAST >= 0:
+        rstd = rms_rstd(x_ptr, H, eps, BK_QKV)
+        for t in range(pid, n_qkv, P):
+            rms_qkv_tile(x_ptr, gin_ptr, w_qkv_ptr, b_qkv_ptr, qkv_ptr, N_QKV, H, rstd, stride_qkv, t,
+                         a0, a1, a2, a3, HAS_BIAS, BN_QKV, BK_QKV, PF_QKV)
+            a0, a1, a2, a3 = row_tiles(w_qkv_ptr, stride_qkv, N_QKV, t + P, 0, H, BN_QKV, BK_QKV,
+                                       PF_QKV)
+    if FIRST <= 0 and LAST >= 1:       # RoPE reads no weights: nothing to request early
+        grid_barrier(bar_ptr, (1 - FIRST) * P, P, LAST == 1, FENCE)
+
+    # ---- phase 1: RoPE + KV write ----------------------------------------------------------
+    if FIRST <= 1 and LAST >= 1:
+        for t in range(pid, HQ + HKV, P):
+            rope_kv_head(t, pos, qkv_ptr, q_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr,
+                         qn_ptr, kn_ptr, qkv_ptr, eps, 0, 0, stride_c_h, stride_c_t, HQ, HKV, D,
+                         BLOCK_D, QK_NORM, False, BLOCK_R)
+    if FIRST <= 1 and LAST >= 2:       # keys and values older than pos: safe before the barrier
+        if NEXT:
+            start, end = split_range(pos, pid // HKV, n_share, CHUNK)
+            k0, v0, tm0 = partial_early(k_cache_ptr, v_cache_ptr, pos, pid % HKV, start, end,
+                                        stride_c_h, stride_c_t, D, BLOCK_DA, BLOCK_T)
+        grid_barrier(bar_ptr, (2 - FIRST) * P, P, LAST == 2, FENCE)
+        if not NEXT:
+            start, end = split_range(pos, pid // HKV, n_share, CHUNK)
+            k0, v0, tm0 = partial_early(k_cache_ptr, v_cache_ptr, pos, pid % HKV, start, end,
+                                        stride_c_h, stride_c_t, D, BLOCK_DA, BLOCK_T)
+
+    # ---- phase 2: split-K attention partials -------------------------------------------------
+    if FIRST <= 2 and LAST >= 2:
+        for t in range(pid, n_attn, P):
+            if start < end:
+                partial_rest(q_ptr, k_cache_ptr, v_cache_ptr, part_o_ptr, part_m_ptr, part_l_ptr, pos,
+                             t % HKV, t // HKV, start, end, k0, v0, tm0, stride_c_h, stride_c_t,
+                             n_splits, scale, GROUP, GROUP_PAD, D, BLOCK_DA, BLOCK_T, DOT_F32)
+            start, end = split_range(pos, (t + P) // HKV, n_share, CHUNK)
+            k0, v0, tm0 = partial_early(k_cache_ptr, v_cache_ptr, pos, (t + P) % HKV, start, end,
+                                        stride_c_h, stride_c_t, D, BLOCK_DA, BLOCK_T)
+    if FIRST <= 2 and LAST >= 3:       # the merge is short: W_o's tiles are requested here
+        if NEXT:
+            o0, o1, o2, o3 = row_tiles(w_o_ptr, stride_o, H, pid, 0, K_O, BN_O, BK_O, PF_O)
+        grid_barrier(bar_ptr, (3 - FIRST) * P, P, LAST == 3, FENCE)
+
+    # ---- phase 3: merge of the splits ------------------------------------------------------------
+    if FIRST <= 3 and LAST >= 3:
+        n_valid = live_splits(pos, n_share, CHUNK)
+        for t in range(pid, HQ, P):
+            reduce_head(part_o_ptr, part_m_ptr, part_l_ptr, attn_ptr, t, n_splits, n_valid, D,
+                        BLOCK_D, BLOCK_S, BLOCK_M, True)
+    if FIRST <= 3 and LAST >= 4:
+        if FIRST == 3 and NEXT:
+            o0, o1, o2, o3 = row_tiles(w_o_ptr, stride_o, H, pid, 0, K_O, BN_O, BK_O, PF_O)
+        grid_barrier(bar_ptr, (4 - FIRST) * P, P, LAST == 4, FENCE)
+        if not NEXT:
+            o0, o1, o2, o3 = row_tiles(w_o_ptr, stride_o, H, pid, 0, K_O, BN_O, BK_O, PF_O)
+
+    # ---- phase 4: O-projection + residual -----------------------------------------------------
+    if FIRST <= 4 and LAST >= 4:
+        for t in range(pid, n_o, P):
+            o_proj_tile(attn_ptr, w_o_ptr, x_ptr, x_ptr, x_ptr, H, K_O, stride_o, t, o0, o1, o2, o3,
+                        False, False, 1, FENCE, BN_O, BK_O, PF_O)
+            o0, o1, o2, o3 = row_tiles(w_o_ptr, stride_o, H, t + P, 0, K_O, BN_O, BK_O, PF_O)
+    if FIRST <= 4 and LAST >= 5:
+        if NEXT:
+            g0, g1, g2, g3, u0, u1, u2, u3 = gate_up_first(w_gu_ptr, stride_gu, I, H, pid, BN_GU,
+                                                           BK_GU, PF_GU)
+        grid_barrier(bar_ptr, (5 - FIRST) * P, P, LAST == 5, FENCE)
+        if not NEXT:
+            g0, g1, g2, g3, u0, u1, u2, u3 = gate_up_first(w_gu_ptr, stride_gu, I, H, pid, BN_GU,
+                                                           BK_GU, PF_GU)
+
+    # ---- phase 5: RMSNorm + gate/up + SwiGLU --------------------------------------------------
+    if FIRST <= 5 and LAST >= 5:
+        rstd2 = rms_rstd(x_ptr, H, eps, BK_GU)
+        for t in range(pid, n_gu, P):
+            gate_up_tile(x_ptr, gpost_ptr, w_gu_ptr, h_ptr, I, H, rstd2, stride_gu, t,
+                         g0, g1, g2, g3, u0, u1, u2, u3, BN_GU, BK_GU, PF_GU)
+            g0, g1, g2, g3, u0, u1, u2, u3 = gate_up_first(w_gu_ptr, stride_gu, I, H, t + P, BN_GU,
+                                                           BK_GU, PF_GU)
+    if FIRST <= 5 and LAST >= 6:
+        if NEXT:
+            d0, d1, d2, d3 = down_first(w_dn_ptr, stride_dn, H, I, k_per_split, pid % n_dn_rows,
+                                        pid // n_dn_rows, BN_DN, BK_DN, PF_DN)
+        grid_barrier(bar_ptr, (6 - FIRST) * P, P, LAST == 6, FENCE)
+        if not NEXT:
+            d0, d1, d2, d3 = down_first(w_dn_ptr, stride_dn, H, I, k_per_split, pid % n_dn_rows,
+                                        pid // n_dn_rows, BN_DN, BK_DN, PF_DN)
+
+    # ---- phase 6: down + residual (the last split to arrive adds the row block) ---------------
+    if FIRST <= 6 and LAST >= 6:
+        for t in range(pid, n_dn, P):
+            down_tile(h_ptr, w_dn_ptr, x_ptr, scratch_ptr, counter_ptr, x_ptr, x_ptr, H, I,
+                      k_per_split, stride_dn, t % n_dn_rows, t // n_dn_rows, d0, d1, d2, d3,
+                      SPLIT_K, FENCE, False, False, 1, BN_DN, BK_DN, PF_DN)
+            d0, d1, d2, d3 = down_first(w_dn_ptr, stride_dn, H, I, k_per_split, (t + P) % n_dn_rows,
+                                        (t + P) // n_dn_rows, BN_DN, BK_DN, PF_DN)
+
+
+# ---- the launcher ---------------------------------------------------------------------------
+def _env_int(name: str, default):
+    v = os.environ.get(name)
+    return default if v in (None, "") else int(v)
+
+
+def grid_size(device, cfg: dict) -> int:
+    """Programs of the persistent grid: ``ONELAUNCH_PERSIST_GRID`` if set, else the entry's
+    GRID, else SMs x PER_SM (``ONELAUNCH_PERSIST_PER_SM``, default 1). In the interpreter a
+    few programs (each then walks several tiles of most phases)."""
+    g = _env_int("ONELAUNCH_PERSIST_GRID", cfg.get("GRID"))
+    if g:
+        return int(g)
+    if config.interpreting() or torch.device(device).type != "cuda":
+        return 3
+    sms = torch.cuda.get_device_properties(torch.device(device)).multi_processor_count
+    return sms * _env_int("ONELAUNCH_PERSIST_PER_SM", cfg.get("PER_SM", 1))
+
+
+def launch_options(device, use_pdl: bool) -> dict:
+    """How the launch is made: cooperative (``ONELAUNCH_PERSIST_COOP``, default 1 on a GPU)
+    and PDL (``ONELAUNCH_PERSIST_PDL``, default: the engine's), and whether all phases run
+    in one launch (``ONELAUNCH_PERSIST_SPLIT=1``: one launch per phase, as the interpreter)."""
+    gpu = not config.interpreting() and torch.device(device).type == "cuda"
+    return dict(cooperative=gpu and bool(_env_int("ONELAUNCH_PERSIST_COOP", 1)),
+                pdl=bool(use_pdl) and bool(_env_int("ONELAUNCH_PERSIST_PDL", 1)),
+                split=not gpu or bool(_env_int("ONELAUNCH_PERSIST_SPLIT", 0)))
+
+
+def one_launch(opts: dict, grid: int) -> bool:
+    """All phases in one launch: on the GPU unless split was asked for; in the interpreter
+    only with one program (its barriers never wait for another program, so they run)."""
+    return not opts["split"] or grid == 1
+
+
+def layer_persistent(x, L: dict, qkv, q, attn, h, k_cache, v_cache, cos, sin, pos, part_o, part_m,
+                     part_l, scratch, counter, bar, heads, kv_heads, head_dim, eps, chunk, cfgs: dict,
+                     use_pdl=False, grid=None, opts=None, live_cap=None):
+    """One dense layer. ``L``: the layer's packed weights (input_norm, w_qkv, b_qkv, w_o,
+    post_norm, w_gate_up, w_down); the activation buffers, caches and split-K partials as
+    the unfused plan has them; ``bar`` int32 [2] zeros (left zero); ``cfgs``: op -> launch
+    config for rms_qkv, o_proj, gate_up, down, attn_split and layer_persistent (num_warps
+    of the whole kernel, NEXT: request the next phase's tiles before each barrier).
+    Returns the compiled kernels of the launches it made."""
+    w_qkv, w_o, w_gu, w_dn = L["w_qkv"], L["w_o"], L["w_gate_up"], L["w_down"]
+    N_QKV, H = w_qkv.shape
+    I = w_gu.shape[0] // 2
+    c_qkv, c_o, c_gu, c_dn = cfgs["rms_qkv"], cfgs["o_proj"], cfgs["gate_up"], cfgs["down"]
+    c_at, c_p = cfgs["attn_split"], cfgs["layer_persistent"]
+    k_per_split, split = down_split(I, c_dn)
+    n_dn_rows = triton.cdiv(H, c_dn["BLOCK_N"])
+    assert counter.numel() >= n_dn_rows and scratch.numel() >= split * H, "scratch too small"
+    n_splits = part_m.shape[1]
+    group = heads // kv_heads
+    block_t = min(c_at["BLOCK_T"], chunk)
+    assert chunk % block_t == 0, "a tile must not straddle two chunks"
+    qn, kn = L.get("q_norm"), L.get("k_norm")
+    opts = opts or launch_options(x.device, use_pdl)
+    P = grid or grid_size(x.device, c_p)
+    kw = {}
+    if opts["pdl"]:
+        kw["launch_pdl"] = True
+    if opts["cooperative"]:
+        kw["launch_cooperative_grid"] = True
+    ranges = [(0, LAST_PHASE)] if one_launch(opts, P) else [(p, p) for p in range(LAST_PHASE + 1)]
+    b = L["b_qkv"]
+    compiled = []
+    for first, last in ranges:
+        compiled.append(_layer_kernel[(P,)](
+            x, L["input_norm"], w_qkv, b if b is not None else w_qkv, qkv, N_QKV, H, eps,
+            w_qkv.stride(0),
+            q, k_cache, v_cache, cos, sin, pos, qn if qn is not None else qkv,
+            kn if kn is not None else qkv, k_cache.stride(0), k_cache.stride(1), heads, kv_heads,
+            part_o, part_m, part_l, attn, n_splits, live_share(n_splits, live_cap),
+            head_dim ** -0.5,
+            w_o, w_o.shape[1], w_o.stride(0),
+            L["post_norm"], w_gu, h, I, w_gu.stride(0),
+            w_dn, scratch, counter, k_per_split, w_dn.stride(0),
+            bar,
+            HAS_BIAS=b is not None, QK_NORM=qn is not None, D=head_dim,
+            BLOCK_D=triton.next_power_of_2(head_dim),
+            BLOCK_R=min(1024, triton.next_power_of_2(heads * head_dim)), GROUP=group,
+            GROUP_PAD=max(16, triton.next_power_of_2(group)),
+            BLOCK_DA=max(16, triton.next_power_of_2(head_dim)), CHUNK=chunk, BLOCK_T=block_t,
+            DOT_F32=config.interpreting(), BLOCK_S=BLOCK_S, BLOCK_M=block_m(n_splits),
+            BN_QKV=c_qkv["BLOCK_N"], BK_QKV=c_qkv["BLOCK_K"], PF_QKV=config.prefetch(c_qkv, H),
+            BN_O=c_o["BLOCK_N"], BK_O=c_o["BLOCK_K"], PF_O=config.prefetch(c_o, w_o.shape[1]),
+            BN_GU=c_gu["BLOCK_N"], BK_GU=c_gu["BLOCK_K"], PF_GU=config.prefetch(c_gu, H),
+            BN_DN=c_dn["BLOCK_N"], BK_DN=c_dn["BLOCK_K"], PF_DN=config.prefetch(c_dn, k_per_split),
+            SPLIT_K=split, FIRST=first, LAST=last, NEXT=bool(c_p.get("NEXT", 1)),
+            USE_PDL=opts["pdl"], FENCE=not config.interpreting(), num_warps=c_p["num_warps"], **kw))
+    return compiled

@@ -1,0 +1,219 @@
+"""The persistent layer (one launch a dense layer, ``kernels/layer_persistent.py``) in the
+interpreter: the same bits as the split-K plan, step after step, at any grid size, with
+or without the next-phase prefetch; one launch a layer in the plan, with the bytes the
+unfused blocks claim; bad requests refused in one line. The interpreter runs one launch
+per phase (a spinning grid barrier cannot run there); the GPU runs all phases in one
+launch (``ci/persistent_check.py`` checks the same bits there). A last test compiles the
+one-launch kernel for Hopper on the CPU (barrier included), where Triton's ptxas is there.
+"""
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from onelaunch import plan
+from onelaunch.engine import Engine, EngineError
+from onelaunch.specs import get_spec
+from onelaunch.weights import random_weights
+
+SPEC = "tiny-qwen2"
+MAX_CTX = 80            # two splits of 64 positions: the steps below cross into the second
+
+
+@pytest.fixture(scope="module")
+def w():
+    return random_weights(SPEC, 0)
+
+
+def state(e):
+    return [e.x, e.logits, e.seq, e.pos, e.k_cache, e.v_cache]
+
+
+def same(a, b) -> bool:
+    return all(torch.equal(x.view(torch.uint8) if x.is_floating_point() else x,
+                           y.view(torch.uint8) if y.is_floating_point() else y)
+               for x, y in zip(state(a), state(b)))
+
+
+def run_both(ref, eng, steps, graph=True):
+    for i in range(steps):
+        ref.step(graph)
+        eng.step(graph)
+        assert same(ref, eng), f"step {i} (pos {int(ref.pos) - 1}): the persistent layer differs"
+
+
+def near_the_split(es, pos=62, seed=1):
+    """Both engines at position ``pos`` with the same random cache (an earlier prompt), so a
+    few steps cross from one split of the attention into two."""
+    g = torch.Generator().manual_seed(seed)
+    spec = get_spec(SPEC)
+    shape = (spec.layers, spec.kv_heads, MAX_CTX, spec.head_dim)
+    kc = torch.randn(shape, generator=g).to(torch.bfloat16)
+    vc = torch.randn(shape, generator=g).to(torch.bfloat16)
+    toks = torch.randint(0, spec.vocab, (pos + 1,), generator=g)
+    for e in es:
+        e.adopt_cache(kc, vc, pos, toks)
+
+
+@pytest.mark.parametrize("lp", [{}, {"GRID": 16, "NEXT": 0}])
+def test_persistent_layer_is_the_splitk_step_bit_for_bit(w, lp):
+    """Tokens, x, logits and the caches equal the split-K engine's (PDL off) after every step:
+    from a fresh prompt, then across the first split boundary, under the (emulated) graph.
+    Grid 3 (the interpreter's default: programs walk several tiles of most phases) and 16
+    (more programs than tiles in every phase: idle programs), prefetch on and off."""
+    ref = Engine(SPEC, w, max_ctx=MAX_CTX)
+    eng = Engine(SPEC, w, max_ctx=MAX_CTX, persistent=True, cfgs={"layer_persistent": lp})
+    for e in (ref, eng):
+        e.capture()
+        e.start(torch.tensor([5, 17, 3]))
+    run_both(ref, eng, 4 if not lp else 2)
+    near_the_split((ref, eng))
+    run_both(ref, eng, 4)
+    assert int(eng.pos) == 66
+    assert not eng.down_counter.any() and not eng.layer_barrier.any()   # left zero
+
+
+@pytest.mark.parametrize("nxt", [1, 0])
+def test_one_launch_of_one_program(w, monkeypatch, nxt):
+    """A grid of one program runs all seven phases in ONE launch in the interpreter too
+    (its barriers never wait for another program): the GPU's code path, barriers, the
+    counters' reset and the requests made before each barrier included."""
+    LP = __import__("importlib").import_module("onelaunch.kernels.layer_persistent")
+    launches = []
+    real = LP._layer_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*a, **k):
+                launches.append((grid, k["FIRST"], k["LAST"]))
+                return real[grid](*a, **k)
+            return launch
+    monkeypatch.setattr(LP, "_layer_kernel", Spy())
+    ref = Engine(SPEC, w, max_ctx=MAX_CTX)
+    eng = Engine(SPEC, w, max_ctx=MAX_CTX, persistent=True,
+                 cfgs={"layer_persistent": {"GRID": 1, "NEXT": nxt}})
+    near_the_split((ref, eng), pos=63)
+    run_both(ref, eng, 2)
+    assert set(launches) == {((1,), 0, 6)} and len(launches) == 2 * get_spec(SPEC).layers
+    assert not eng.layer_barrier.any() and not eng.down_counter.any()
+
+
+def test_generate_same_tokens(w):
+    ref = Engine(SPEC, w, max_ctx=MAX_CTX)
+    eng = Engine(SPEC, w, max_ctx=MAX_CTX, persistent=True)
+    prompt = torch.tensor([1, 2, 3, 4])
+    assert torch.equal(ref.generate(prompt, 4), eng.generate(prompt, 4))
+
+
+def test_plan_one_launch_a_layer_same_bytes(w):
+    """layers + 2 launches; the persistent launch claims what the unfused blocks do."""
+    spec = get_spec(SPEC)
+    ref = Engine(SPEC, w, max_ctx=MAX_CTX)
+    eng = Engine(SPEC, w, max_ctx=MAX_CTX, persistent=True)
+    assert [L.op for L in eng.plan] == ["embed"] + ["layer_persistent"] * spec.layers + ["lm_head_argmax"]
+    assert eng.launches_per_step() == spec.layers + 2
+    for ctx in (0, 7, 70):
+        assert plan.bytes_per_step(eng.plan, ctx) == plan.bytes_per_step(ref.plan, ctx)
+    for li in range(spec.layers):
+        mine = [L for L in eng.plan if L.layer == li]
+        theirs = [L for L in ref.plan if L.layer == li]
+        assert mine[0].weight_bytes == sum(L.weight_bytes for L in theirs)
+        assert mine[0].kv_bytes_per_ctx == sum(L.kv_bytes_per_ctx for L in theirs)
+
+
+def test_reference_cfgs_run_the_same_tiles(w):
+    """``plan.persistent_cfgs``: the unfused ops' tiles at the persistent kernel's warps;
+    an engine built with them is the bit-for-bit reference on a GPU."""
+    eng = Engine(SPEC, w, max_ctx=MAX_CTX, persistent=True,
+                 cfgs={"layer_persistent": {"num_warps": 8}})
+    c = plan.persistent_cfgs(eng)
+    assert {op: c[op]["num_warps"] for op in c} == {op: 8 for op in c}
+    assert c["attn_split"]["reduce_warps"] == 8
+    L = eng.W["layers"][0]
+    assert c["gate_up"]["BLOCK_K"] == eng.cfg("gate_up", L["w_gate_up"])["BLOCK_K"]
+    ref = Engine(SPEC, w, max_ctx=MAX_CTX, cfgs=c)
+    assert ref.launches_per_step() == 2 + 7 * get_spec(SPEC).layers
+
+
+@pytest.mark.parametrize("kw,msg", [
+    (dict(attention="plain"), "attention='splitk'"),
+    (dict(fuse_rope=True), "fuse_rope"),
+    (dict(tp=object()), "leave out tp"),
+])
+def test_bad_requests_say_what_to_use(w, kw, msg):
+    with pytest.raises(EngineError, match=msg) as ei:
+        Engine(SPEC, w, max_ctx=32, persistent=True, **kw)
+    assert "\n" not in str(ei.value)
+
+
+def test_moe_refused_until_supported():
+    with pytest.raises(EngineError, match="persistent=False") as ei:
+        Engine("tiny-olmoe", random_weights("tiny-olmoe", 0), max_ctx=32, persistent=True)
+    assert "dense models only" in str(ei.value) and "\n" not in str(ei.value)
+
+
+def _ptxas():
+    import triton
+    p = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    return p if os.path.exists(p) else shutil.which("ptxas")
+
+
+def test_one_launch_kernel_compiles_for_hopper():
+    """All seven phases with their six grid barriers, compiled for sm_90 at Qwen2.5-1.5B's
+    tiles (the tuned table's), PDL on: Triton lowers the barrier's atomics and ptxas
+    assembles it. (The interpreter never runs the barrier; this is its CPU check.)"""
+    if _ptxas() is None:
+        pytest.skip("no ptxas")
+    code = AOT.format(repo=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "registers" in r.stdout, r.stdout
+
+
+# compiled in a subprocess: the kernels' module must be imported without TRITON_INTERPRET
+AOT = r'''
+import importlib, inspect, os, re, subprocess, sys, tempfile
+sys.path.insert(0, {repo!r})
+import triton
+from triton.backends.compiler import GPUTarget
+LP = importlib.import_module("onelaunch.kernels.layer_persistent")
+ce = dict(HAS_BIAS=True, QK_NORM=False, D=128, BLOCK_D=128, BLOCK_R=1024, GROUP=6, GROUP_PAD=16,
+          BLOCK_DA=128, CHUNK=64, BLOCK_T=64, DOT_F32=False, BLOCK_S=32, BLOCK_M=32,
+          BN_QKV=8, BK_QKV=2048, PF_QKV=1, BN_O=8, BK_O=2048, PF_O=1, BN_GU=8, BK_GU=512, PF_GU=2,
+          BN_DN=2, BK_DN=1024, PF_DN=2, SPLIT_K=1, FIRST=0, LAST=6, NEXT=True, USE_PDL=True,
+          FENCE=True)
+bf16 = set("x gin w_qkv b_qkv qkv q k_cache v_cache cos sin qn kn attn w_o gpost w_gu h w_dn".split())
+f32 = set("part_o part_m part_l scratch".split())
+i32 = set("pos counter bar".split())
+sig = {{}}
+for n in inspect.signature(LP._layer_kernel.fn).parameters:
+    b = n[:-4] if n.endswith("_ptr") else None
+    sig[n] = ("constexpr" if n in ce else "*bf16" if b in bf16 else "*fp32" if b in f32
+              else "*i32" if b in i32 else "fp32" if n in ("eps", "scale") else "i32")
+c = triton.compile(triton.compiler.ASTSource(fn=LP._layer_kernel, signature=sig, constexprs=ce),
+                   target=GPUTarget("cuda", 90, 32), options=dict(num_warps=8))
+assert "atom" in c.asm["ptx"] and "griddepcontrol.wait" in c.asm["ptx"]
+d = tempfile.mkdtemp()
+open(os.path.join(d, "k.ptx"), "w").write(c.asm["ptx"])
+ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+r = subprocess.run([ptxas, "-arch=sm_90a", "-v", os.path.join(d, "k.ptx"), "-o", os.path.join(d, "k.o")],
+                   capture_output=True, text=True)
+assert r.returncode == 0, r.stderr
+print(" ".join(re.findall(r"Used \d+ registers|\d+ bytes spill stores", r.stdout + r.stderr)))
+'''
+
+
+def test_ladder_rung_is_judged_then_timed(w):
+    """``bench.ladder_rows`` runs "+ persistent layer" (on request) like any rung: judged
+    against the oracle, then timed; its tokens are the split-K rung's."""
+    from onelaunch import bench
+    rows = bench.ladder_rows(SPEC, w, "cpu", ctx=4, tokens=2, iters=1,
+                             rungs=("+ split-K", "+ persistent layer"))
+    split, pers = rows
+    assert pers["rung"] == "+ persistent layer" and pers["launches"] == get_spec(SPEC).layers + 2
+    assert pers["same_tokens_as_previous_rung"] and pers["ms_per_token"] is not None
