@@ -125,7 +125,7 @@ def child(a) -> int:
     save()
     w = random_weights(spec, 0, device=dev)
     max_ctx = a.ctx + STEPS + 2 * a.iters + 64
-    lp = {"num_warps": a.warps}
+    lp = {"num_warps": int(a.warps)}
     res["stage"] = "engines"
     save()
     eng = {"persistent": Engine(spec, w, max_ctx=max_ctx, pdl=True, persistent=True,

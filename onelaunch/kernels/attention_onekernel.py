@@ -200,4 +200,4 @@ def attention_onekernel(qkv, k_cache, v_cache, cos, sin, out, pos, part_o, part_
         LAST_ARRIVAL=fuse_reduce, FENCE=not config.interpreting(), USE_PDL=use_pdl,
         num_warps=cfg["num_warps"], **kw)
     if not fuse_reduce and launch_reduce:                # two launches: the reduce kernel
-        attention_reduce(part_o, part_m, part_l, out, pos, head_dim, chunk, use_pdl, live_cap)
+        attention_reduce(part_o, part_m, part_l, out, pos, head_dim, chunk, use_pdl, live_cap=live_cap)

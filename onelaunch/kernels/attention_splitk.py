@@ -324,7 +324,8 @@ def attention_partial(q, k_cache, v_cache, pos, part_o, part_m, part_l, heads, k
     kw = {"launch_pdl": True} if use_pdl else {}
     _attn_partial_kernel[(kv_heads, n_splits)](
         q, k_cache, v_cache, part_o, part_m, part_l, pos, k_cache.stride(0), k_cache.stride(1),
-        n_splits, live_share(n_splits, live_cap), head_dim ** -0.5, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)),
+        n_splits, live_share(n_splits, live_cap), head_dim ** -0.5, GROUP=group,
+        GROUP_PAD=max(16, triton.next_power_of_2(group)),
         D=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), CHUNK=chunk,
         BLOCK_T=block_t, DOT_F32=config.interpreting(), USE_PDL=use_pdl,
         num_warps=cfg["num_warps"], **kw)
@@ -348,4 +349,4 @@ def attention_splitk(q, k_cache, v_cache, out, pos, part_o, part_m, part_l, head
     part_*: [Hq, n_splits(, D)]."""
     attention_partial(q, k_cache, v_cache, pos, part_o, part_m, part_l, heads, kv_heads, head_dim,
                       chunk, cfg, use_pdl, live_cap)
-    attention_reduce(part_o, part_m, part_l, out, pos, head_dim, chunk, use_pdl, live_cap)
+    attention_reduce(part_o, part_m, part_l, out, pos, head_dim, chunk, use_pdl, live_cap=live_cap)
