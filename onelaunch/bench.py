@@ -401,15 +401,21 @@ def time_engine_step(e: Engine, graph: bool, iters: int, device) -> float:
     return t.median_ms
 
 
+def ladder_prompt(spec, ctx: int, tokens: int, iters: int, seed: int = 0, max_ctx=None):
+    """The ladder's prompt (``ctx`` seeded random ids) and engine size: ``(prompt, tokens,
+    max_ctx)``, the arguments of :func:`oracle_tokens` after the spec and weights."""
+    g = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(0, get_spec(spec).vocab, (ctx,), generator=g)
+    return prompt, tokens, max_ctx or (ctx + tokens + iters + 64)
+
+
 def ladder_rows(spec, w, device="cuda", ctx=512, tokens=12, iters=100, read_tbps=None,
                 max_ctx=None, seed=0, rungs=RUNGS, ref=None) -> list[dict]:
     """One row per rung: checked (:func:`judge`), then timed only if the check passed.
     A refused row has ``ms_per_token`` None and ``refused`` (the flips, as JSON)."""
     spec = get_spec(spec)
     dev = torch.device(device)
-    max_ctx = max_ctx or (ctx + tokens + iters + 64)
-    g = torch.Generator().manual_seed(seed)
-    prompt = torch.randint(0, spec.vocab, (ctx,), generator=g)
+    prompt, _, max_ctx = ladder_prompt(spec, ctx, tokens, iters, seed, max_ctx)
     ref = ref if ref is not None else oracle_tokens(spec, w, prompt, tokens, max_ctx)
     floor = spec.bytes_per_token(ctx) / (read_tbps * 1e12) * 1e3 if read_tbps else None
     rows, eager_tokens, prev_tokens = [], None, None

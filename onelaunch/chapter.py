@@ -7,9 +7,12 @@ so the chapters also run as plain scripts; ``glue`` writes the same display data
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import subprocess
+import sys
+import threading
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -78,6 +81,24 @@ def show_source(obj, lines: tuple[int, int] | None = None):
     mod = inspect.getmodule(obj)
     where = f"{mod.__name__}.{getattr(obj, '__qualname__', '')}" if mod else ""
     markdown(f"`{where}`\n\n```python\n{src.rstrip()}\n```")
+
+
+@contextlib.contextmanager
+def watchdog(seconds: float, what: str):
+    """End this process (the notebook's kernel) if the block outlives ``seconds``: a GPU
+    kernel that never finishes cannot be interrupted, and a stuck chapter would hold the
+    whole GPU run. The chapter then fails with the kernel's death, named on stderr."""
+    def fire():
+        print(f"watchdog: {what} did not finish within {seconds:.0f} s; ending the kernel",
+              file=sys.stderr, flush=True)
+        os._exit(3)
+    t = threading.Timer(seconds, fire)
+    t.daemon = True
+    t.start()
+    try:
+        yield
+    finally:
+        t.cancel()
 
 
 def is_smoke(device) -> bool:

@@ -392,9 +392,8 @@ def profile_rows(spec_name, weights, device="cuda", ctx: int = 512, rungs=PROFIL
         from torch.profiler._utils import _init_for_cuda_graphs
         _init_for_cuda_graphs()
     read_tbps = read_tbps or read_bandwidth(dev)
-    max_ctx = ctx + tokens + max(100, replays) + 64        # the ladder's engine (iters 100)
-    g = torch.Generator().manual_seed(seed)
-    prompt = torch.randint(0, spec.vocab, (ctx,), generator=g)
+    # the ladder's prompt and engine (its default 100 timed steps, or the replays)
+    prompt, _, max_ctx = bench.ladder_prompt(spec, ctx, tokens, max(100, replays), seed)
     ref = bench.oracle_tokens(spec, weights, prompt, tokens, max_ctx)
     rows = []
     for rung in rungs:

@@ -26,8 +26,8 @@ from .results import NEAR_TIE, agree_ok, flips_are_near_ties  # noqa: F401  (re-
 from .results import attach_reference_flips, check_status
 from .results import row_passes as row_ok
 
-# the peers, in the order the slider shows them (chapters 1 and 2 measure them)
-PEER_RUNGS = ("HF eager", "HF static", "oracle eager", "oracle compiled")
+# the peers, in the order the slider shows them (chapters 1, 2 and 8 measure them)
+PEER_RUNGS = ("HF eager", "HF static", "oracle eager", "oracle compiled", "gpt-fast compiled")
 RUNG_LABELS = {
     "HF eager": "HF generate, eager",
     "HF static": "HF generate, static cache",

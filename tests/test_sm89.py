@@ -274,9 +274,39 @@ def case_tp(spec):
         yield {"op": "argmax_merge", "argmax": argmax is not None}
 
 
+def case_layer_persistent(spec):
+    """The persistent layer (dense models), all phases in one launch, with the sm_89 table's
+    first configuration of every op at the persistent kernel's warps (plan.persistent_cfgs),
+    its next-phase tiles requested ahead or not."""
+    from onelaunch import kernels as K
+    from onelaunch.kernels import config
+    if spec.is_moe:
+        return
+    H, I, D, C, chunk = spec.hidden, spec.intermediate, spec.head_dim, 256, 64
+    L = {"input_norm": _t(H), "w_qkv": _t(spec.qkv_size, H),
+         "b_qkv": _t(spec.qkv_size) if spec.qkv_bias else None, "w_o": _t(H, spec.q_size),
+         "post_norm": _t(H), "w_gate_up": _t(2 * I, H), "w_down": _t(H, I)}
+    n = K.n_splits_for(C, chunk)
+    for nxt in (1, 0):
+        c_p = dict(config.TABLE["sm_89"].get("layer_persistent",
+                                             config.TABLE["default"]["layer_persistent"]), NEXT=nxt)
+        cfgs = {"layer_persistent": c_p}
+        for op in ("rms_qkv", "o_proj", "gate_up", "down", "attn_split"):
+            cfgs[op] = dict(_sm89_configs(op)[0], num_warps=c_p["num_warps"])
+        cfgs["attn_split"]["reduce_warps"] = c_p["num_warps"]
+        K.layer_persistent(_t(H), L, _t(spec.qkv_size), _t(spec.q_size), _t(spec.q_size), _t(I),
+                           _t(spec.kv_heads, C, D), _t(spec.kv_heads, C, D), _t(C, D), _t(C, D),
+                           _t(1, dtype="i32"), _t(spec.heads, n, D, dtype="f32"),
+                           _t(spec.heads, n, dtype="f32"), _t(spec.heads, n, dtype="f32"),
+                           _t(16 * H, dtype="f32"), _t(H, dtype="i32"), _t(2, dtype="i32"),
+                           spec.heads, spec.kv_heads, D, 1e-6, chunk, cfgs, grid=128,
+                           opts={"pdl": False, "cooperative": False, "split": False})
+        yield {"NEXT": nxt, "num_warps": c_p["num_warps"]}
+
+
 CASES = [case_embed, case_rms_qkv, case_rope_kv, case_attention, case_attention_splitk,
          case_attention_onekernel, case_o_proj, case_gate_up, case_down, case_lm_head, case_moe,
-         case_tp]
+         case_tp, case_layer_persistent]
 
 
 # ---- compiling without a GPU ----------------------------------------------------------

@@ -39,7 +39,8 @@ def _rms_qkv_kernel(x_ptr, g_ptr, w_ptr, b_ptr, out_ptr, N, K, eps, stride_w_n,
                     HAS_BIAS: tl.constexpr, USE_PDL: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr):
     pid = tl.program_id(0)
-    w0, w1, w2, w3 = row_tiles(w_ptr, stride_w_n, N, pid, 0, K, BLOCK_N, BLOCK_K, PREFETCH)  # before the wait
+    # the first weight tiles, before the wait
+    w0, w1, w2, w3 = row_tiles(w_ptr, stride_w_n, N, pid, 0, K, BLOCK_N, BLOCK_K, PREFETCH)
     pdl_wait(USE_PDL)
     rstd = rms_rstd(x_ptr, K, eps, BLOCK_K)
     rms_qkv_tile(x_ptr, g_ptr, w_ptr, b_ptr, out_ptr, N, K, rstd, stride_w_n, pid, w0, w1, w2, w3,
