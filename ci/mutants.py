@@ -62,9 +62,9 @@ MUTANTS = [
     Mutant("dropped K column", "_common.py",
            "mask = n_mask[:, None] & (offs_k[None, :] < k_end)",
            "mask = n_mask[:, None] & (offs_k[None, :] < k_end - 1)"),
-    Mutant("split-K boundary off by one", "down_residual.py",
-           "k_end = tl.minimum(k_start + k_per_split, K)",
-           "k_end = tl.minimum(k_start + k_per_split + 1, K)"),
+    Mutant("split-K boundary off by one", "down_residual.py",       # the tile's sum, not its prefetch
+           "k_end = tl.minimum(k_start + k_per_split, K)\n    y = gemv_tiles(",
+           "k_end = tl.minimum(k_start + k_per_split + 1, K)\n    y = gemv_tiles("),
     # o_proj, down, the MoE down and residual_add share one epilogue (finish_rows)
     Mutant("lost residual", "_common.py",
            "bf16_round(x + bf16_round(total))", "bf16_round(bf16_round(total))"),
@@ -85,7 +85,8 @@ MUTANTS = [
     Mutant("TP q/k norm statistic", "rope_kv.py",
            "rstd_of(tl.load(ss_ptr + 1), k_total", "rstd_of(tl.load(ss_ptr), k_total", [TP]),
     Mutant("attention: newest token in the early tile", "attention_splitk.py",
-           "base, start, tl.minimum(end, pos),", "base, start, tl.minimum(end, pos + 1),", SPLITK),
+           "kh * stride_c_h, start, tl.minimum(end, pos),",
+           "kh * stride_c_h, start, tl.minimum(end, pos + 1),", SPLITK),
     Mutant("attention: no PDL wait", "attention_splitk.py",
            "        pdl_wait(USE_PDL)\n        # ---- after it: q and slot pos",
            "        # ---- after it: q and slot pos", SPLITK),
@@ -94,7 +95,7 @@ MUTANTS = [
     Mutant("attention: last live split dropped", "attention_splitk.py",
            "return (units + per - 1) // per", "return units // per", SPLITK),
     Mutant("attention: share ignores the grid", "attention_splitk.py",
-           "per = (units + n_splits - 1) // n_splits", "per = 1 + 0 * n_splits", SPLITK),
+           "per = (units + n_share - 1) // n_share", "per = 1 + 0 * n_share", SPLITK),
 ]
 
 
