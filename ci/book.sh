@@ -30,7 +30,6 @@ find "$dist" -maxdepth 1 -type f \( -name '*.woff*' -o -name '*.ttf' -o -name '*
   -exec cp {} _static/jupyter-widgets/ \;
 
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
-"$PY" ci/draw_figures.py               # figures drawn from committed runs' rows
 "$PY" ci/notebooks.py stage --reuse
 cd _build/src
 # --all: the results page reads results/ and the prose pages glue from the chapters,

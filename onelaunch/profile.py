@@ -470,8 +470,7 @@ def draw_profile(rows: list[dict], model: str | None = None, head: str = "",
     bytes per op, one bar per rung: where each rung's savings came from. Returns the
     matplotlib Figure (6.5 inches wide, 150 dpi, no text under 10 pt)."""
     import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt      # (no backend switch: a notebook keeps its own)
     from matplotlib.patches import Patch
 
     models = list(dict.fromkeys(r["model"] for r in rows))
@@ -633,6 +632,8 @@ def caption(rows: list[dict], model: str | None = None) -> str:
 
 # ---- the command ------------------------------------------------------------------------
 def main(argv=None) -> int:
+    import matplotlib
+    matplotlib.use("Agg")                   # the command draws to files, headless
     ap = argparse.ArgumentParser(prog="python -m onelaunch.profile",
                                  description="Where each rung's step time goes, per op, from "
                                              "the GPU's kernel record (needs a CUDA GPU).")
