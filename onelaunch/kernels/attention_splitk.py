@@ -181,8 +181,9 @@ def partial_early(k_cache_ptr, v_cache_ptr, pos, kh, start, end, stride_c_h, str
     traffic, when the range is empty)."""
     d = tl.arange(0, BLOCK_D)
     dm = d < D
-    return load_kv_tile(k_cache_ptr, v_cache_ptr, kh * stride_c_h, start,
-                        tl.minimum(end, pos), stride_c_t, d, dm, BLOCK_T)
+    return load_kv_tile(k_cache_ptr, v_cache_ptr,
+                        kh * stride_c_h, start, tl.minimum(end, pos), stride_c_t, d, dm,
+                        BLOCK_T)
 
 
 @triton.jit
