@@ -10,12 +10,13 @@ kernels read on replay:
 
 The step reads seq[pos], writes K/V at slot pos, attends over pos + 1 keys, writes its
 argmax to seq[pos + 1] (once past the prompt) and advances pos, all on the GPU. So the
-host launches one graph per token and reads tokens back in batches. The attention length,
-the KV slot and the input token are all derived from ``pos``: a recorded launch is
-byte-identical at every step, while the sequence grows underneath it.
+host launches one graph per token and reads tokens back in batches. The attention
+length, the KV slot and the input token are all derived from ``pos``: a recorded launch
+is byte-identical at every step, while the sequence grows underneath it.
 
 Modes: ``graph=False`` runs the same launches eagerly (the "fused eager" rung);
-``attention="plain"`` uses one program per query head, ``"splitk"`` the flash-decode pair;
+``attention="plain"`` uses one program per query head, ``"splitk"`` the
+flash-decode pair;
 ``pdl=True`` launches every kernel with programmatic dependent launch (Hopper+);
 ``fuse_rope=True`` (with split-K) does RoPE and the KV write inside the split-K partial
 kernel, one launch fewer per layer (``kernels/attention_onekernel.py``); on the H200 it
@@ -27,9 +28,9 @@ launch whose phases are the unfused kernels' bodies separated by grid barriers
 The step itself is data: ``self.plan``, a list of launches built from the spec by the
 block builders in ``plan.py`` (embedding, attention, dense MLP or mixture of experts,
 head), so Qwen2.5 and OLMoE differ only in the blocks they pick. With ``tp`` (a
-``tp.Group``) the engine is one rank of a tensor-parallel group: built from a sharded spec
-and sharded weights (``tp.shard_spec``, ``tp.shard_weights``), its plan adds what the
-group's rung needs where partial sums meet.
+``tp.Group``) the engine is one rank of a tensor-parallel group: built from a sharded
+spec and sharded weights (``tp.shard_spec``, ``tp.shard_weights``), its plan adds what
+the group's rung needs where partial sums meet.
 """
 from __future__ import annotations
 
@@ -146,8 +147,8 @@ class Engine:
         return len(self.plan)
 
     def step_launches(self):
-        """Launch one decode step: every entry of the plan, in order. Reads seq/pos on the
-        GPU; no host synchronisation."""
+        """Launch one decode step: every entry of the plan, in order. Reads seq/pos on
+        the GPU; no host synchronisation."""
         for launch in self.plan:
             launch.run()
 
@@ -164,8 +165,8 @@ class Engine:
         return [int(rows[:, li].unique().numel()) for li in range(self.spec.layers)]
 
     def capture(self):
-        """Record one step into a CUDA graph (after a warm-up that compiles every kernel).
-        The warm-up runs real steps, so callers reset the state afterwards."""
+        """Record one step into a CUDA graph (after a warm-up that compiles every
+        kernel). The warm-up runs real steps, so callers reset the state afterwards."""
         if self.device.type != "cuda":
             # CPU smoke runs (Triton's interpreter): there is no graph to record, so a
             # "graph" step runs the same launches eagerly. Only the GPU measures graphs.
@@ -227,19 +228,20 @@ class Engine:
     @torch.no_grad()
     def generate(self, prompt_ids, max_new_tokens: int, graph: bool = True,
                  on_tokens=None, read_every: int = 64, batched_prefill: bool = False):
-        """Greedy decoding. The prompt fills the cache either by the same step run over it
-        (each step writes one KV slot), or with ``batched_prefill`` in a few large chunks
-        (``prefill.prefill``: the oracle's batched math writing into this cache), after
-        which the step consumes the last prompt token. Every step after the prompt appends
-        its argmax on the GPU and the next step reads it there. The host never waits per
-        token: with ``on_tokens`` (a callback taking a list of ids) it reads the first new
-        token as soon as it exists (time to first token), then every ``read_every`` new
-        tokens, a batched read for streaming output; otherwise once, at the end."""
+        """Greedy decoding. The prompt fills the cache either by the same step run over
+        it (each step writes one KV slot), or with ``batched_prefill`` in a few large
+        chunks (``prefill.prefill``: the oracle's batched math writing into this cache),
+        after which the step consumes the last prompt token. Every step after the prompt
+        appends its argmax on the GPU and the next step reads it there. The host never
+        waits per token: with ``on_tokens`` (a callback taking a list of ids) it reads
+        the first new token as soon as it exists (time to first token), then every
+        ``read_every`` new tokens, a batched read for streaming output; otherwise once,
+        at the end."""
         ids = self.check_prompt(prompt_ids, max_new_tokens)
         n = ids.numel()
         if batched_prefill and self.tp is not None:
-            raise EngineError("batched prefill runs on one GPU: under --tp the prompt fills "
-                              "the cache step by step (leave out --prefill)")
+            raise EngineError("batched prefill runs on one GPU: under --tp the prompt "
+                              "fills the cache step by step (leave out --prefill)")
         if graph and self.graph is None:
             self.capture()
         first = 0
@@ -249,11 +251,12 @@ class Engine:
             first = n - 1
         else:
             self.start(ids)
-        done = 0                                       # tokens handed to on_tokens so far
+        done = 0                                # tokens handed to on_tokens so far
         for i in range(first, n - 1 + max_new_tokens):
             self.step(graph)
-            ready = i + 2 - n                          # tokens generated after this step
-            if on_tokens is not None and ready > 0 and (done == 0 or ready - done >= read_every):
+            ready = i + 2 - n                   # tokens generated after this step
+            if (on_tokens is not None and ready > 0
+                    and (done == 0 or ready - done >= read_every)):
                 on_tokens(self.seq[n + done: n + ready].tolist())
                 done = ready
         out = self.seq[n: n + max_new_tokens].tolist()

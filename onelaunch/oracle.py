@@ -36,7 +36,8 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype):
     # positions: [T] -> cos, sin: [T, head_dim]  (the two halves repeat: HF's layout)
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64,
-                                             device=positions.device).float() / head_dim))
+                                             device=positions.device).float()
+                                / head_dim))
     freqs = positions.float()[:, None] * inv_freq[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos().to(dtype), emb.sin().to(dtype)
@@ -91,13 +92,17 @@ class Oracle(torch.nn.Module):
     def attention(self, li: int, x: torch.Tensor, pos: torch.Tensor,
                   live: int | None = None) -> torch.Tensor:
         # x: [T, hidden] (already normed); pos: [T] absolute positions
-        # live: None attends over the whole static cache, masked; an int attends over keys
-        # [0, live) only, and then pos must be the last T of them (live - T .. live - 1)
+        # live: None attends over the whole static cache, masked; an int attends over
+        # keys [0, live) only, and then pos must be the last T of them
+        # (live - T .. live - 1)
         s, p = self.spec, f"model.layers.{li}.self_attn."
         T = x.shape[0]
-        q = F.linear(x, self.w(p + "q_proj.weight"), self._maybe(p + "q_proj.bias"))  # [T, Hq*D]
-        k = F.linear(x, self.w(p + "k_proj.weight"), self._maybe(p + "k_proj.bias"))  # [T, Hkv*D]
-        v = F.linear(x, self.w(p + "v_proj.weight"), self._maybe(p + "v_proj.bias"))  # [T, Hkv*D]
+        q = F.linear(x, self.w(p + "q_proj.weight"),
+                     self._maybe(p + "q_proj.bias"))              # [T, Hq*D]
+        k = F.linear(x, self.w(p + "k_proj.weight"),
+                     self._maybe(p + "k_proj.bias"))              # [T, Hkv*D]
+        v = F.linear(x, self.w(p + "v_proj.weight"),
+                     self._maybe(p + "v_proj.bias"))              # [T, Hkv*D]
         if s.qk_norm:  # OLMoE: RMSNorm over the whole projection, before RoPE
             q = rms_norm(q, self.w(p + "q_norm.weight"), s.rms_eps)
             k = rms_norm(k, self.w(p + "k_norm.weight"), s.rms_eps)
@@ -107,34 +112,35 @@ class Oracle(torch.nn.Module):
         cos, sin = rope_cos_sin(pos, s.head_dim, s.rope_theta, x.dtype)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         # write this step's keys/values into the static cache at their positions
-        self.k_cache[li].index_copy_(1, pos, k.transpose(0, 1))                     # [Hkv, T, D]
+        self.k_cache[li].index_copy_(1, pos, k.transpose(0, 1))   # [Hkv, T, D]
         self.v_cache[li].index_copy_(1, pos, v.transpose(0, 1))
         if live is not None:
-            # imported here: it imports torch._dynamo (and so triton), which must not happen
-            # before the CLI has chosen Triton's interpreter
+            # imported here: it imports torch._dynamo (and so triton), which must not
+            # happen before the CLI has chosen Triton's interpreter
             from torch.nn.attention.bias import causal_lower_right
-            K, V = self.k_cache[li, :, :live], self.v_cache[li, :, :live]          # [Hkv, live, D]
+            # [Hkv, live, D]
+            K, V = self.k_cache[li, :, :live], self.v_cache[li, :, :live]
             if s.heads > s.kv_heads:
-                # GQA: one K/V head per query head for the flash kernel (expand + reshape is
-                # repeat_interleave without an index tensor)
+                # GQA: one K/V head per query head for the flash kernel (expand +
+                # reshape is repeat_interleave without an index tensor)
                 g, shape = s.heads // s.kv_heads, (s.heads, live, s.head_dim)
-                K = K[:, None].expand(-1, g, -1, -1).reshape(shape)                 # [Hq, live, D]
+                K = K[:, None].expand(-1, g, -1, -1).reshape(shape)  # [Hq, live, D]
                 V = V[:, None].expand(-1, g, -1, -1).reshape(shape)
-            out = F.scaled_dot_product_attention(                                   # [1, Hq, T, D]
+            out = F.scaled_dot_product_attention(                 # [1, Hq, T, D]
                 q.transpose(0, 1)[None], K[None], V[None],
                 attn_mask=causal_lower_right(T, live))
-            out = out[0].transpose(0, 1).reshape(T, s.q_size)                       # [T, Hq*D]
+            out = out[0].transpose(0, 1).reshape(T, s.q_size)     # [T, Hq*D]
             return F.linear(out, self.w(p + "o_proj.weight"))
-        K, V = self.k_cache[li], self.v_cache[li]                                   # [Hkv, C, D]
+        K, V = self.k_cache[li], self.v_cache[li]                 # [Hkv, C, D]
         g = s.heads // s.kv_heads
-        K = K.repeat_interleave(g, dim=0)                                           # [Hq, C, D]
+        K = K.repeat_interleave(g, dim=0)                         # [Hq, C, D]
         V = V.repeat_interleave(g, dim=0)
-        scores = torch.einsum("thd,hcd->htc", q, K) * (s.head_dim ** -0.5)          # [Hq, T, C]
+        scores = torch.einsum("thd,hcd->htc", q, K) * (s.head_dim ** -0.5)  # [Hq, T, C]
         keys = torch.arange(self.max_ctx, device=x.device)
-        visible = keys[None, :] <= pos[:, None]                                     # [T, C]
+        visible = keys[None, :] <= pos[:, None]                   # [T, C]
         scores = scores.masked_fill(~visible[None], float("-inf"))
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(x.dtype)
-        out = torch.einsum("htc,hcd->thd", probs, V).reshape(T, s.q_size)           # [T, Hq*D]
+        out = torch.einsum("htc,hcd->thd", probs, V).reshape(T, s.q_size)  # [T, Hq*D]
         return F.linear(out, self.w(p + "o_proj.weight"))
 
     def mlp(self, li: int, x: torch.Tensor, all_experts: bool = False) -> torch.Tensor:
@@ -146,34 +152,36 @@ class Oracle(torch.nn.Module):
         # router: softmax over all experts in fp32, top-k, no renormalisation. Router
         # logits are bf16, so exact ties between experts are common; torch.topk leaves
         # their order unspecified (on the CPU it put expert 25 before a tied 20), so the
-        # top-k is a stable sort: most probable first, the lower index first among equals
-        logits = F.linear(x, self.w(p + "gate.weight"))                            # [T, E]
+        # top-k is a stable sort: most probable first, the lower index first among
+        # equals
+        logits = F.linear(x, self.w(p + "gate.weight"))           # [T, E]
         probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
         topw, topi = torch.sort(probs, dim=-1, descending=True, stable=True)
-        topw, topi = topw[:, :s.top_k], topi[:, :s.top_k]                           # [T, k]
+        topw, topi = topw[:, :s.top_k], topi[:, :s.top_k]         # [T, k]
         topw = topw.to(x.dtype)
         if all_experts:
             # every expert over every token: two matmuls that read each expert once
             # (a prefill chunk of T tokens would otherwise copy T * k experts), then the
             # top-k slots' outputs are picked and summed as below. OLMoE, T = 1024:
             # [T, E, 2I] and [T, E, H] in bf16 are 268 MB each.
-            h = torch.einsum("th,eoh->teo", x, self.w(p + "experts.gate_up_proj"))  # [T, E, 2I]
+            h = torch.einsum("th,eoh->teo", x,
+                             self.w(p + "experts.gate_up_proj"))  # [T, E, 2I]
             gate, up = h.chunk(2, dim=-1)
             y = torch.einsum("tei,ehi->teh", F.silu(gate) * up,
-                             self.w(p + "experts.down_proj"))                       # [T, E, H]
-            y = y.gather(1, topi[:, :, None].expand(-1, -1, y.shape[-1]))           # [T, k, H]
-            return (y * topw[:, :, None]).sum(1)                                    # [T, H]
+                             self.w(p + "experts.down_proj"))     # [T, E, H]
+            y = y.gather(1, topi[:, :, None].expand(-1, -1, y.shape[-1]))  # [T, k, H]
+            return (y * topw[:, :, None]).sum(1)                  # [T, H]
         out = []
-        # the gather below copies k experts' weights per token (OLMoE: 67 MB a token), so a
-        # long prefill goes through it a few tokens at a time
+        # the gather below copies k experts' weights per token (OLMoE: 67 MB a token),
+        # so a long prefill goes through it a few tokens at a time
         for t0 in range(0, x.shape[0], self.MOE_TOKENS_PER_GATHER):
             sl = slice(t0, t0 + self.MOE_TOKENS_PER_GATHER)
-            gu = self.w(p + "experts.gate_up_proj")[topi[sl]]                       # [t, k, 2I, H]
-            dn = self.w(p + "experts.down_proj")[topi[sl]]                          # [t, k, H, I]
-            h = torch.einsum("tkoh,th->tko", gu, x[sl])                             # [t, k, 2I]
+            gu = self.w(p + "experts.gate_up_proj")[topi[sl]]     # [t, k, 2I, H]
+            dn = self.w(p + "experts.down_proj")[topi[sl]]        # [t, k, H, I]
+            h = torch.einsum("tkoh,th->tko", gu, x[sl])           # [t, k, 2I]
             gate, up = h.chunk(2, dim=-1)
-            y = torch.einsum("tkhi,tki->tkh", dn, F.silu(gate) * up)                # [t, k, H]
-            out.append((y * topw[sl, :, None]).sum(1))                               # [t, H]
+            y = torch.einsum("tkhi,tki->tkh", dn, F.silu(gate) * up)  # [t, k, H]
+            out.append((y * topw[sl, :, None]).sum(1))            # [t, H]
         return torch.cat(out)
 
     def _maybe(self, name):
@@ -195,7 +203,8 @@ class Oracle(torch.nn.Module):
         return x
 
     def forward(self, tokens: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        """tokens: [T] ids at positions pos: [T] (consecutive). Returns fp32 logits [T, V].
+        """tokens: [T] ids at positions pos: [T] (consecutive). Returns fp32 logits
+        [T, V].
 
         T = 1 is the decode step; T > 1 is a batched prefill through the same code."""
         s = self.spec

@@ -438,22 +438,28 @@ class FastDecode(torch.nn.Module):
     def forward(self, tokens, pos):
         s = self.spec
         T, H, Hkv, D = tokens.shape[0], s.heads, s.kv_heads, s.head_dim
-        x = self.embed[tokens]                                                    # [T, hidden]
-        mask = (self.keys[None, :] <= pos[:, None])[None, None]                   # [1, 1, T, C]
+        x = self.embed[tokens]                                         # [T, hidden]
+        mask = (self.keys[None, :] <= pos[:, None])[None, None]        # [1, 1, T, C]
         for i in range(s.layers):
             g = lambda n: getattr(self, f"{n}_{i}")
-            qkv = torch.nn.functional.linear(self._rms(x, g("n1")), g("wqkv"), g("bqkv"))
+            qkv = torch.nn.functional.linear(self._rms(x, g("n1")), g("wqkv"),
+                                             g("bqkv"))
             q, k, v = qkv.split([H * D, Hkv * D, Hkv * D], -1)
-            q = self._rope(q.view(T, H, D).transpose(0, 1)[None], pos)           # [1, H, T, D]
-            k = self._rope(k.view(T, Hkv, D).transpose(0, 1)[None], pos)         # [1, Hkv, T, D]
+            # [1, H, T, D]
+            q = self._rope(q.view(T, H, D).transpose(0, 1)[None], pos)
+            # [1, Hkv, T, D]
+            k = self._rope(k.view(T, Hkv, D).transpose(0, 1)[None], pos)
             v = v.view(T, Hkv, D).transpose(0, 1)[None]
             self.k_cache[i].index_copy_(2, pos, k)
             self.v_cache[i].index_copy_(2, pos, v)
             a = torch.nn.functional.scaled_dot_product_attention(
                 q, self.k_cache[i], self.v_cache[i], attn_mask=mask, enable_gqa=True)
-            x = x + torch.nn.functional.linear(a[0].transpose(0, 1).reshape(T, H * D), g("wo"))
-            gate, up = torch.nn.functional.linear(self._rms(x, g("n2")), g("wgu")).chunk(2, -1)
-            x = x + torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, g("wd"))
+            x = x + torch.nn.functional.linear(a[0].transpose(0, 1).reshape(T, H * D),
+                                               g("wo"))
+            gate, up = torch.nn.functional.linear(self._rms(x, g("n2")),
+                                                  g("wgu")).chunk(2, -1)
+            x = x + torch.nn.functional.linear(torch.nn.functional.silu(gate) * up,
+                                               g("wd"))
         return torch.nn.functional.linear(self._rms(x, self.norm), self.lm_head).float()
 
 

@@ -122,19 +122,20 @@ def dense_mlp(e, li: int) -> list[Launch]:
 
 
 def layer_persistent(e, li: int) -> list[Launch]:
-    """The whole dense layer in one launch (``kernels/layer_persistent.py``): the phases of
-    ``attention`` + ``dense_mlp`` separated by grid barriers, in the same buffers. Its
-    bytes are what those blocks claim (they are built here for that, never launched)."""
+    """The whole dense layer in one launch (``kernels/layer_persistent.py``): the phases
+    of ``attention`` + ``dense_mlp`` separated by grid barriers, in the same buffers.
+    Its bytes are what those blocks claim (they are built here for that, never
+    launched)."""
     s, L = e.spec, e.W["layers"][li]
     unfused = attention(e, li) + dense_mlp(e, li)
     cfgs = persistent_cfgs(e, li)
     pm, pl, po = e.partials()
-    bar = e.buf("layer_barrier", (2,), I32)                          # arrivals, exits: zeros
+    bar = e.buf("layer_barrier", (2,), I32)                     # arrivals, exits: zeros
     kc, vc = e.k_cache[li], e.v_cache[li]
     run = lambda: K.layer_persistent(
-        e.x, L, e.qkv, e.q, e.attn, e.h, kc, vc, e.cos, e.sin, e.pos, po, pm, pl, e.down_scratch,
-        e.down_counter, bar, s.heads, s.kv_heads, s.head_dim, s.rms_eps, e.chunk, cfgs,
-        use_pdl=e.pdl, live_cap=e.live_cap)
+        e.x, L, e.qkv, e.q, e.attn, e.h, kc, vc, e.cos, e.sin, e.pos, po, pm, pl,
+        e.down_scratch, e.down_counter, bar, s.heads, s.kv_heads, s.head_dim, s.rms_eps,
+        e.chunk, cfgs, use_pdl=e.pdl, live_cap=e.live_cap)
     return [Launch("layer_persistent", li, run, sum(u.weight_bytes for u in unfused),
                    sum(u.kv_bytes_per_ctx for u in unfused))]
 
@@ -158,29 +159,32 @@ def moe_mlp(e, li: int) -> list[Launch]:
     """Router (RMSNorm + GEMV + softmax + top-k), then the chosen experts by id."""
     s, L, pdl = e.spec, e.W["layers"][li], e.pdl
     k, E, I, H = s.top_k, s.experts, s.intermediate, s.hidden
-    xn = e.buf("xn", (H,))                                          # rmsnorm(x) * g
+    xn = e.buf("xn", (H,))                                       # rmsnorm(x) * g
     logits = e.buf("router_logits", (E,), F32)
-    ids = e.buf("expert_ids", (k,), I32)                            # the router's choice
+    ids = e.buf("expert_ids", (k,), I32)                         # the router's choice
     wts = e.buf("expert_weights", (k,), F32)
     rcount = e.buf("router_counter", (1,), I32)
-    log = e.buf("expert_log", (e.max_ctx + 1, s.layers, k), I32)    # ids at every position
-    h = e.buf("expert_h", (k, I))                                   # SwiGLU of each slot
+    # ids at every position
+    log = e.buf("expert_log", (e.max_ctx + 1, s.layers, k), I32)
+    h = e.buf("expert_h", (k, I))                                # SwiGLU of each slot
     c_r = e.cfg("router", L["w_router"])
     c_gu = e.cfg("moe_gate_up", L["w_experts_gate_up"])
     c_dn = e.cfg("moe_down", L["w_experts_down"])
-    scratch = e.buf("moe_scratch", (k * H,), F32)                   # [top_k, H] slot rows
+    scratch = e.buf("moe_scratch", (k * H,), F32)                # [top_k, H] slot rows
     counter = e.buf("moe_counter", (H,), I32)
     per_expert = lambda w: w[0].numel() * w.element_size()
     return [
         Launch("moe_router", li, lambda: K.moe_router(
-            e.x, L["post_norm"], L["w_router"], xn, logits, ids, wts, rcount, e.pos, s.rms_eps,
-            log=log, layer=li, use_pdl=pdl, cfg=c_r), _nbytes(L["post_norm"], L["w_router"])),
+            e.x, L["post_norm"], L["w_router"], xn, logits, ids, wts, rcount, e.pos,
+            s.rms_eps, log=log, layer=li, use_pdl=pdl, cfg=c_r),
+            _nbytes(L["post_norm"], L["w_router"])),
         Launch("moe_gate_up_swiglu", li, lambda: K.moe_gate_up_swiglu(
             xn, L["w_experts_gate_up"], ids, h, use_pdl=pdl, cfg=c_gu),
             k * per_expert(L["w_experts_gate_up"])),
     ] + into_residual(e, "moe_down_residual", li, k * per_expert(L["w_experts_down"]),
-                      lambda **tp: K.moe_down_residual(h, L["w_experts_down"], ids, wts, e.x, scratch,
-                                                       counter, use_pdl=pdl, cfg=c_dn, **tp))
+                      lambda **tp: K.moe_down_residual(h, L["w_experts_down"], ids, wts,
+                                                       e.x, scratch, counter,
+                                                       use_pdl=pdl, cfg=c_dn, **tp))
 
 
 def head(e) -> list[Launch]:

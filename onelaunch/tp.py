@@ -65,9 +65,9 @@ class TPError(RuntimeError):
 
 # ---- sharding: spec and weights --------------------------------------------------------
 def shard_spec(spec, world: int):
-    """The shapes one rank computes: heads, kv heads and the (per-expert) MLP width divided
-    by ``world``. The vocabulary stays whole (prompts are validated against it); the LM
-    head's rows are sliced in :func:`shard_weights`."""
+    """The shapes one rank computes: heads, kv heads and the (per-expert) MLP width
+    divided by ``world``. The vocabulary stays whole (prompts are validated against it);
+    the LM head's rows are sliced in :func:`shard_weights`."""
     s = get_spec(spec)
     if world == 1:
         return s
@@ -77,7 +77,8 @@ def shard_spec(spec, world: int):
             raise TPError(f"{s.name} has {n} {what}, not divisible by --tp {world}: "
                           f"use a tensor-parallel size that divides it")
     return dataclasses.replace(s, name=f"{s.name}/tp{world}", heads=s.heads // world,
-                               kv_heads=s.kv_heads // world, intermediate=s.intermediate // world)
+                               kv_heads=s.kv_heads // world,
+                               intermediate=s.intermediate // world)
 
 
 def vocab_range(vocab: int, rank: int, world: int) -> tuple[int, int]:
@@ -92,8 +93,8 @@ def _rows(t, r, world):
 
 
 def _shard_one(spec, name: str, t: torch.Tensor, rank: int, world: int) -> torch.Tensor:
-    """One HF-named tensor of the full model -> rank ``rank``'s part (a contiguous copy),
-    or the tensor itself where it is replicated."""
+    """One HF-named tensor of the full model -> rank ``rank``'s part (a contiguous
+    copy), or the tensor itself where it is replicated."""
     I = spec.intermediate
     if name.endswith(("q_proj.weight", "q_proj.bias", "k_proj.weight", "k_proj.bias",
                       "v_proj.weight", "v_proj.bias", "q_norm.weight", "k_norm.weight",
@@ -101,18 +102,19 @@ def _shard_one(spec, name: str, t: torch.Tensor, rank: int, world: int) -> torch
         return _rows(t, rank, world).contiguous()            # whole heads / MLP rows
     if name.endswith(("o_proj.weight", "down_proj.weight")):
         n = t.shape[1] // world
-        return t[:, rank * n:(rank + 1) * n].contiguous()     # input columns: a partial sum
-    if name.endswith("experts.gate_up_proj"):                 # [E, 2I, H] = [gate; up]
+        # input columns: a partial sum
+        return t[:, rank * n:(rank + 1) * n].contiguous()
+    if name.endswith("experts.gate_up_proj"):                # [E, 2I, H] = [gate; up]
         n = I // world
-        return torch.cat([t[:, rank * n:(rank + 1) * n], t[:, I + rank * n:I + (rank + 1) * n]],
-                         dim=1).contiguous()
-    if name.endswith("experts.down_proj"):                    # [E, H, I]
+        return torch.cat([t[:, rank * n:(rank + 1) * n],
+                          t[:, I + rank * n:I + (rank + 1) * n]], dim=1).contiguous()
+    if name.endswith("experts.down_proj"):                   # [E, H, I]
         n = I // world
         return t[:, :, rank * n:(rank + 1) * n].contiguous()
     if name == "lm_head.weight":
         lo, hi = vocab_range(spec.vocab, rank, world)
         return t[lo:hi].contiguous()
-    return t                                                  # embedding, norms, router
+    return t                                                 # embedding, norms, router
 
 
 def shard_weights(spec, weights: dict[str, torch.Tensor], rank: int, world: int) -> dict:

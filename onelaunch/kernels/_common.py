@@ -50,7 +50,8 @@ def load_w_tile(w_ptr, stride_w_n, offs_n, n_mask, k0, k_end, BLOCK_K: tl.conste
 
 
 @triton.jit
-def load_x_tile(x_ptr, g_ptr, rstd, k0, k_end, BLOCK_K: tl.constexpr, HAS_NORM: tl.constexpr):
+def load_x_tile(x_ptr, g_ptr, rstd, k0, k_end, BLOCK_K: tl.constexpr,
+                HAS_NORM: tl.constexpr):
     """x[k0:k0+BLOCK_K] as fp32; with HAS_NORM, RMS-normalised the way HF does it:
     (x * rstd) rounded to bf16, times the gain, rounded to bf16."""
     offs_k = k0 + tl.arange(0, BLOCK_K)
@@ -64,23 +65,26 @@ def load_x_tile(x_ptr, g_ptr, rstd, k0, k_end, BLOCK_K: tl.constexpr, HAS_NORM: 
 
 
 @triton.jit
-def load_w_tiles(w_ptr, stride_w_n, offs_n, n_mask, k_start, k_end, BLOCK_K: tl.constexpr,
-                 PREFETCH: tl.constexpr):
+def load_w_tiles(w_ptr, stride_w_n, offs_n, n_mask, k_start, k_end,
+                 BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr):
     """The first PREFETCH (1 to 4) tiles of a program's rows, all requested at once.
 
     Called before ``gdc_wait``: the weight bytes of those tiles are in flight while the
-    previous kernel finishes and while the activation is fetched. Tiles past ``k_end`` are
-    fully masked (no memory traffic); unused slots repeat the first tile."""
+    previous kernel finishes and while the activation is fetched. Tiles past ``k_end``
+    are fully masked (no memory traffic); unused slots repeat the first tile."""
     w0 = load_w_tile(w_ptr, stride_w_n, offs_n, n_mask, k_start, k_end, BLOCK_K)
     w1 = w0
     w2 = w0
     w3 = w0
     if PREFETCH > 1:
-        w1 = load_w_tile(w_ptr, stride_w_n, offs_n, n_mask, k_start + BLOCK_K, k_end, BLOCK_K)
+        w1 = load_w_tile(w_ptr, stride_w_n, offs_n, n_mask, k_start + BLOCK_K, k_end,
+                         BLOCK_K)
     if PREFETCH > 2:
-        w2 = load_w_tile(w_ptr, stride_w_n, offs_n, n_mask, k_start + 2 * BLOCK_K, k_end, BLOCK_K)
+        w2 = load_w_tile(w_ptr, stride_w_n, offs_n, n_mask, k_start + 2 * BLOCK_K,
+                         k_end, BLOCK_K)
     if PREFETCH > 3:
-        w3 = load_w_tile(w_ptr, stride_w_n, offs_n, n_mask, k_start + 3 * BLOCK_K, k_end, BLOCK_K)
+        w3 = load_w_tile(w_ptr, stride_w_n, offs_n, n_mask, k_start + 3 * BLOCK_K,
+                         k_end, BLOCK_K)
     return w0, w1, w2, w3
 
 
@@ -119,18 +123,22 @@ def advance_tiles(w_ptr, stride_w_n, offs_n, n_mask, w0, w1, w2, w3, k_next, k_e
 
 
 @triton.jit
-def gemv_tiles(w_ptr, stride_w_n, offs_n, n_mask, x_ptr, g_ptr, rstd, w0, w1, w2, w3, k_start, k_end,
-               BLOCK_K: tl.constexpr, HAS_NORM: tl.constexpr, PREFETCH: tl.constexpr):
-    """sum_k W[offs_n, k] * x[k] for k in [k_start, k_end); ``w0..w3`` is the ring of the
-    first PREFETCH tiles from :func:`load_w_tiles`. Each step consumes w0 and requests the
-    tile PREFETCH ahead. The accumulation order is the same whatever PREFETCH is (tile by
-    tile into one [BLOCK_N, BLOCK_K] fp32 accumulator, summed over K at the end), so the
-    result does not depend on it. Returns fp32 [BLOCK_N]."""
-    acc = w0.to(tl.float32) * load_x_tile(x_ptr, g_ptr, rstd, k_start, k_end, BLOCK_K, HAS_NORM)[None, :]
+def gemv_tiles(w_ptr, stride_w_n, offs_n, n_mask, x_ptr, g_ptr, rstd, w0, w1, w2, w3,
+               k_start, k_end, BLOCK_K: tl.constexpr, HAS_NORM: tl.constexpr,
+               PREFETCH: tl.constexpr):
+    """sum_k W[offs_n, k] * x[k] for k in [k_start, k_end); ``w0..w3`` is the ring of
+    the first PREFETCH tiles from :func:`load_w_tiles`. Each step consumes w0 and
+    requests the tile PREFETCH ahead. The accumulation order is the same whatever
+    PREFETCH is (tile by tile into one [BLOCK_N, BLOCK_K] fp32 accumulator, summed over
+    K at the end), so the result does not depend on it. Returns fp32 [BLOCK_N]."""
+    acc = w0.to(tl.float32) * load_x_tile(x_ptr, g_ptr, rstd, k_start, k_end, BLOCK_K,
+                                          HAS_NORM)[None, :]
     for k0 in range(k_start + BLOCK_K, k_end, BLOCK_K):
-        w0, w1, w2, w3 = advance_tiles(w_ptr, stride_w_n, offs_n, n_mask, w0, w1, w2, w3,
-                                       k0 + (PREFETCH - 1) * BLOCK_K, k_end, BLOCK_K, PREFETCH)
-        acc += w0.to(tl.float32) * load_x_tile(x_ptr, g_ptr, rstd, k0, k_end, BLOCK_K, HAS_NORM)[None, :]
+        w0, w1, w2, w3 = advance_tiles(w_ptr, stride_w_n, offs_n, n_mask, w0, w1, w2,
+                                       w3, k0 + (PREFETCH - 1) * BLOCK_K, k_end,
+                                       BLOCK_K, PREFETCH)
+        acc += w0.to(tl.float32) * load_x_tile(x_ptr, g_ptr, rstd, k0, k_end, BLOCK_K,
+                                               HAS_NORM)[None, :]
     return tl.sum(acc, axis=1)
 
 
@@ -235,8 +243,8 @@ def merge_keys(vals, idxs):
 def pdl_wait(USE_PDL: tl.constexpr):
     """Wait for the previous kernel's results (a no-op without PDL), then let the next
     kernel start launching: its programs will issue their weight loads and wait in turn.
-    (Triggering before the wait, so that launches run two kernels ahead, measured 0.014 ms
-    slower per token on the H200: the repository's performance log.)"""
+    (Triggering before the wait, so that launches run two kernels ahead, measured
+    0.014 ms slower per token on the H200: the repository's performance log.)"""
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()

@@ -3,11 +3,12 @@
     s_t   = q . k_t / sqrt(D)            for t < length (= pos + 1)
     out   = sum_t softmax(s)_t v_t       online softmax (running max m, sum l)
 
-Grid: Hq programs (12 for Qwen2.5-1.5B). Each walks the entire timeline of its KV head in
-BLOCK_T tiles, so at decode, where there is one query, 12 of the GPU's 132 SMs work while
-the rest idle, and each K/V tile is read again by every query head of its group. This is
-the trap the split-K kernel (``attention_splitk.py``) gets out of; it is kept because the
-chapter measures it. The length is read from a device tensor, so the launch is fixed.
+Grid: Hq programs (12 for Qwen2.5-1.5B). Each walks the entire timeline of its KV head
+in BLOCK_T tiles, so at decode, where there is one query, 12 of the GPU's 132 SMs work
+while the rest idle, and each K/V tile is read again by every query head of its group.
+This is the trap the split-K kernel (``attention_splitk.py``) gets out of; it is kept
+because the chapter measures it. The length is read from a device tensor, so the launch
+is fixed.
 """
 import triton
 import triton.language as tl

@@ -3,28 +3,28 @@
 Stage 1, ``_attn_partial_kernel``: one program per (kv head, split). The live timeline
 [0, length) is cut into units of CHUNK positions, and the units are shared out over the
 fixed grid of n_splits splits *at run time*, from ``pos``: each split takes
-per = ceil(units / n_splits) consecutive units (``split_range``), so at a given length the
-work does not depend on how many splits the grid has, only on the length, as long as
-units <= n_splits (one unit each). Splits past the live length have an empty range: they
-exit at once, without waiting on the previous kernel, and the reduce never reads them.
-A split holds all GROUP query heads that share its KV head, so each K/V byte is read once,
-not GROUP times. Over its range it runs an online softmax in BLOCK_T tiles and writes,
-per query head h:
+per = ceil(units / n_splits) consecutive units (``split_range``), so at a given length
+the work does not depend on how many splits the grid has, only on the length, as long
+as units <= n_splits (one unit each). Splits past the live length have an empty range:
+they exit at once, without waiting on the previous kernel, and the reduce never reads
+them. A split holds all GROUP query heads that share its KV head, so each K/V byte is
+read once, not GROUP times. Over its range it runs an online softmax in BLOCK_T tiles
+and writes, per query head h:
 
     part_m[h, s]    fp32  max score in the range
     part_l[h, s]    fp32  sum_t exp(s_t - part_m)
     part_o[h, s, :] fp32  sum_t exp(s_t - part_m) v_t           (unnormalised)
 
 Off the chain: with programmatic dependent launch a program reads ``pos`` and requests
-its first K/V tile *before* it waits on the previous kernel. Both are safe to read early:
-keys and values at positions < pos were written by earlier steps (this step's RoPE kernel
-writes only slot pos), and pos was written by the previous step's last kernel, which has
-completed (a kernel starts only after every program of the one before passed its own
-wait, so after the kernel before that finished). So the early tile masks slot pos out,
-and only q and the newest token's key and value (slot pos) are read after the wait; the
-split that holds pos folds that token in first, as a tile of one valid row (the same
-tl.dot path as every tile, so the kernel that computes it from registers gets the same
-bits), then its older tiles.
+its first K/V tile *before* it waits on the previous kernel. Both are safe to read
+early: keys and values at positions < pos were written by earlier steps (this step's
+RoPE kernel writes only slot pos), and pos was written by the previous step's last
+kernel, which has completed (a kernel starts only after every program of the one before
+passed its own wait, so after the kernel before that finished). So the early tile masks
+slot pos out, and only q and the newest token's key and value (slot pos) are read after
+the wait; the split that holds pos folds that token in first, as a tile of one valid row
+(the same tl.dot path as every tile, so the kernel that computes it from registers gets
+the same bits), then its older tiles.
 
 Stage 2, ``_attn_reduce_kernel``: one program per query head merges the live splits:
 
@@ -34,13 +34,13 @@ Stage 2, ``_attn_reduce_kernel``: one program per query head merges the live spl
 It too computes the number of live splits from pos before its wait.
 
 Both launches have one fixed shape up to the engine's max context (the number of splits
-is fixed by max_ctx), so the same recorded launch serves every step of a CUDA graph.
-A tile never reads past its own range's end: the seed post's double-counting bug was a
+is fixed by max_ctx), so the same recorded launch serves every step of a CUDA graph. A
+tile never reads past its own range's end: the seed post's double-counting bug was a
 tile wider than the chunk. Scores use tl.dot with the query group padded to 16 rows (the
 smallest MMA). The idea is Dao et al.'s flash-decoding; the stage split follows vLLM's
 triton_decode_attention.
-Bytes: 2 * length * Hkv * D * 2 read per layer, plus Hq * n_live * (D + 2) * 4 of partials
-written and read back.
+Bytes: 2 * length * Hkv * D * 2 read per layer, plus Hq * n_live * (D + 2) * 4 of
+partials written and read back.
 """
 import triton
 import triton.language as tl
@@ -181,15 +181,17 @@ def partial_early(k_cache_ptr, v_cache_ptr, pos, kh, start, end, stride_c_h, str
     traffic, when the range is empty)."""
     d = tl.arange(0, BLOCK_D)
     dm = d < D
-    return load_kv_tile(k_cache_ptr, v_cache_ptr, kh * stride_c_h, start, tl.minimum(end, pos),
-                        stride_c_t, d, dm, BLOCK_T)
+    return load_kv_tile(k_cache_ptr, v_cache_ptr,
+                        kh * stride_c_h, start, tl.minimum(end, pos), stride_c_t, d, dm,
+                        BLOCK_T)
 
 
 @triton.jit
-def partial_rest(q_ptr, k_cache_ptr, v_cache_ptr, part_o_ptr, part_m_ptr, part_l_ptr, pos, kh,
-                 split, start, end, k0, v0, tm0, stride_c_h, stride_c_t, n_splits, scale,
-                 GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
-                 BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr, DOT_F32: tl.constexpr):
+def partial_rest(q_ptr, k_cache_ptr, v_cache_ptr, part_o_ptr, part_m_ptr, part_l_ptr,
+                 pos, kh, split, start, end, k0, v0, tm0, stride_c_h, stride_c_t,
+                 n_splits, scale, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
+                 D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr,
+                 DOT_F32: tl.constexpr):
     """After the wait (a live split only): q and slot pos, both written by the previous
     kernel (or phase), then the split's partial, stored."""
     d = tl.arange(0, BLOCK_D)
@@ -205,57 +207,62 @@ def partial_rest(q_ptr, k_cache_ptr, v_cache_ptr, part_o_ptr, part_m_ptr, part_l
     # the newest token as a tile of NEW_T rows whose only valid row is slot pos (all
     # rows masked, so no traffic, in the splits that do not hold it)
     new_end = tl.where(end == pos + 1, pos + 1, pos)
-    kn, vn, tmn = load_kv_tile(k_cache_ptr, v_cache_ptr, base, pos, new_end, stride_c_t, d, dm,
-                               NEW_T)
+    kn, vn, tmn = load_kv_tile(k_cache_ptr, v_cache_ptr, base, pos, new_end, stride_c_t,
+                               d, dm, NEW_T)
     m_i, l_i, acc = split_partial(q, k_cache_ptr, v_cache_ptr, base, start, end, pos,
                                   stride_c_t, d, dm, scale, k0, v0, tm0, kn, vn, tmn,
                                   GROUP_PAD, BLOCK_D, BLOCK_T, DOT_F32)
-    store_partials(part_o_ptr, part_m_ptr, part_l_ptr, heads, gm, split, n_splits, m_i, l_i,
-                   acc, d, dm, D)
+    store_partials(part_o_ptr, part_m_ptr, part_l_ptr, heads, gm, split, n_splits, m_i,
+                   l_i, acc, d, dm, D)
 
 
 @triton.jit
-def _attn_partial_kernel(q_ptr, k_cache_ptr, v_cache_ptr, part_o_ptr, part_m_ptr, part_l_ptr,
-                         pos_ptr, stride_c_h, stride_c_t, n_splits, n_share, scale,
-                         GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
-                         BLOCK_D: tl.constexpr, CHUNK: tl.constexpr, BLOCK_T: tl.constexpr,
-                         DOT_F32: tl.constexpr, USE_PDL: tl.constexpr):
+def _attn_partial_kernel(q_ptr, k_cache_ptr, v_cache_ptr, part_o_ptr, part_m_ptr,
+                         part_l_ptr, pos_ptr, stride_c_h, stride_c_t, n_splits, n_share,
+                         scale, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
+                         D: tl.constexpr, BLOCK_D: tl.constexpr, CHUNK: tl.constexpr,
+                         BLOCK_T: tl.constexpr, DOT_F32: tl.constexpr,
+                         USE_PDL: tl.constexpr):
     kh = tl.program_id(0)
     split = tl.program_id(1)
-    # ---- before the wait: pos (the previous step's) and the first tile older than pos ----
+    # ---- before the wait: pos (the previous step's) and the first tile older than pos
     pos = tl.load(pos_ptr)
     start, end = split_range(pos, split, n_share, CHUNK)
-    if start < end:                                      # else: past the live length, exit
-        k0, v0, tm0 = partial_early(k_cache_ptr, v_cache_ptr, pos, kh, start, end, stride_c_h,
-                                    stride_c_t, D, BLOCK_D, BLOCK_T)
+    if start < end:                                 # else: past the live length, exit
+        k0, v0, tm0 = partial_early(k_cache_ptr, v_cache_ptr, pos, kh, start, end,
+                                    stride_c_h, stride_c_t, D, BLOCK_D, BLOCK_T)
         pdl_wait(USE_PDL)
-        # ---- after it: q and slot pos, both written by the previous kernel -----------------
-        partial_rest(q_ptr, k_cache_ptr, v_cache_ptr, part_o_ptr, part_m_ptr, part_l_ptr, pos, kh,
-                     split, start, end, k0, v0, tm0, stride_c_h, stride_c_t, n_splits, scale,
-                     GROUP, GROUP_PAD, D, BLOCK_D, BLOCK_T, DOT_F32)
+        # ---- after it: q and slot pos, both written by the previous kernel ----------
+        partial_rest(q_ptr, k_cache_ptr, v_cache_ptr, part_o_ptr, part_m_ptr,
+                     part_l_ptr, pos, kh, split, start, end, k0, v0, tm0, stride_c_h,
+                     stride_c_t, n_splits, scale, GROUP, GROUP_PAD, D, BLOCK_D, BLOCK_T,
+                     DOT_F32)
 
 
 @triton.jit
 def reduce_head(part_o_ptr, part_m_ptr, part_l_ptr, out_ptr, h, n_splits, n_valid,
                 D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
                 BLOCK_M: tl.constexpr, VOLATILE: tl.constexpr):
-    """Query head h's output from its n_valid live splits, rounded to bf16 and stored."""
+    """Query head h's output from its n_valid live splits, rounded to bf16 and
+    stored."""
     d = tl.arange(0, BLOCK_D)
     dm = d < D
-    out = merge_head(part_o_ptr, part_m_ptr, part_l_ptr, h, n_splits, n_valid, d, dm, D, BLOCK_D,
-                     BLOCK_S, BLOCK_M, VOLATILE)
+    out = merge_head(part_o_ptr, part_m_ptr, part_l_ptr, h, n_splits, n_valid, d, dm, D,
+                     BLOCK_D, BLOCK_S, BLOCK_M, VOLATILE)
     tl.store(out_ptr + h * D + d, bf16_round(out).to(out_ptr.dtype.element_ty), mask=dm)
 
 
 @triton.jit
-def _attn_reduce_kernel(part_o_ptr, part_m_ptr, part_l_ptr, out_ptr, pos_ptr, n_splits, n_share,
-                        D: tl.constexpr, BLOCK_D: tl.constexpr, CHUNK: tl.constexpr,
-                        BLOCK_S: tl.constexpr, BLOCK_M: tl.constexpr, USE_PDL: tl.constexpr):
+def _attn_reduce_kernel(part_o_ptr, part_m_ptr, part_l_ptr, out_ptr, pos_ptr, n_splits,
+                        n_share, D: tl.constexpr, BLOCK_D: tl.constexpr,
+                        CHUNK: tl.constexpr, BLOCK_S: tl.constexpr,
+                        BLOCK_M: tl.constexpr, USE_PDL: tl.constexpr):
     h = tl.program_id(0)
-    n_valid = live_splits(tl.load(pos_ptr), n_share, CHUNK)    # before the wait: pos is old
+    # before the wait: pos is old
+    n_valid = live_splits(tl.load(pos_ptr), n_share, CHUNK)
     pdl_wait(USE_PDL)
-    reduce_head(part_o_ptr, part_m_ptr, part_l_ptr, out_ptr, h, n_splits, n_valid, D, BLOCK_D,
-                BLOCK_S, BLOCK_M, False)
+    reduce_head(part_o_ptr, part_m_ptr, part_l_ptr, out_ptr, h, n_splits, n_valid, D,
+                BLOCK_D, BLOCK_S, BLOCK_M, False)
 
 
 BLOCK_S = 32      # splits merged per block by the reduce (and by any last-arrival merge)
@@ -282,9 +289,9 @@ def n_splits_for(max_ctx: int, chunk: int) -> int:
 
 def chunk_for(max_ctx: int) -> int:
     """The unit a split's share of the live length is counted in: SPLIT_UNIT positions
-    whatever max_ctx is, so at a given length engines of any size share the work the same
-    way (one unit a split while units <= n_splits). Short contexts still spread over
-    several programs; ``n_splits_for`` bounds the partials at long ones."""
+    whatever max_ctx is, so at a given length engines of any size share the work the
+    same way (one unit a split while units <= n_splits). Short contexts still spread
+    over several programs; ``n_splits_for`` bounds the partials at long ones."""
     return SPLIT_UNIT
 
 

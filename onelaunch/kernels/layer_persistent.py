@@ -61,18 +61,20 @@ LAST_PHASE = len(PHASES) - 1
 
 @triton.jit
 def grid_barrier(bar_ptr, target, n_progs, RESET: tl.constexpr, FENCE: tl.constexpr):
-    """Wait until ``target`` arrivals (every program's, at this and earlier barriers of the
-    launch) are counted in bar[0]. With RESET (the launch's last barrier) each program then
-    bumps bar[1], and the last one resets both to zero."""
+    """Wait until ``target`` arrivals (every program's, at this and earlier barriers of
+    the launch) are counted in bar[0]. With RESET (the launch's last barrier) each
+    program then bumps bar[1], and the last one resets both to zero."""
     thread_fence(FENCE)                # this thread's writes are visible GPU-wide ...
     tl.debug_barrier()                 # ... and every thread's, before the arrival
     tl.atomic_add(bar_ptr, 1, sem="release", scope="gpu")
     seen = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
     while seen < target:
         seen = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
-    tl.debug_barrier()                 # no thread reads the phase's inputs before the spin ends
+    # no thread reads the phase's inputs before the spin ends
+    tl.debug_barrier()
     thread_fence(FENCE)
-    if RESET:                          # every program has left the spin once bar[1] is full
+    # every program has left the spin once bar[1] is full
+    if RESET:
         done = tl.atomic_add(bar_ptr + 1, 1, sem="acq_rel", scope="gpu")
         if done == n_progs - 1:
             tl.atomic_xchg(bar_ptr, 0, sem="relaxed", scope="gpu")

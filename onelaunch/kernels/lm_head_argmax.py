@@ -20,13 +20,14 @@ next replay of the graph reads its input from the GPU, with no host round trip.
                                         the prompt (teacher-forced checks read it)
     pos       [1]                 int32 position of the token this step consumed; += 1
 
-Tensor parallelism splits the vocabulary: rank r holds rows [vocab_offset, vocab_offset +
-V_r) of E. With ``keys`` (fp32 [2 world]) the last program writes only its (max logit,
-global index) into keys[2 rank], keys[2 rank + 1] and zeros in every other slot (an
-all-reduce sums the ranks' buffers, then ``argmax_merge`` picks the token and does the
-bookkeeping). With ``peer`` the last program exchanges that pair with the other ranks
-itself (``peer.peer_sum``), merges (the largest value, the lowest global index on a
-tie: the token one GPU picks) and does the bookkeeping: no other launch.
+Tensor parallelism splits the vocabulary: rank r holds rows
+[vocab_offset, vocab_offset + V_r) of E. With ``keys`` (fp32 [2 world]) the last program
+writes only its (max logit, global index) into keys[2 rank], keys[2 rank + 1] and zeros
+in every other slot (an all-reduce sums the ranks' buffers, then ``argmax_merge`` picks
+the token and does the bookkeeping). With ``peer`` the last program exchanges that pair
+with the other ranks itself (``peer.peer_sum``), merges (the largest value, the lowest
+global index on a tie: the token one GPU picks) and does the bookkeeping: no other
+launch.
 """
 import torch
 import triton
@@ -40,20 +41,23 @@ from .peer import peer_sum
 
 @triton.jit
 def _lm_head_argmax_kernel(x_ptr, g_ptr, w_ptr, logits_ptr, part_val_ptr, part_idx_ptr,
-                           counter_ptr, seq_ptr, argmax_ptr, pos_ptr, prompt_len_ptr, keys_ptr, peer_ptr,
-                           N, K, eps, stride_w_n, n_programs, vocab_offset, rank, world,
-                           HAS_ARGMAX: tl.constexpr, FENCE: tl.constexpr, USE_PDL: tl.constexpr,
+                           counter_ptr, seq_ptr, argmax_ptr, pos_ptr, prompt_len_ptr,
+                           keys_ptr, peer_ptr, N, K, eps, stride_w_n, n_programs,
+                           vocab_offset, rank, world, HAS_ARGMAX: tl.constexpr,
+                           FENCE: tl.constexpr, USE_PDL: tl.constexpr,
                            KEYS: tl.constexpr, PEER: tl.constexpr, WORLD: tl.constexpr,
-                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
-                           PREFETCH: tl.constexpr, BLOCK_W: tl.constexpr):
+                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                           BLOCK_R: tl.constexpr, PREFETCH: tl.constexpr,
+                           BLOCK_W: tl.constexpr):
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
-    w0, w1, w2, w3 = load_w_tiles(w_ptr, stride_w_n, offs_n, n_mask, 0, K, BLOCK_K, PREFETCH)
+    w0, w1, w2, w3 = load_w_tiles(w_ptr, stride_w_n, offs_n, n_mask, 0, K, BLOCK_K,
+                                  PREFETCH)
     pdl_wait(USE_PDL)
     rstd = rms_rstd(x_ptr, K, eps, BLOCK_K)
-    y = gemv_tiles(w_ptr, stride_w_n, offs_n, n_mask, x_ptr, g_ptr, rstd, w0, w1, w2, w3, 0, K, BLOCK_K,
-                   True, PREFETCH)
+    y = gemv_tiles(w_ptr, stride_w_n, offs_n, n_mask, x_ptr, g_ptr, rstd, w0, w1, w2,
+                   w3, 0, K, BLOCK_K, True, PREFETCH)
     y = bf16_round(y)
     tl.store(logits_ptr + offs_n, y, mask=n_mask)
     y = tl.where(n_mask, y, float("-inf"))
@@ -70,7 +74,8 @@ def _lm_head_argmax_kernel(x_ptr, g_ptr, w_ptr, logits_ptr, part_val_ptr, part_i
         run_idx = tl.full([BLOCK_R], 2147483647, tl.int32)
         for r0 in range(0, n_programs, BLOCK_R):
             rm = (r0 + r) < n_programs
-            v = tl.load(part_val_ptr + r0 + r, mask=rm, other=float("-inf"), volatile=True)
+            v = tl.load(part_val_ptr + r0 + r, mask=rm, other=float("-inf"),
+                        volatile=True)
             i = tl.load(part_idx_ptr + r0 + r, mask=rm, other=2147483647, volatile=True)
             # programs come in index order, so on equal values the earlier entry wins
             take = v > run_val
@@ -79,22 +84,29 @@ def _lm_head_argmax_kernel(x_ptr, g_ptr, w_ptr, logits_ptr, part_val_ptr, part_i
         m = tl.max(run_val, axis=0)
         tok = tl.min(tl.where(run_val == m, run_idx, 2147483647), axis=0)
         if KEYS or PEER:
-            # this rank's key pair at [2 rank, 2 rank + 1] of a [2 world] vector, zeros elsewhere
+            # this rank's key pair at [2 rank, 2 rank + 1] of a [2 world] vector, zeros
+            # elsewhere
             j = tl.arange(0, 2 * BLOCK_W)
-            key = tl.where(j == 2 * rank, m, tl.where(j == 2 * rank + 1,
-                                                       (tok + vocab_offset).to(tl.float32), 0.0))
+            key = tl.where(j == 2 * rank, m,
+                           tl.where(j == 2 * rank + 1,
+                                    (tok + vocab_offset).to(tl.float32), 0.0))
             if PEER:   # summed over the ranks: every rank's pair; then one GPU's choice
                 key = peer_sum(key, j, j < 2 * WORLD, 0, peer_ptr, WORLD, FENCE)
-                q = tl.arange(0, BLOCK_W)              # rank q's pair, gathered by a masked sum
-                vals = tl.sum(tl.where(j[None, :] == 2 * q[:, None], key[None, :], 0.0), axis=1)
-                idxs = tl.sum(tl.where(j[None, :] == 2 * q[:, None] + 1, key[None, :], 0.0), axis=1)
+                # rank q's pair, gathered by a masked sum
+                q = tl.arange(0, BLOCK_W)
+                vals = tl.sum(tl.where(j[None, :] == 2 * q[:, None], key[None, :], 0.0),
+                              axis=1)
+                idxs = tl.sum(tl.where(j[None, :] == 2 * q[:, None] + 1, key[None, :],
+                                       0.0), axis=1)
                 tok = merge_keys(tl.where(q < WORLD, vals, float("-inf")),
                                  tl.where(q < WORLD, idxs, float("inf")))
-                step_bookkeeping(tok, seq_ptr, argmax_ptr, pos_ptr, prompt_len_ptr, HAS_ARGMAX)
+                step_bookkeeping(tok, seq_ptr, argmax_ptr, pos_ptr, prompt_len_ptr,
+                                 HAS_ARGMAX)
             else:
                 tl.store(keys_ptr + j, key, mask=j < 2 * world)
         else:
-            step_bookkeeping(tok, seq_ptr, argmax_ptr, pos_ptr, prompt_len_ptr, HAS_ARGMAX)
+            step_bookkeeping(tok, seq_ptr, argmax_ptr, pos_ptr, prompt_len_ptr,
+                             HAS_ARGMAX)
         tl.store(counter_ptr, 0)
 
 

@@ -40,8 +40,8 @@ from .peer import epilogue_args
 
 @triton.jit
 def _moe_gate_up_kernel(xn_ptr, w_ptr, ids_ptr, h_ptr, I, K, stride_w_e, stride_w_n,
-                        USE_PDL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                        PREFETCH: tl.constexpr):
+                        USE_PDL: tl.constexpr, BLOCK_N: tl.constexpr,
+                        BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr):
     slot = tl.program_id(0)
     pid = tl.program_id(1)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -50,19 +50,23 @@ def _moe_gate_up_kernel(xn_ptr, w_ptr, ids_ptr, h_ptr, I, K, stride_w_e, stride_
     e = tl.load(ids_ptr + slot).to(tl.int64)
     gate_ptr = w_ptr + e * stride_w_e
     up_ptr = gate_ptr + I * stride_w_n
-    g0, g1, g2, g3 = load_w_tiles(gate_ptr, stride_w_n, offs_n, n_mask, 0, K, BLOCK_K, PREFETCH)
-    u0, u1, u2, u3 = load_w_tiles(up_ptr, stride_w_n, offs_n, n_mask, 0, K, BLOCK_K, PREFETCH)
-    gate, up = gemv2_tiles(gate_ptr, up_ptr, stride_w_n, offs_n, n_mask, xn_ptr, xn_ptr, 1.0,
-                           g0, g1, g2, g3, u0, u1, u2, u3, K, BLOCK_K, PREFETCH, False)
-    tl.store(h_ptr + slot * I + offs_n, swiglu(gate, up).to(h_ptr.dtype.element_ty), mask=n_mask)
+    g0, g1, g2, g3 = load_w_tiles(gate_ptr, stride_w_n, offs_n, n_mask, 0, K, BLOCK_K,
+                                  PREFETCH)
+    u0, u1, u2, u3 = load_w_tiles(up_ptr, stride_w_n, offs_n, n_mask, 0, K, BLOCK_K,
+                                  PREFETCH)
+    gate, up = gemv2_tiles(gate_ptr, up_ptr, stride_w_n, offs_n, n_mask, xn_ptr, xn_ptr,
+                           1.0, g0, g1, g2, g3, u0, u1, u2, u3, K, BLOCK_K, PREFETCH,
+                           False)
+    tl.store(h_ptr + slot * I + offs_n, swiglu(gate, up).to(h_ptr.dtype.element_ty),
+             mask=n_mask)
 
 
 @triton.jit
-def _moe_down_kernel(h_ptr, w_ptr, ids_ptr, wts_ptr, x_ptr, scratch_ptr, counter_ptr, out_ptr,
-                     peer_ptr, N, I, stride_w_e, stride_w_n, TOP_K: tl.constexpr,
-                     FENCE: tl.constexpr, OUT: tl.constexpr, PEER: tl.constexpr,
-                     WORLD: tl.constexpr, USE_PDL: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_K: tl.constexpr,
+def _moe_down_kernel(h_ptr, w_ptr, ids_ptr, wts_ptr, x_ptr, scratch_ptr, counter_ptr,
+                     out_ptr, peer_ptr, N, I, stride_w_e, stride_w_n,
+                     TOP_K: tl.constexpr, FENCE: tl.constexpr, OUT: tl.constexpr,
+                     PEER: tl.constexpr, WORLD: tl.constexpr, USE_PDL: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      PREFETCH: tl.constexpr):
     pid_n = tl.program_id(0)
     slot = tl.program_id(1)
@@ -71,12 +75,14 @@ def _moe_down_kernel(h_ptr, w_ptr, ids_ptr, wts_ptr, x_ptr, scratch_ptr, counter
     pdl_wait(USE_PDL)
     e = tl.load(ids_ptr + slot).to(tl.int64)
     w = w_ptr + e * stride_w_e
-    w0, w1, w2, w3 = load_w_tiles(w, stride_w_n, offs_n, n_mask, 0, I, BLOCK_K, PREFETCH)
-    y = gemv_tiles(w, stride_w_n, offs_n, n_mask, h_ptr + slot * I, h_ptr, 1.0, w0, w1, w2, w3,
-                   0, I, BLOCK_K, False, PREFETCH)
-    y = bf16_round(bf16_round(y) * tl.load(wts_ptr + slot))       # expert output x routing weight
-    last_arrival_residual(y, scratch_ptr, counter_ptr, x_ptr, pid_n, slot, N, offs_n, n_mask,
-                          out_ptr, peer_ptr, TOP_K, FENCE, OUT, PEER, WORLD)
+    w0, w1, w2, w3 = load_w_tiles(w, stride_w_n, offs_n, n_mask, 0, I, BLOCK_K,
+                                  PREFETCH)
+    y = gemv_tiles(w, stride_w_n, offs_n, n_mask, h_ptr + slot * I, h_ptr, 1.0, w0,
+                   w1, w2, w3, 0, I, BLOCK_K, False, PREFETCH)
+    # expert output x routing weight
+    y = bf16_round(bf16_round(y) * tl.load(wts_ptr + slot))
+    last_arrival_residual(y, scratch_ptr, counter_ptr, x_ptr, pid_n, slot, N, offs_n,
+                          n_mask, out_ptr, peer_ptr, TOP_K, FENCE, OUT, PEER, WORLD)
 
 
 def moe_gate_up_swiglu(xn, w_gate_up, ids, h, use_pdl=False, cfg=None):

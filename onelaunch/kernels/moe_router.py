@@ -33,26 +33,28 @@ from ._common import bf16_round, gemv_tiles, load_w_tiles, load_x_tile, pdl_wait
 
 
 @triton.jit
-def _moe_router_kernel(x_ptr, g_ptr, w_ptr, xn_ptr, logits_ptr, ids_ptr, wts_ptr, counter_ptr,
-                       log_ptr, pos_ptr, E, K, eps, stride_w_n, n_programs, log_row, log_offset,
-                       TOP_K: tl.constexpr, BLOCK_E: tl.constexpr, FENCE: tl.constexpr,
-                       USE_PDL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+def _moe_router_kernel(x_ptr, g_ptr, w_ptr, xn_ptr, logits_ptr, ids_ptr, wts_ptr,
+                       counter_ptr, log_ptr, pos_ptr, E, K, eps, stride_w_n, n_programs,
+                       log_row, log_offset, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr,
+                       FENCE: tl.constexpr, USE_PDL: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                        PREFETCH: tl.constexpr):
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < E
-    w0, w1, w2, w3 = load_w_tiles(w_ptr, stride_w_n, offs_n, n_mask, 0, K, BLOCK_K, PREFETCH)
+    w0, w1, w2, w3 = load_w_tiles(w_ptr, stride_w_n, offs_n, n_mask, 0, K, BLOCK_K,
+                                  PREFETCH)
     pdl_wait(USE_PDL)
     rstd = rms_rstd(x_ptr, K, eps, BLOCK_K)
-    y = gemv_tiles(w_ptr, stride_w_n, offs_n, n_mask, x_ptr, g_ptr, rstd, w0, w1, w2, w3, 0, K,
-                   BLOCK_K, True, PREFETCH)
-    tl.store(logits_ptr + offs_n, bf16_round(y), mask=n_mask)       # bf16 logits, as HF
-    if pid == 0:                                                   # the experts' input
+    y = gemv_tiles(w_ptr, stride_w_n, offs_n, n_mask, x_ptr, g_ptr, rstd, w0, w1, w2,
+                   w3, 0, K, BLOCK_K, True, PREFETCH)
+    tl.store(logits_ptr + offs_n, bf16_round(y), mask=n_mask)  # bf16 logits, as HF
+    if pid == 0:                                               # the experts' input
         for k0 in range(0, K, BLOCK_K):
             offs_k = k0 + tl.arange(0, BLOCK_K)
             xt = load_x_tile(x_ptr, g_ptr, rstd, k0, K, BLOCK_K, True)
             tl.store(xn_ptr + offs_k, xt.to(xn_ptr.dtype.element_ty), mask=offs_k < K)
-    thread_fence(FENCE)                                            # logits visible GPU-wide
+    thread_fence(FENCE)                                        # logits visible GPU-wide
     tl.debug_barrier()
     arrived = tl.atomic_add(counter_ptr, 1, sem="acq_rel")
     if arrived == n_programs - 1:
@@ -60,12 +62,13 @@ def _moe_router_kernel(x_ptr, g_ptr, w_ptr, xn_ptr, logits_ptr, ids_ptr, wts_ptr
         em = e < E
         lg = tl.load(logits_ptr + e, mask=em, other=float("-inf"), volatile=True)
         p = tl.exp(lg - tl.max(lg, axis=0))
-        p = p / tl.sum(p, axis=0)                                  # softmax in fp32
-        p = tl.where(em, p, -1.0)                                  # padding is never chosen
+        p = p / tl.sum(p, axis=0)                              # softmax in fp32
+        p = tl.where(em, p, -1.0)                              # padding is never chosen
         pos = tl.load(pos_ptr)
         for j in tl.static_range(TOP_K):
             best = tl.max(p, axis=0)
-            i = tl.min(tl.where(p == best, e, BLOCK_E), axis=0)    # lowest index among ties
+            # lowest index among ties
+            i = tl.min(tl.where(p == best, e, BLOCK_E), axis=0)
             tl.store(ids_ptr + j, i)
             tl.store(wts_ptr + j, bf16_round(best))
             tl.store(log_ptr + pos * log_row + log_offset + j, i)

@@ -3,9 +3,9 @@
     x[n] = x[n] + (W_o @ attn)[n]          W_o: [N, K] = [hidden, Hq D], x: [N] bf16
 
 The residual update happens in the GEMV's epilogue, in place: a program reads and writes
-only its own BLOCK_N rows of x, and reads only ``attn`` otherwise, so no two programs touch
-the same bytes. Grid: one program per BLOCK_N rows. Bytes: N*K*2 of weights (Qwen2.5-1.5B:
-4.7 MB a layer), N*2 read and written for the residual.
+only its own BLOCK_N rows of x, and reads only ``attn`` otherwise, so no two programs
+touch the same bytes. Grid: one program per BLOCK_N rows. Bytes: N*K*2 of weights
+(Qwen2.5-1.5B: 4.7 MB a layer), N*2 read and written for the residual.
 
 Tensor parallelism (row-parallel: each rank holds a column slice of W_o and the matching
 slice of ``attn``): with ``out`` the rank's partial goes, unrounded, to ``out`` and x is

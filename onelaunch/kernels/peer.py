@@ -71,10 +71,11 @@ def system_fence(ENABLED: tl.constexpr):
 
 
 @triton.jit
-def peer_sum(y, offs_n, n_mask, tile, peer_ptr, WORLD: tl.constexpr, FENCE: tl.constexpr):
-    """Sum over ranks, in rank order, of every rank's ``y`` (fp32, this program's values at
-    ``offs_n`` of exchange tile ``tile``), through the site ``peer_ptr`` describes (the
-    protocol in the module docstring). Every rank gets the same bits.
+def peer_sum(y, offs_n, n_mask, tile, peer_ptr, WORLD: tl.constexpr,
+             FENCE: tl.constexpr):
+    """Sum over ranks, in rank order, of every rank's ``y`` (fp32, this program's values
+    at ``offs_n`` of exchange tile ``tile``), through the site ``peer_ptr`` describes
+    (the protocol in the module docstring). Every rank gets the same bits.
 
     Each value travels with its exchange number in one 8-byte word (NCCL's low-latency
     protocol): a reader knows a word has arrived when its high half says ``v``, so no
@@ -83,26 +84,31 @@ def peer_sum(y, offs_n, n_mask, tile, peer_ptr, WORLD: tl.constexpr, FENCE: tl.c
     rank = tl.load(peer_ptr + 2 * WORLD + 1).to(tl.int32)
     n_max = tl.load(peer_ptr + 2 * WORLD + 2)
     v = tl.load(seq + tile, volatile=True) + 1
-    tl.debug_barrier()        # every warp has read the old number before one stores the new
+    # every warp has read the old number before one stores the new
+    tl.debug_barrier()
     tl.store(seq + tile, v)
-    half = (v % 2) * WORLD * n_max                 # double buffer: the parity of the exchange
-    word = (v.to(tl.int64) << 32) | (y.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF)
-    for r in tl.static_range(WORLD):               # my words into every other rank's slots[me]
+    half = (v % 2) * WORLD * n_max           # double buffer: the parity of the exchange
+    word = ((v.to(tl.int64) << 32)
+            | (y.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF))
+    # my words into every other rank's slots[me]
+    for r in tl.static_range(WORLD):
         if r != rank:
             dst = tl.load(peer_ptr + r).to(tl.pointer_type(tl.int64))
             tl.store(dst + half + rank * n_max + offs_n, word, mask=n_mask)
     mine = tl.load(peer_ptr + rank).to(tl.pointer_type(tl.int64)) + half
     total = tl.zeros_like(y)
-    for r in tl.static_range(WORLD):               # rank order: the same bits on every rank
+    for r in tl.static_range(WORLD):         # rank order: the same bits on every rank
         if r == rank:
             total += y
         else:
             src = mine + r * n_max + offs_n
             w = tl.load(src, mask=n_mask, other=0, volatile=True)
-            ready = tl.min(tl.where(n_mask, ((w >> 32).to(tl.int32) == v).to(tl.int32), 1), axis=0)
-            while ready == 0:                      # spin on the words themselves
+            ready = tl.min(tl.where(n_mask, ((w >> 32).to(tl.int32) == v).to(tl.int32),
+                                    1), axis=0)
+            while ready == 0:                # spin on the words themselves
                 w = tl.load(src, mask=n_mask, other=0, volatile=True)
-                ready = tl.min(tl.where(n_mask, ((w >> 32).to(tl.int32) == v).to(tl.int32), 1),
+                ready = tl.min(tl.where(n_mask,
+                                        ((w >> 32).to(tl.int32) == v).to(tl.int32), 1),
                                axis=0)
             total += (w & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
     return total

@@ -4,9 +4,9 @@
     h[n] = silu(W_gate[n] . xn) * (W_up[n] . xn)        W_gu = [W_gate; W_up]: [2I, K]
 
 Each program owns BLOCK_N channels and reads the matching rows of both halves of the
-concatenated weight, so gate and up for a channel meet in registers and only h (I values)
-is written. Grid: one program per BLOCK_N of the I channels. Bytes: 2*I*K*2 of weights
-(Qwen2.5-1.5B: 55 MB a layer, the largest stream of the step), I*2 written.
+concatenated weight, so gate and up for a channel meet in registers and only h (I
+values) is written. Grid: one program per BLOCK_N of the I channels. Bytes: 2*I*K*2 of
+weights (Qwen2.5-1.5B: 55 MB a layer, the largest stream of the step), I*2 written.
 """
 import triton
 import triton.language as tl
@@ -16,12 +16,13 @@ from ._common import gemv2_tiles, pdl_wait, rms_rstd, row_tiles, swiglu
 
 
 @triton.jit
-def gate_up_first(w_ptr, stride_w_n, I, K, tile, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                  PREFETCH: tl.constexpr):
+def gate_up_first(w_ptr, stride_w_n, I, K, tile, BLOCK_N: tl.constexpr,
+                  BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr):
     """The first weight tiles of channel tile ``tile``: gate rows, then up rows."""
-    g0, g1, g2, g3 = row_tiles(w_ptr, stride_w_n, I, tile, 0, K, BLOCK_N, BLOCK_K, PREFETCH)
-    u0, u1, u2, u3 = row_tiles(w_ptr + I * stride_w_n, stride_w_n, I, tile, 0, K, BLOCK_N, BLOCK_K,
+    g0, g1, g2, g3 = row_tiles(w_ptr, stride_w_n, I, tile, 0, K, BLOCK_N, BLOCK_K,
                                PREFETCH)
+    u0, u1, u2, u3 = row_tiles(w_ptr + I * stride_w_n, stride_w_n, I, tile, 0, K,
+                               BLOCK_N, BLOCK_K, PREFETCH)
     return g0, g1, g2, g3, u0, u1, u2, u3
 
 
@@ -29,22 +30,24 @@ def gate_up_first(w_ptr, stride_w_n, I, K, tile, BLOCK_N: tl.constexpr, BLOCK_K:
 def gate_up_tile(x_ptr, g_ptr, w_ptr, h_ptr, I, K, rstd, stride_w_n, tile,
                  g0, g1, g2, g3, u0, u1, u2, u3,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr):
-    """Channel tile ``tile`` of h, given its first tiles (``gate_up_first``) and x's RMS."""
+    """Channel tile ``tile`` of h, given its first tiles (``gate_up_first``) and x's
+    RMS."""
     offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < I
     up_ptr = w_ptr + I * stride_w_n
-    gate, up = gemv2_tiles(w_ptr, up_ptr, stride_w_n, offs_n, n_mask, x_ptr, g_ptr, rstd,
-                           g0, g1, g2, g3, u0, u1, u2, u3, K, BLOCK_K, PREFETCH, True)
+    gate, up = gemv2_tiles(w_ptr, up_ptr, stride_w_n, offs_n, n_mask, x_ptr, g_ptr,
+                           rstd, g0, g1, g2, g3, u0, u1, u2, u3, K, BLOCK_K, PREFETCH,
+                           True)
     tl.store(h_ptr + offs_n, swiglu(gate, up).to(h_ptr.dtype.element_ty), mask=n_mask)
 
 
 @triton.jit
 def _rms_gate_up_swiglu_kernel(x_ptr, g_ptr, w_ptr, h_ptr, I, K, eps, stride_w_n,
-                               USE_PDL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                               PREFETCH: tl.constexpr):
+                               USE_PDL: tl.constexpr, BLOCK_N: tl.constexpr,
+                               BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr):
     pid = tl.program_id(0)
-    g0, g1, g2, g3, u0, u1, u2, u3 = gate_up_first(w_ptr, stride_w_n, I, K, pid, BLOCK_N, BLOCK_K,
-                                                   PREFETCH)
+    g0, g1, g2, g3, u0, u1, u2, u3 = gate_up_first(w_ptr, stride_w_n, I, K, pid,
+                                                   BLOCK_N, BLOCK_K, PREFETCH)
     pdl_wait(USE_PDL)
     rstd = rms_rstd(x_ptr, K, eps, BLOCK_K)
     gate_up_tile(x_ptr, g_ptr, w_ptr, h_ptr, I, K, rstd, stride_w_n, pid,

@@ -6,16 +6,16 @@
 
 OLMoE first RMS-normalises the whole q (Hq D values) and the whole k (Hkv D) with gains
 q_norm, k_norm (``QK_NORM``). That statistic spans every head, so each program reads the
-whole q (or k) it belongs to, 4 KB from L2, and computes it itself: the norm rides in this
-launch instead of needing a second kernel or a last-arrival reduction in the QKV GEMV.
-Under tensor parallelism a rank holds only some heads, so the statistic comes from ``ss``
-instead (fp32 [2]: the sums of squares of the whole q and k, summed over the ranks by
-``qk_sumsq``), divided by the whole model's sizes ``q_total``, ``k_total``.
+whole q (or k) it belongs to, 4 KB from L2, and computes it itself: the norm rides in
+this launch instead of needing a second kernel or a last-arrival reduction in the QKV
+GEMV. Under tensor parallelism a rank holds only some heads, so the statistic comes from
+``ss`` instead (fp32 [2]: the sums of squares of the whole q and k, summed over the
+ranks by ``qk_sumsq``), divided by the whole model's sizes ``q_total``, ``k_total``.
 
 rotate_half is computed from a gathered index: element d pairs with d +- D/2 and takes a
-sign, so no half is ever concatenated. cos/sin come from a table [max_ctx, D] (rounded to
-the model dtype, as HF does) indexed by the position, which the kernel reads from a device
-tensor: the recorded launch is the same at every step, as a CUDA graph needs.
+sign, so no half is ever concatenated. cos/sin come from a table [max_ctx, D] (rounded
+to the model dtype, as HF does) indexed by the position, which the kernel reads from a
+device tensor: the recorded launch is the same at every step, as a CUDA graph needs.
 Grid: one program per head, Hq + Hkv programs. Bytes: (Hq + 2Hkv) D * 2 read, as many
 written: about 4 KB, so this kernel is all launch latency. It replaces about a dozen
 PyTorch ops (slices, two multiplies, a concatenation and a negation per tensor, an
