@@ -48,9 +48,9 @@ TABLE: dict[str, dict[str, dict]] = {
         "lm_head":    dict(BLOCK_N=64, BLOCK_K=256, num_warps=4),
         "attention":  dict(BLOCK_T=64, num_warps=4),
         "attn_split": dict(BLOCK_T=64, num_warps=4),
-        # not measured yet: at 8 warps the one-launch kernel compiles (ptxas, sm_90, the
-        # tuned tiles) to 242 registers and no spills; at 4, 255 and 800 bytes of spills
-        "layer_persistent": dict(num_warps=8, NEXT=1),
+        # measured (H200, Qwen, ctx 512; NOTES.md 13): 8 warps, 1 program per SM 2.47 ms;
+        # 4 warps, 1 per SM 2.69; 4 warps, 2 per SM 1.90 (8 warps cannot fit 2 per SM)
+        "layer_persistent": dict(num_warps=4, PER_SM=2, NEXT=1),
     },
     # RTX 4090 (Ada): not measured here; the defaults, whose tiles are safe on any GPU.
     # `python -m onelaunch.bench --what sweepcfg --write-table` writes a measured table.
