@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from . import agree
 from . import kernels as K
-from .engine import Engine
+from .engine import Engine, persistent_refusal
 from .kernels import config
 from .oracle import Oracle
 from .specs import get_spec
@@ -56,8 +56,11 @@ RUNG_SETTINGS = {
 
 
 def rung_supported(spec, rung: str) -> bool:
-    """Whether ``rung`` applies to ``spec``'s model (the persistent layer: dense only)."""
-    return not (RUNG_SETTINGS[rung].get("persistent") and get_spec(spec).is_moe)
+    """Whether ``rung`` applies to ``spec``'s model (the engine's own rule for its
+    settings: the persistent layer, dense models only)."""
+    st = RUNG_SETTINGS[rung]
+    return not (st.get("persistent") and persistent_refusal(
+        spec, st["attention"], fuse_rope=st.get("fuse_rope", False)))
 
 
 def rung_engine(spec, w, rung: str, max_ctx: int) -> Engine:

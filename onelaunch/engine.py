@@ -49,6 +49,23 @@ class EngineError(ValueError):
     """Bad input to the engine: the message says what to do."""
 
 
+def persistent_refusal(spec, attention: str = "splitk", tp=None, fuse_rope: bool = False):
+    """Why an engine with ``persistent=True`` cannot be built for these settings (one line
+    saying what to use), or None: the one rule the engine and the ladder's rungs share."""
+    spec = get_spec(spec)
+    if attention != "splitk":
+        return "persistent=True needs split-K attention: use attention='splitk'"
+    if spec.is_moe:
+        return (f"persistent=True supports dense models only so far: build the {spec.name} "
+                f"engine with persistent=False")
+    if tp is not None:
+        return ("persistent=True runs on one GPU: leave out tp (or use persistent=False "
+                "under tensor parallelism)")
+    if fuse_rope:
+        return "persistent=True has RoPE in its own phase: leave out fuse_rope"
+    return None
+
+
 class Engine:
     def __init__(self, spec, weights: dict[str, torch.Tensor], max_ctx: int | None = None,
                  attention: str = "splitk", pdl: bool = False, fuse_rope: bool = False,
@@ -74,17 +91,9 @@ class Engine:
             raise EngineError("fuse_rope needs split-K attention and a model without q/k norm "
                               "(whose RMS spans all heads)")
         self.fuse_rope = bool(fuse_rope)
-        if persistent:
-            if attention != "splitk":
-                raise EngineError("persistent=True needs split-K attention: use attention='splitk'")
-            if spec.is_moe:
-                raise EngineError(f"persistent=True supports dense models only so far: build the "
-                                  f"{spec.name} engine with persistent=False")
-            if tp is not None:
-                raise EngineError("persistent=True runs on one GPU: leave out tp (or use "
-                                  "persistent=False under tensor parallelism)")
-            if fuse_rope:
-                raise EngineError("persistent=True has RoPE in its own phase: leave out fuse_rope")
+        why = persistent_refusal(spec, attention, tp, fuse_rope) if persistent else None
+        if why:
+            raise EngineError(why)
         self.persistent = bool(persistent)
         self.cfgs = dict(cfgs or {})                    # op -> launch config (a sweep's trial)
         self.tp = tp                                    # tp.Group: this engine is one rank
