@@ -29,6 +29,8 @@
 #     attn     Qwen: the step at ctx 512 in an engine for 1024 positions and one for the
 #              default maximum (each checked, then timed; their ratio), the context sweep,
 #              and the one-kernel attention's bit-identity tests compiled on the GPU
+#     stream   Qwen: the persistent layer with its GEMV phases streamed through shared memory
+#              (stream_gemv), several stages/tiles/grids, each bit-checked then timed
 #     book     every chapter through papermill with the GPU parameters (ci/gpu_book.sh)
 #     profile  both models: each rung's step under torch.profiler, per op: the time its
 #              bytes need and the time beyond (ci/profile_check.sh; rows and figures in $OUT/profile)
@@ -89,6 +91,7 @@ has profile && run profile 900 bash ci/profile_check.sh
 has attn && run attn_maxctx 300 python3 -m onelaunch.bench --model qwen2.5-1.5b --what maxctx --json work/attn_maxctx.json
 has attn && run attn_sweep 400 python3 -m onelaunch.bench --model qwen2.5-1.5b --what sweep --json work/attn_sweep.json
 has attn && run attn_tests 300 python3 -m pytest -q tests/test_attention_onekernel.py
+has stream && run stream 560 python3 ci/persistent_check.py work/persistent_stream.json --timeout 110 --variants "${STREAM_VARIANTS:-4:4:8x512:2,4:6:8x512:2,8:8:8x512:1,4:3:16x512:2,8:4:16x512:1}"
 has book && run book 560 bash ci/gpu_book.sh "$OUT/book-gpu.tar.gz"
 cp "$LOG" "$OUT/" 2>/dev/null
 tar czf "$OUT/gpu-run.tar.gz" work results 2>/dev/null

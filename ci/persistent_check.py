@@ -2,7 +2,7 @@
 seeded random weights: bits against the split-K + PDL engine, then ms per token.
 
     python ci/persistent_check.py [OUT.json] [--ctx 512] [--warps 4,8] [--grids 1,2]
-                                  [--timeout 150]
+                                  [--timeout 150] [--variants 4:4:8x512:2,8:6:8x512:1]
 
 (On a CPU, ``TRITON_INTERPRET=1 python ci/persistent_check.py /tmp/p.json --model
 tiny-qwen2 --ctx 8 --steps 2 --iters 2 --warps 4 --grids 1`` is a dry run of the script.)
@@ -26,10 +26,15 @@ that ends it with os._exit), so the check always ends. A child:
   * records the compiled persistent kernel's registers and spills (``n_regs``,
     ``n_spills``), the grid, and whether the launch was cooperative and PDL.
 
+``--variants``: one child each, in place of ``--warps``: ``warps:stages:tile:per_sm``
+(stages 0: the register ring; N > 0: the GEMV phases streamed through shared memory,
+``stream_gemv``; tile ``BNxBK`` or empty for the ops' own).
+
 Environment (read by ``kernels/layer_persistent.py`` at each launch):
 ONELAUNCH_PERSIST_GRID (programs), ONELAUNCH_PERSIST_PER_SM, ONELAUNCH_PERSIST_COOP=0
 (plain launch), ONELAUNCH_PERSIST_PDL=0 (no PDL on the layer kernel),
-ONELAUNCH_PERSIST_SPLIT=1 (one launch per phase, no barrier: isolates a barrier bug).
+ONELAUNCH_PERSIST_SPLIT=1 (one launch per phase, no barrier: isolates a barrier bug),
+ONELAUNCH_PERSIST_STAGES, ONELAUNCH_PERSIST_TILE (``layer_persistent.entry``).
 """
 from __future__ import annotations
 
@@ -56,13 +61,20 @@ def parent(a) -> int:
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     report = {"model": a.model, "ctx": a.ctx, "children": []}
     t0 = time.time()
-    for w in [int(v) for v in a.warps.split(",")]:
+    runs = ([dict(zip(("warps", "stages", "tile", "per_sm"), v.split(":")))
+             for v in a.variants.split(",")] if a.variants
+            else [{"warps": v} for v in a.warps.split(",")])
+    for i, var in enumerate(runs):
+        w = int(var["warps"])
         cmd = [sys.executable, os.path.abspath(__file__), "--child", "--warps", str(w),
-               "--grids", a.grids, "--ctx", str(a.ctx), "--timeout", str(a.timeout),
+               "--grids", "" if a.variants else a.grids, "--ctx", str(a.ctx), "--timeout", str(a.timeout),
                "--model", a.model, "--steps", str(a.steps), "--iters", str(a.iters)]
-        child_out = f"{out}.w{w}.part"
+        child_out = f"{out}.{i}.part"
         cmd += [child_out]
         env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        for k in ("stages", "tile", "per_sm"):
+            if var.get(k):
+                env[f"ONELAUNCH_PERSIST_{k.upper()}"] = var[k]
         t = time.time()
         try:
             r = subprocess.run(cmd, env=env, timeout=a.timeout + 15, capture_output=True, text=True)
@@ -74,7 +86,7 @@ def parent(a) -> int:
             with open(child_out) as f:
                 res = json.load(f)
             os.remove(child_out)
-        res.update(warps=w, rc=rc, child_s=round(time.time() - t, 1))
+        res.update(warps=w, variant=var, rc=rc, child_s=round(time.time() - t, 1))
         if rc != 0:
             res["tail"] = tail
         report["children"].append(res)
@@ -204,9 +216,9 @@ def child(a) -> int:
     res["stage"] = "grids"
     res["grids"] = []
     for per_sm in [float(v) for v in a.grids.split(",") if v]:
-        if per_sm == 1:
-            continue                                  # the default grid, measured above
         programs = max(1, int(per_sm * sms))
+        if programs == res["grid"]:
+            continue                                  # the default grid, measured above
         os.environ["ONELAUNCH_PERSIST_GRID"] = str(programs)
         row = {"programs": programs}
         try:
@@ -244,6 +256,7 @@ def main() -> int:
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--warps", default="4,8", help="num_warps of the persistent kernel, one child each")
     ap.add_argument("--grids", default="1,2,0.5", help="programs per SM to try (1: the default)")
+    ap.add_argument("--variants", default="", help="warps:stages:tile:per_sm, one child each")
     ap.add_argument("--timeout", type=int, default=150, help="seconds a child may take")
     ap.add_argument("--model", default=MODEL)
     ap.add_argument("--steps", type=int, default=STEPS, help="lockstep steps compared bit for bit")

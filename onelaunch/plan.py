@@ -146,11 +146,17 @@ def persistent_cfgs(e, li: int = 0) -> dict:
     on it). An engine built with ``cfgs=persistent_cfgs(e)`` runs the same tiles unfused:
     the bit-for-bit reference of the persistent rung."""
     L = e.W["layers"][li]
-    c_p = dict(config.get("layer_persistent", e.device), **e.cfgs.get("layer_persistent", {}))
+    c_p = K.layer_persistent_entry(dict(config.get("layer_persistent", e.device),
+                                        **e.cfgs.get("layer_persistent", {})))
     out = {"layer_persistent": c_p}
     for op, w in (("rms_qkv", L["w_qkv"]), ("o_proj", L["w_o"]), ("gate_up", L["w_gate_up"]),
                   ("down", L["w_down"]), ("attn_split", None)):
         out[op] = dict(e.cfg(op, w), num_warps=c_p["num_warps"])
+        if c_p["STAGES"] and w is not None:       # streamed: whole rows, its own tile
+            bn, bk = (int(v) for v in c_p.get("TILE", "0x0").split("x"))
+            out[op].update(PREFETCH=1, **({"BLOCK_N": bn, "BLOCK_K": bk} if bn else {}))
+            if op == "down":
+                out[op]["SPLIT_K"] = 1
     out["attn_split"]["reduce_warps"] = c_p["num_warps"]          # the merge too
     return out
 

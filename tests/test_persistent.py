@@ -76,6 +76,25 @@ def test_persistent_layer_is_the_splitk_step_bit_for_bit(w, lp):
     assert not eng.down_counter.any() and not eng.layer_barrier.any()   # left zero
 
 
+@pytest.mark.parametrize("lp", [{"STAGES": 3}, {"STAGES": 2, "TILE": "4x32", "GRID": 16}])
+def test_streamed_phases_are_the_reference_bit_for_bit(w, lp):
+    """STAGES > 0: each GEMV phase is one flat loop over (row tile, K tile) streamed through
+    shared memory (``stream_gemv``). Its bits equal an unfused engine run at the same tiles
+    (``plan.persistent_cfgs``: whole rows for down, SPLIT_K 1), step after step."""
+    eng = Engine(SPEC, w, max_ctx=MAX_CTX, persistent=True, cfgs={"layer_persistent": lp})
+    c = plan.persistent_cfgs(eng)
+    assert c["down"]["SPLIT_K"] == 1 and c["layer_persistent"]["STAGES"] == lp["STAGES"]
+    if "TILE" in lp:
+        assert (c["gate_up"]["BLOCK_N"], c["gate_up"]["BLOCK_K"]) == (4, 32)
+    ref = Engine(SPEC, w, max_ctx=MAX_CTX, cfgs=c)
+    for e in (ref, eng):
+        e.capture()
+        e.start(torch.tensor([5, 17, 3]))
+    run_both(ref, eng, 2)
+    near_the_split((ref, eng))
+    run_both(ref, eng, 3)
+
+
 @pytest.mark.parametrize("nxt", [1, 0])
 def test_one_launch_of_one_program(w, monkeypatch, nxt):
     """A grid of one program runs all seven phases in ONE launch in the interpreter too

@@ -165,6 +165,56 @@ def gemv2_tiles(wa_ptr, wb_ptr, stride_w_n, offs_n, n_mask, x_ptr, g_ptr, rstd,
 
 
 @triton.jit
+def stream_gemv(w_ptr, stride_w_n, N, K, x_ptr, g_ptr, rstd, out_ptr, b_ptr, first, step,
+                EPI: tl.constexpr, HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr,
+                FENCE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                STAGES: tl.constexpr):
+    """Row tiles ``first``, ``first + step``, ... of W [N, K] @ x, as one flat loop over
+    (row tile, K tile) that Triton's software pipeliner streams through shared memory,
+    STAGES - 1 tiles ahead (``tl.range(num_stages=...)``: asynchronous copies, so the
+    bytes in flight do not take registers). A persistent program owns many tiles; the
+    flat loop keeps its stream going from one tile into the next.
+
+    The order of the sums is :func:`gemv_tiles`' (one [BLOCK_N, BLOCK_K] fp32 accumulator,
+    summed when a row tile's last K tile is in), and the epilogues are the unfused
+    kernels': EPI 0 the QKV rows (bf16, + bias), EPI 1 the residual add
+    (:func:`finish_rows`), EPI 2 gate/up (W holds the gate rows, the up rows N rows
+    below: :func:`swiglu`)."""
+    nk = tl.cdiv(K, BLOCK_K)
+    mine = tl.cdiv(tl.maximum(tl.cdiv(N, BLOCK_N) - first, 0), step)
+    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    acc2 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    for i in tl.range(0, mine * nk, num_stages=STAGES):
+        tile = first + (i // nk) * step
+        k0 = (i % nk) * BLOCK_K
+        offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < N
+        xt = load_x_tile(x_ptr, g_ptr, rstd, k0, K, BLOCK_K, HAS_NORM)[None, :]
+        w = load_w_tile(w_ptr, stride_w_n, offs_n, n_mask, k0, K, BLOCK_K)
+        acc += w.to(tl.float32) * xt
+        if EPI == 2:
+            u = load_w_tile(w_ptr + N * stride_w_n, stride_w_n, offs_n, n_mask, k0, K,
+                            BLOCK_K)
+            acc2 += u.to(tl.float32) * xt
+        if k0 + BLOCK_K >= K:                          # the row tile's last K tile
+            y = tl.sum(acc, axis=1)
+            if EPI == 0:
+                y = bf16_round(y)                      # the projection's bf16 output
+                if HAS_BIAS:
+                    y += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+                tl.store(out_ptr + offs_n, bf16_round(y).to(out_ptr.dtype.element_ty),
+                         mask=n_mask)
+            elif EPI == 1:
+                finish_rows(y, out_ptr, out_ptr, offs_n, n_mask, tile, out_ptr, False, False,
+                            1, FENCE)
+            else:
+                h = swiglu(y, tl.sum(acc2, axis=1))
+                tl.store(out_ptr + offs_n, h.to(out_ptr.dtype.element_ty), mask=n_mask)
+            acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+            acc2 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+
+
+@triton.jit
 def swiglu(gate, up):
     """silu(gate) * up from fp32 projections, rounded where HF's bf16 model rounds: gate
     and up, silu(gate), then the product. Returns fp32 holding bf16 values."""

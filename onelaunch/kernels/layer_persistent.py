@@ -45,7 +45,7 @@ import triton
 import triton.language as tl
 
 from . import config
-from ._common import pdl_wait, rms_rstd, row_tiles, thread_fence
+from ._common import pdl_wait, rms_rstd, row_tiles, stream_gemv, thread_fence
 from .attention_splitk import (BLOCK_S, block_m, live_share, live_splits, partial_early,
                                partial_rest, reduce_head, split_range)
 from .down_residual import down_first, down_split, down_tile
@@ -106,9 +106,13 @@ def _layer_kernel(
         BN_GU: tl.constexpr, BK_GU: tl.constexpr, PF_GU: tl.constexpr,
         BN_DN: tl.constexpr, BK_DN: tl.constexpr, PF_DN: tl.constexpr, SPLIT_K: tl.constexpr,
         FIRST: tl.constexpr, LAST: tl.constexpr, NEXT: tl.constexpr, USE_PDL: tl.constexpr,
-        FENCE: tl.constexpr):
+        FENCE: tl.constexpr, STAGES: tl.constexpr):
     pid = tl.program_id(0)
     P = tl.num_programs(0)
+    # STAGES > 0: the GEMV phases stream through shared memory (stream_gemv), whose
+    # pipeline starts after the barrier; nothing of theirs is requested before it
+    RING: tl.constexpr = STAGES == 0
+    AHEAD: tl.constexpr = NEXT and RING
     n_qkv = tl.cdiv(N_QKV, BN_QKV)
     n_attn = HKV * n_splits
     n_o = tl.cdiv(H, BN_O)
@@ -120,18 +124,18 @@ def _layer_kernel(
     pos = tl.load(pos_ptr)
 
     # ---- before the PDL wait: the first weight tiles of the launch's first phase --------
-    if FIRST == 0:
+    if FIRST == 0 and RING:
         a0, a1, a2, a3 = row_tiles(w_qkv_ptr, stride_qkv, N_QKV, pid, 0, H, BN_QKV, BK_QKV, PF_QKV)
     if FIRST == 2:
         start, end = split_range(pos, pid // HKV, n_share, CHUNK)
         k0, v0, tm0 = partial_early(k_cache_ptr, v_cache_ptr, pos, pid % HKV, start, end,
                                     stride_c_h, stride_c_t, D, BLOCK_DA, BLOCK_T)
-    if FIRST == 4:
+    if FIRST == 4 and RING:
         o0, o1, o2, o3 = row_tiles(w_o_ptr, stride_o, H, pid, 0, K_O, BN_O, BK_O, PF_O)
-    if FIRST == 5:
+    if FIRST == 5 and RING:
         g0, g1, g2, g3, u0, u1, u2, u3 = gate_up_first(w_gu_ptr, stride_gu, I, H, pid, BN_GU, BK_GU,
                                                        PF_GU)
-    if FIRST == 6:
+    if FIRST == 6 and RING:
         d0, d1, d2, d3 = down_first(w_dn_ptr, stride_dn, H, I, k_per_split, pid % n_dn_rows,
                                     pid // n_dn_rows, BN_DN, BK_DN, PF_DN)
     pdl_wait(USE_PDL)
@@ -139,11 +143,15 @@ def _layer_kernel(
     # ---- phase 0: RMSNorm + QKV (+ bias) ---------------------------------------------------
     if FIRST <= 0 and LAST >= 0:
         rstd = rms_rstd(x_ptr, H, eps, BK_QKV)
-        for t in range(pid, n_qkv, P):
-            rms_qkv_tile(x_ptr, gin_ptr, w_qkv_ptr, b_qkv_ptr, qkv_ptr, N_QKV, H, rstd, stride_qkv, t,
-                         a0, a1, a2, a3, HAS_BIAS, BN_QKV, BK_QKV, PF_QKV)
-            a0, a1, a2, a3 = row_tiles(w_qkv_ptr, stride_qkv, N_QKV, t + P, 0, H, BN_QKV, BK_QKV,
-                                       PF_QKV)
+        if STAGES > 0:
+            stream_gemv(w_qkv_ptr, stride_qkv, N_QKV, H, x_ptr, gin_ptr, rstd, qkv_ptr, b_qkv_ptr,
+                        pid, P, 0, True, HAS_BIAS, FENCE, BN_QKV, BK_QKV, STAGES)
+        else:
+            for t in range(pid, n_qkv, P):
+                rms_qkv_tile(x_ptr, gin_ptr, w_qkv_ptr, b_qkv_ptr, qkv_ptr, N_QKV, H, rstd, stride_qkv, t,
+                             a0, a1, a2, a3, HAS_BIAS, BN_QKV, BK_QKV, PF_QKV)
+                a0, a1, a2, a3 = row_tiles(w_qkv_ptr, stride_qkv, N_QKV, t + P, 0, H, BN_QKV, BK_QKV,
+                                           PF_QKV)
     if FIRST <= 0 and LAST >= 1:       # RoPE reads no weights: nothing to request early
         grid_barrier(bar_ptr, (1 - FIRST) * P, P, LAST == 1, FENCE)
 
@@ -175,7 +183,7 @@ def _layer_kernel(
             k0, v0, tm0 = partial_early(k_cache_ptr, v_cache_ptr, pos, (t + P) % HKV, start, end,
                                         stride_c_h, stride_c_t, D, BLOCK_DA, BLOCK_T)
     if FIRST <= 2 and LAST >= 3:       # the merge is short: W_o's tiles are requested here
-        if NEXT:
+        if AHEAD:
             o0, o1, o2, o3 = row_tiles(w_o_ptr, stride_o, H, pid, 0, K_O, BN_O, BK_O, PF_O)
         grid_barrier(bar_ptr, (3 - FIRST) * P, P, LAST == 3, FENCE)
 
@@ -186,52 +194,64 @@ def _layer_kernel(
             reduce_head(part_o_ptr, part_m_ptr, part_l_ptr, attn_ptr, t, n_splits, n_valid, D,
                         BLOCK_D, BLOCK_S, BLOCK_M, True)
     if FIRST <= 3 and LAST >= 4:
-        if FIRST == 3 and NEXT:
+        if FIRST == 3 and AHEAD:
             o0, o1, o2, o3 = row_tiles(w_o_ptr, stride_o, H, pid, 0, K_O, BN_O, BK_O, PF_O)
         grid_barrier(bar_ptr, (4 - FIRST) * P, P, LAST == 4, FENCE)
-        if not NEXT:
+        if not NEXT and RING:
             o0, o1, o2, o3 = row_tiles(w_o_ptr, stride_o, H, pid, 0, K_O, BN_O, BK_O, PF_O)
 
     # ---- phase 4: O-projection + residual -----------------------------------------------------
     if FIRST <= 4 and LAST >= 4:
-        for t in range(pid, n_o, P):
-            o_proj_tile(attn_ptr, w_o_ptr, x_ptr, x_ptr, x_ptr, H, K_O, stride_o, t, o0, o1, o2, o3,
-                        False, False, 1, FENCE, BN_O, BK_O, PF_O)
-            o0, o1, o2, o3 = row_tiles(w_o_ptr, stride_o, H, t + P, 0, K_O, BN_O, BK_O, PF_O)
+        if STAGES > 0:
+            stream_gemv(w_o_ptr, stride_o, H, K_O, attn_ptr, attn_ptr, 1.0, x_ptr, x_ptr, pid, P,
+                        1, False, False, FENCE, BN_O, BK_O, STAGES)
+        else:
+            for t in range(pid, n_o, P):
+                o_proj_tile(attn_ptr, w_o_ptr, x_ptr, x_ptr, x_ptr, H, K_O, stride_o, t, o0, o1, o2, o3,
+                            False, False, 1, FENCE, BN_O, BK_O, PF_O)
+                o0, o1, o2, o3 = row_tiles(w_o_ptr, stride_o, H, t + P, 0, K_O, BN_O, BK_O, PF_O)
     if FIRST <= 4 and LAST >= 5:
-        if NEXT:
+        if AHEAD:
             g0, g1, g2, g3, u0, u1, u2, u3 = gate_up_first(w_gu_ptr, stride_gu, I, H, pid, BN_GU,
                                                            BK_GU, PF_GU)
         grid_barrier(bar_ptr, (5 - FIRST) * P, P, LAST == 5, FENCE)
-        if not NEXT:
+        if not NEXT and RING:
             g0, g1, g2, g3, u0, u1, u2, u3 = gate_up_first(w_gu_ptr, stride_gu, I, H, pid, BN_GU,
                                                            BK_GU, PF_GU)
 
     # ---- phase 5: RMSNorm + gate/up + SwiGLU --------------------------------------------------
     if FIRST <= 5 and LAST >= 5:
         rstd2 = rms_rstd(x_ptr, H, eps, BK_GU)
-        for t in range(pid, n_gu, P):
-            gate_up_tile(x_ptr, gpost_ptr, w_gu_ptr, h_ptr, I, H, rstd2, stride_gu, t,
-                         g0, g1, g2, g3, u0, u1, u2, u3, BN_GU, BK_GU, PF_GU)
-            g0, g1, g2, g3, u0, u1, u2, u3 = gate_up_first(w_gu_ptr, stride_gu, I, H, t + P, BN_GU,
-                                                           BK_GU, PF_GU)
+        if STAGES > 0:
+            stream_gemv(w_gu_ptr, stride_gu, I, H, x_ptr, gpost_ptr, rstd2, h_ptr, h_ptr, pid, P,
+                        2, True, False, FENCE, BN_GU, BK_GU, STAGES)
+        else:
+            for t in range(pid, n_gu, P):
+                gate_up_tile(x_ptr, gpost_ptr, w_gu_ptr, h_ptr, I, H, rstd2, stride_gu, t,
+                             g0, g1, g2, g3, u0, u1, u2, u3, BN_GU, BK_GU, PF_GU)
+                g0, g1, g2, g3, u0, u1, u2, u3 = gate_up_first(w_gu_ptr, stride_gu, I, H, t + P, BN_GU,
+                                                               BK_GU, PF_GU)
     if FIRST <= 5 and LAST >= 6:
-        if NEXT:
+        if AHEAD:
             d0, d1, d2, d3 = down_first(w_dn_ptr, stride_dn, H, I, k_per_split, pid % n_dn_rows,
                                         pid // n_dn_rows, BN_DN, BK_DN, PF_DN)
         grid_barrier(bar_ptr, (6 - FIRST) * P, P, LAST == 6, FENCE)
-        if not NEXT:
+        if not NEXT and RING:
             d0, d1, d2, d3 = down_first(w_dn_ptr, stride_dn, H, I, k_per_split, pid % n_dn_rows,
                                         pid // n_dn_rows, BN_DN, BK_DN, PF_DN)
 
     # ---- phase 6: down + residual (the last split to arrive adds the row block) ---------------
     if FIRST <= 6 and LAST >= 6:
-        for t in range(pid, n_dn, P):
-            down_tile(h_ptr, w_dn_ptr, x_ptr, scratch_ptr, counter_ptr, x_ptr, x_ptr, H, I,
-                      k_per_split, stride_dn, t % n_dn_rows, t // n_dn_rows, d0, d1, d2, d3,
-                      SPLIT_K, FENCE, False, False, 1, BN_DN, BK_DN, PF_DN)
-            d0, d1, d2, d3 = down_first(w_dn_ptr, stride_dn, H, I, k_per_split, (t + P) % n_dn_rows,
-                                        (t + P) // n_dn_rows, BN_DN, BK_DN, PF_DN)
+        if STAGES > 0:                 # whole rows (SPLIT_K 1): no last arrival in the loop
+            stream_gemv(w_dn_ptr, stride_dn, H, I, h_ptr, h_ptr, 1.0, x_ptr, x_ptr, pid, P,
+                        1, False, False, FENCE, BN_DN, BK_DN, STAGES)
+        else:
+            for t in range(pid, n_dn, P):
+                down_tile(h_ptr, w_dn_ptr, x_ptr, scratch_ptr, counter_ptr, x_ptr, x_ptr, H, I,
+                          k_per_split, stride_dn, t % n_dn_rows, t // n_dn_rows, d0, d1, d2, d3,
+                          SPLIT_K, FENCE, False, False, 1, BN_DN, BK_DN, PF_DN)
+                d0, d1, d2, d3 = down_first(w_dn_ptr, stride_dn, H, I, k_per_split, (t + P) % n_dn_rows,
+                                            (t + P) // n_dn_rows, BN_DN, BK_DN, PF_DN)
 
 
 # ---- the launcher ---------------------------------------------------------------------------
@@ -251,6 +271,20 @@ def grid_size(device, cfg: dict) -> int:
         return 3
     sms = torch.cuda.get_device_properties(torch.device(device)).multi_processor_count
     return sms * _env_int("ONELAUNCH_PERSIST_PER_SM", cfg.get("PER_SM", 1))
+
+
+def entry(c_p: dict) -> dict:
+    """The persistent kernel's table entry with the environment's overrides:
+    ``ONELAUNCH_PERSIST_STAGES`` (0: each GEMV phase walks its tiles with a register ring,
+    as the unfused kernels; N > 0: one flat loop streamed through shared memory, N - 1
+    tiles ahead, ``stream_gemv``) and ``ONELAUNCH_PERSIST_TILE`` (``BNxBK``: the streamed
+    phases' row tile, for all four GEMVs; default: each op's own tile)."""
+    c = dict(c_p)
+    c["STAGES"] = _env_int("ONELAUNCH_PERSIST_STAGES", c.get("STAGES", 0))
+    tile = os.environ.get("ONELAUNCH_PERSIST_TILE") or c.get("TILE")
+    if tile:
+        c["TILE"] = str(tile)
+    return c
 
 
 def launch_options(device, use_pdl: bool) -> dict:
@@ -284,6 +318,8 @@ def layer_persistent(x, L: dict, qkv, q, attn, h, k_cache, v_cache, cos, sin, po
     c_qkv, c_o, c_gu, c_dn = cfgs["rms_qkv"], cfgs["o_proj"], cfgs["gate_up"], cfgs["down"]
     c_at, c_p = cfgs["attn_split"], cfgs["layer_persistent"]
     k_per_split, split = down_split(I, c_dn)
+    stages = int(c_p.get("STAGES", 0))
+    assert not stages or split == 1, "the streamed down phase runs whole rows (SPLIT_K 1)"
     n_dn_rows = triton.cdiv(H, c_dn["BLOCK_N"])
     assert counter.numel() >= n_dn_rows and scratch.numel() >= split * H, "scratch too small"
     n_splits = part_m.shape[1]
@@ -324,5 +360,6 @@ def layer_persistent(x, L: dict, qkv, q, attn, h, k_cache, v_cache, cos, sin, po
             BN_GU=c_gu["BLOCK_N"], BK_GU=c_gu["BLOCK_K"], PF_GU=config.prefetch(c_gu, H),
             BN_DN=c_dn["BLOCK_N"], BK_DN=c_dn["BLOCK_K"], PF_DN=config.prefetch(c_dn, k_per_split),
             SPLIT_K=split, FIRST=first, LAST=last, NEXT=bool(c_p.get("NEXT", 1)),
-            USE_PDL=opts["pdl"], FENCE=not config.interpreting(), num_warps=c_p["num_warps"], **kw))
+            USE_PDL=opts["pdl"], FENCE=not config.interpreting(), STAGES=stages,
+            num_warps=c_p["num_warps"], **kw))
     return compiled
