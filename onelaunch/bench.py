@@ -47,10 +47,13 @@ RUNG_SETTINGS = {
     "+ split-K": dict(attention="splitk", graph=True, pdl=False),
     "+ PDL": dict(attention="splitk", graph=True, pdl=True),
     "+ RoPE in attention": dict(attention="splitk", graph=True, pdl=True, fuse_rope=True),
-    # one launch a dense layer (kernels/layer_persistent.py), with and without the next
-    # phase's weight tiles requested before each grid barrier (chapter 8)
+    # one launch a dense layer (kernels/layer_persistent.py), chapter 8: each GEMV phase
+    # with a register ring (STAGES 0), without and with the next phase's weight tiles
+    # requested before each grid barrier; then streamed through shared memory (the table)
     "persistent, nothing ahead": dict(attention="splitk", graph=True, pdl=True, persistent=True,
-                                      cfgs={"layer_persistent": {"NEXT": 0}}),
+                                      cfgs={"layer_persistent": {"NEXT": 0, "STAGES": 0}}),
+    "persistent, tiles ahead": dict(attention="splitk", graph=True, pdl=True, persistent=True,
+                                    cfgs={"layer_persistent": {"NEXT": 1, "STAGES": 0}}),
     "+ persistent layer": dict(attention="splitk", graph=True, pdl=True, persistent=True),
 }
 

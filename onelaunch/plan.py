@@ -148,11 +148,20 @@ def persistent_cfgs(e, li: int = 0) -> dict:
     L = e.W["layers"][li]
     c_p = K.layer_persistent_entry(dict(config.get("layer_persistent", e.device),
                                         **e.cfgs.get("layer_persistent", {})))
+    ops = {op: e.cfg(op, w) for op, w in (("rms_qkv", L["w_qkv"]), ("o_proj", L["w_o"]),
+                                           ("gate_up", L["w_gate_up"]), ("down", L["w_down"]),
+                                           ("attn_split", None))}
+    return persistent_tiles(c_p, ops)
+
+
+def persistent_tiles(c_p: dict, ops: dict) -> dict:
+    """The unfused ops' configs ``ops`` as the persistent kernel ``c_p`` runs them: at its
+    num_warps; streamed (STAGES > 0), the GEMVs at its TILE (``BNxBK``, else their own)
+    with whole rows for down (SPLIT_K 1)."""
     out = {"layer_persistent": c_p}
-    for op, w in (("rms_qkv", L["w_qkv"]), ("o_proj", L["w_o"]), ("gate_up", L["w_gate_up"]),
-                  ("down", L["w_down"]), ("attn_split", None)):
-        out[op] = dict(e.cfg(op, w), num_warps=c_p["num_warps"])
-        if c_p["STAGES"] and w is not None:       # streamed: whole rows, its own tile
+    for op, c in ops.items():
+        out[op] = dict(c, num_warps=c_p["num_warps"])
+        if c_p.get("STAGES") and op != "attn_split":
             bn, bk = (int(v) for v in c_p.get("TILE", "0x0").split("x"))
             out[op].update(PREFETCH=1, **({"BLOCK_N": bn, "BLOCK_K": bk} if bn else {}))
             if op == "down":

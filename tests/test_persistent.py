@@ -58,25 +58,27 @@ def near_the_split(es, pos=62, seed=1):
         e.adopt_cache(kc, vc, pos, toks)
 
 
-@pytest.mark.parametrize("lp", [{}, {"GRID": 16, "NEXT": 0}])
+@pytest.mark.parametrize("lp", [{"STAGES": 0}, {"GRID": 16, "NEXT": 0, "STAGES": 0}])
 def test_persistent_layer_is_the_splitk_step_bit_for_bit(w, lp):
     """Tokens, x, logits and the caches equal the split-K engine's (PDL off) after every step:
     from a fresh prompt, then across the first split boundary, under the (emulated) graph.
     Grid 3 (the interpreter's default: programs walk several tiles of most phases) and 16
-    (more programs than tiles in every phase: idle programs), prefetch on and off."""
+    (more programs than tiles in every phase: idle programs), prefetch on and off; the
+    register ring (STAGES 0: the unfused ops' tiles and splits, so the default engine
+    is the reference)."""
     ref = Engine(SPEC, w, max_ctx=MAX_CTX)
     eng = Engine(SPEC, w, max_ctx=MAX_CTX, persistent=True, cfgs={"layer_persistent": lp})
     for e in (ref, eng):
         e.capture()
         e.start(torch.tensor([5, 17, 3]))
-    run_both(ref, eng, 4 if not lp else 2)
+    run_both(ref, eng, 4 if "GRID" not in lp else 2)
     near_the_split((ref, eng))
     run_both(ref, eng, 4)
     assert int(eng.pos) == 66
     assert not eng.down_counter.any() and not eng.layer_barrier.any()   # left zero
 
 
-@pytest.mark.parametrize("lp", [{"STAGES": 3}, {"STAGES": 2, "TILE": "4x32", "GRID": 16}])
+@pytest.mark.parametrize("lp", [{"STAGES": 2, "TILE": "4x32", "GRID": 16}])
 def test_streamed_phases_are_the_reference_bit_for_bit(w, lp):
     """STAGES > 0: each GEMV phase is one flat loop over (row tile, K tile) streamed through
     shared memory (``stream_gemv``). Its bits equal an unfused engine run at the same tiles
@@ -95,11 +97,12 @@ def test_streamed_phases_are_the_reference_bit_for_bit(w, lp):
     run_both(ref, eng, 3)
 
 
-@pytest.mark.parametrize("nxt", [1, 0])
-def test_one_launch_of_one_program(w, monkeypatch, nxt):
+@pytest.mark.parametrize("nxt,stages", [(1, 0), (0, 0), (1, 2)])
+def test_one_launch_of_one_program(w, monkeypatch, nxt, stages):
     """A grid of one program runs all seven phases in ONE launch in the interpreter too
     (its barriers never wait for another program): the GPU's code path, barriers, the
-    counters' reset and the requests made before each barrier included."""
+    counters' reset and the requests made before each barrier included; register ring
+    or streamed phases."""
     LP = __import__("importlib").import_module("onelaunch.kernels.layer_persistent")
     launches = []
     real = LP._layer_kernel
@@ -111,9 +114,9 @@ def test_one_launch_of_one_program(w, monkeypatch, nxt):
                 return real[grid](*a, **k)
             return launch
     monkeypatch.setattr(LP, "_layer_kernel", Spy())
-    ref = Engine(SPEC, w, max_ctx=MAX_CTX)
     eng = Engine(SPEC, w, max_ctx=MAX_CTX, persistent=True,
-                 cfgs={"layer_persistent": {"GRID": 1, "NEXT": nxt}})
+                 cfgs={"layer_persistent": {"GRID": 1, "NEXT": nxt, "STAGES": stages}})
+    ref = Engine(SPEC, w, max_ctx=MAX_CTX, cfgs=plan.persistent_cfgs(eng))
     near_the_split((ref, eng), pos=63)
     run_both(ref, eng, 2)
     assert set(launches) == {((1,), 0, 6)} and len(launches) == 2 * get_spec(SPEC).layers
@@ -121,8 +124,9 @@ def test_one_launch_of_one_program(w, monkeypatch, nxt):
 
 
 def test_generate_same_tokens(w):
-    ref = Engine(SPEC, w, max_ctx=MAX_CTX)
+    """The default persistent engine (streamed) and the unfused one at its tiles."""
     eng = Engine(SPEC, w, max_ctx=MAX_CTX, persistent=True)
+    ref = Engine(SPEC, w, max_ctx=MAX_CTX, cfgs=plan.persistent_cfgs(eng))
     prompt = torch.tensor([1, 2, 3, 4])
     assert torch.equal(ref.generate(prompt, 4), eng.generate(prompt, 4))
 
@@ -180,16 +184,19 @@ def _ptxas():
     return p if os.path.exists(p) else shutil.which("ptxas")
 
 
-def test_one_launch_kernel_compiles_for_hopper():
+@pytest.mark.parametrize("stages", [0, 4])
+def test_one_launch_kernel_compiles_for_hopper(stages):
     """All seven phases with their six grid barriers, compiled for sm_90 at Qwen2.5-1.5B's
     tiles (the tuned table's), PDL on: Triton lowers the barrier's atomics and ptxas
-    assembles it. (The interpreter never runs the barrier; this is its CPU check.)"""
+    assembles it. (The interpreter never runs the barrier; this is its CPU check.) With
+    STAGES 4 the GEMV phases' weight loads become asynchronous copies into shared memory
+    (Triton's pipeliner took the loops); with 0 there are none."""
     if _ptxas() is None:
         pytest.skip("no ptxas")
     code = AOT.format(repo=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                       timeout=600)
+    r = subprocess.run([sys.executable, "-c", code, str(stages)], capture_output=True,
+                       text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "registers" in r.stdout, r.stdout
 
@@ -205,7 +212,7 @@ ce = dict(HAS_BIAS=True, QK_NORM=False, D=128, BLOCK_D=128, BLOCK_R=1024, GROUP=
           BLOCK_DA=128, CHUNK=64, BLOCK_T=64, DOT_F32=False, BLOCK_S=32, BLOCK_M=32,
           BN_QKV=8, BK_QKV=2048, PF_QKV=1, BN_O=8, BK_O=2048, PF_O=1, BN_GU=8, BK_GU=512, PF_GU=2,
           BN_DN=2, BK_DN=1024, PF_DN=2, SPLIT_K=1, FIRST=0, LAST=6, NEXT=True, USE_PDL=True,
-          FENCE=True)
+          FENCE=True, STAGES=int(sys.argv[1]))
 bf16 = set("x gin w_qkv b_qkv qkv q k_cache v_cache cos sin qn kn attn w_o gpost w_gu h w_dn".split())
 f32 = set("part_o part_m part_l scratch".split())
 i32 = set("pos counter bar".split())
@@ -214,8 +221,19 @@ for n in inspect.signature(LP._layer_kernel.fn).parameters:
     b = n[:-4] if n.endswith("_ptr") else None
     sig[n] = ("constexpr" if n in ce else "*bf16" if b in bf16 else "*fp32" if b in f32
               else "*i32" if b in i32 else "fp32" if n in ("eps", "scale") else "i32")
-c = triton.compile(triton.compiler.ASTSource(fn=LP._layer_kernel, signature=sig, constexprs=ce),
-                   target=GPUTarget("cuda", 90, 32), options=dict(num_warps=8))
+# pointers 16-byte aligned and sizes multiples of 16, as the launcher's tensors are (the
+# streamed phases' copies are pipelined only when the compiler knows that)
+attrs = {{(i,): [["tt.divisibility", 16]] for i, n in enumerate(sig)
+         if sig[n] != "constexpr" and n not in ("eps", "scale", "pos")}}
+def build(stages):
+    k = triton.compile(triton.compiler.ASTSource(fn=LP._layer_kernel, signature=sig,
+                                                 constexprs=dict(ce, STAGES=stages), attrs=attrs),
+                       target=GPUTarget("cuda", 90, 32), options=dict(num_warps=8))
+    return k, k.asm["ttgir"].count("async_copy_global_to_local")
+c, copies = build(ce["STAGES"])
+if ce["STAGES"]:   # the four GEMV loops' weight and input loads, on top of the ring's few
+    ring = build(0)[1]
+    assert copies >= ring + 4 * ce["STAGES"], f"async copies: {{copies}} streamed, {{ring}} ring"
 assert "atom" in c.asm["ptx"] and "griddepcontrol.wait" in c.asm["ptx"]
 d = tempfile.mkdtemp()
 open(os.path.join(d, "k.ptx"), "w").write(c.asm["ptx"])

@@ -276,8 +276,9 @@ def case_tp(spec):
 
 def case_layer_persistent(spec):
     """The persistent layer (dense models), all phases in one launch, with the sm_89 table's
-    first configuration of every op at the persistent kernel's warps (plan.persistent_cfgs),
-    its next-phase tiles requested ahead or not."""
+    first configuration of every op at the persistent kernel's warps (plan.persistent_tiles):
+    streamed at the table's STAGES and TILE, and with the register ring, its next-phase
+    tiles requested ahead or not."""
     from onelaunch import kernels as K
     from onelaunch.kernels import config
     if spec.is_moe:
@@ -286,14 +287,14 @@ def case_layer_persistent(spec):
     L = {"input_norm": _t(H), "w_qkv": _t(spec.qkv_size, H),
          "b_qkv": _t(spec.qkv_size) if spec.qkv_bias else None, "w_o": _t(H, spec.q_size),
          "post_norm": _t(H), "w_gate_up": _t(2 * I, H), "w_down": _t(H, I)}
+    from onelaunch.plan import persistent_tiles
     n = K.n_splits_for(C, chunk)
-    for nxt in (1, 0):
-        c_p = dict(config.TABLE["sm_89"].get("layer_persistent",
-                                             config.TABLE["default"]["layer_persistent"]), NEXT=nxt)
-        cfgs = {"layer_persistent": c_p}
-        for op in ("rms_qkv", "o_proj", "gate_up", "down", "attn_split"):
-            cfgs[op] = dict(_sm89_configs(op)[0], num_warps=c_p["num_warps"])
-        cfgs["attn_split"]["reduce_warps"] = c_p["num_warps"]
+    entry = config.TABLE["sm_89"].get("layer_persistent",
+                                      config.TABLE["default"]["layer_persistent"])
+    for nxt, stages in ((1, entry.get("STAGES", 0)), (1, 0), (0, 0)):
+        c_p = dict(entry, NEXT=nxt, STAGES=stages)
+        cfgs = persistent_tiles(c_p, {op: _sm89_configs(op)[0] for op in
+                                      ("rms_qkv", "o_proj", "gate_up", "down", "attn_split")})
         K.layer_persistent(_t(H), L, _t(spec.qkv_size), _t(spec.q_size), _t(spec.q_size), _t(I),
                            _t(spec.kv_heads, C, D), _t(spec.kv_heads, C, D), _t(C, D), _t(C, D),
                            _t(1, dtype="i32"), _t(spec.heads, n, D, dtype="f32"),
@@ -301,7 +302,7 @@ def case_layer_persistent(spec):
                            _t(16 * H, dtype="f32"), _t(H, dtype="i32"), _t(2, dtype="i32"),
                            spec.heads, spec.kv_heads, D, 1e-6, chunk, cfgs, grid=128,
                            opts={"pdl": False, "cooperative": False, "split": False})
-        yield {"NEXT": nxt, "num_warps": c_p["num_warps"]}
+        yield {"NEXT": nxt, "STAGES": stages, "num_warps": c_p["num_warps"]}
 
 
 CASES = [case_embed, case_rms_qkv, case_rope_kv, case_attention, case_attention_splitk,

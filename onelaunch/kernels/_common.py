@@ -165,8 +165,8 @@ def gemv2_tiles(wa_ptr, wb_ptr, stride_w_n, offs_n, n_mask, x_ptr, g_ptr, rstd,
 
 
 @triton.jit
-def stream_gemv(w_ptr, stride_w_n, N, K, x_ptr, g_ptr, rstd, out_ptr, b_ptr, first, step,
-                EPI: tl.constexpr, HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr,
+def stream_gemv(w_ptr, stride_w_n, N, K, x_ptr, g_ptr, rstd, out_ptr, b_ptr, first,
+                step, EPI: tl.constexpr, HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr,
                 FENCE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                 STAGES: tl.constexpr):
     """Row tiles ``first``, ``first + step``, ... of W [N, K] @ x, as one flat loop over
@@ -175,9 +175,9 @@ def stream_gemv(w_ptr, stride_w_n, N, K, x_ptr, g_ptr, rstd, out_ptr, b_ptr, fir
     bytes in flight do not take registers). A persistent program owns many tiles; the
     flat loop keeps its stream going from one tile into the next.
 
-    The order of the sums is :func:`gemv_tiles`' (one [BLOCK_N, BLOCK_K] fp32 accumulator,
-    summed when a row tile's last K tile is in), and the epilogues are the unfused
-    kernels': EPI 0 the QKV rows (bf16, + bias), EPI 1 the residual add
+    The order of the sums is :func:`gemv_tiles`' (one [BLOCK_N, BLOCK_K] fp32
+    accumulator, summed when a row tile's last K tile is in), and the epilogues are the
+    unfused kernels': EPI 0 the QKV rows (bf16, + bias), EPI 1 the residual add
     (:func:`finish_rows`), EPI 2 gate/up (W holds the gate rows, the up rows N rows
     below: :func:`swiglu`)."""
     nk = tl.cdiv(K, BLOCK_K)
@@ -205,8 +205,8 @@ def stream_gemv(w_ptr, stride_w_n, N, K, x_ptr, g_ptr, rstd, out_ptr, b_ptr, fir
                 tl.store(out_ptr + offs_n, bf16_round(y).to(out_ptr.dtype.element_ty),
                          mask=n_mask)
             elif EPI == 1:
-                finish_rows(y, out_ptr, out_ptr, offs_n, n_mask, tile, out_ptr, False, False,
-                            1, FENCE)
+                finish_rows(y, out_ptr, out_ptr, offs_n, n_mask, tile, out_ptr, False,
+                            False, 1, FENCE)
             else:
                 h = swiglu(y, tl.sum(acc2, axis=1))
                 tl.store(out_ptr + offs_n, h.to(out_ptr.dtype.element_ty), mask=n_mask)

@@ -32,10 +32,12 @@ _DEFAULT = {
     "router":      dict(BLOCK_N=4, BLOCK_K=512, num_warps=4),
     "moe_gate_up": dict(BLOCK_N=8, BLOCK_K=512, num_warps=4),
     "moe_down":    dict(BLOCK_N=8, BLOCK_K=512, num_warps=4),
-    # the persistent layer kernel (one launch a layer): the warps of every phase (its
-    # GEMV tiles are the unfused ops' entries); NEXT: request the next phase's first
-    # weight tiles before each grid barrier
-    "layer_persistent": dict(num_warps=4, NEXT=1),
+    # the persistent layer kernel (one launch a layer): the warps of every phase; NEXT:
+    # request the next phase's first tiles before each grid barrier; STAGES > 0: its GEMV
+    # phases stream through shared memory, STAGES - 1 tiles of TILE (rows x K) ahead
+    # (2 x 16 KB for gate/up here: well inside a 4090's 99 KB); 0: the unfused ops' tiles
+    # with a register ring
+    "layer_persistent": dict(num_warps=4, NEXT=1, STAGES=3, TILE="8x512"),
 }
 
 TABLE: dict[str, dict[str, dict]] = {
@@ -48,9 +50,11 @@ TABLE: dict[str, dict[str, dict]] = {
         "lm_head":    dict(BLOCK_N=64, BLOCK_K=256, num_warps=4),
         "attention":  dict(BLOCK_T=64, num_warps=4),
         "attn_split": dict(BLOCK_T=64, num_warps=4),
-        # measured (H200, Qwen, ctx 512; NOTES.md 13): 8 warps, 1 program per SM 2.47 ms;
-        # 4 warps, 1 per SM 2.69; 4 warps, 2 per SM 1.90 (8 warps cannot fit 2 per SM)
-        "layer_persistent": dict(num_warps=4, PER_SM=2, NEXT=1),
+        # measured (H200, Qwen, ctx 512; NOTES.md 13-14): with a register ring, 8 warps
+        # 1 program per SM 2.47 ms, 4 warps 2 per SM 1.90; streamed through shared memory
+        # (results/h200/session7/persistent_stream.json) 4 warps 2 per SM, 4 stages of
+        # 8 x 512: 1.55 ms (8 warps 1 per SM, 4 of 16 x 512: 1.54; 6 of 8 x 512: 1.63)
+        "layer_persistent": dict(num_warps=4, PER_SM=2, NEXT=1, STAGES=4, TILE="8x512"),
     },
     # RTX 4090 (Ada): not measured here; the defaults, whose tiles are safe on any GPU.
     # `python -m onelaunch.bench --what sweepcfg --write-table` writes a measured table.
@@ -66,7 +70,9 @@ TABLE: dict[str, dict[str, dict]] = {
                     "lm_head": dict(BLOCK_N=256, BLOCK_K=256, num_warps=4),
                     "router": dict(BLOCK_N=8, BLOCK_K=512, num_warps=4),
                     "moe_gate_up": dict(BLOCK_N=32, BLOCK_K=512, num_warps=4),
-                    "moe_down": dict(BLOCK_N=64, BLOCK_K=512, num_warps=4)},
+                    "moe_down": dict(BLOCK_N=64, BLOCK_K=512, num_warps=4),
+                    # streamed at the ops' own tiles (plan.persistent_cfgs)
+                    "layer_persistent": dict(num_warps=4, NEXT=1, STAGES=2)},
 }
 
 # tables written by a launch-configuration sweep on a GPU of that architecture
