@@ -161,6 +161,23 @@ def test_reference_cfgs_run_the_same_tiles(w):
     assert ref.launches_per_step() == 2 + 7 * get_spec(SPEC).layers
 
 
+def test_tile_override_own_means_the_ops_tiles(monkeypatch):
+    """``ONELAUNCH_PERSIST_TILE=own`` drops a table's TILE (the ops' own tiles stream);
+    a ``BNxBK`` value replaces it; unset, the table's stays."""
+    from onelaunch import kernels as K
+    c_p = {"num_warps": 4, "STAGES": 4, "TILE": "8x512"}
+    assert K.layer_persistent_entry(c_p)["TILE"] == "8x512"
+    monkeypatch.setenv("ONELAUNCH_PERSIST_TILE", "own")
+    assert "TILE" not in K.layer_persistent_entry(c_p)
+    monkeypatch.setenv("ONELAUNCH_PERSIST_TILE", "16x256")
+    assert K.layer_persistent_entry(c_p)["TILE"] == "16x256"
+    ops = {"gate_up": {"BLOCK_N": 8, "BLOCK_K": 512, "PREFETCH": 2},
+           "down": {"BLOCK_N": 2, "BLOCK_K": 1024, "SPLIT_K": 3}, "attn_split": {}}
+    own = plan.persistent_tiles({"num_warps": 4, "STAGES": 4}, ops)
+    assert own["gate_up"]["BLOCK_N"] == 8 and own["down"]["SPLIT_K"] == 1
+    assert own["gate_up"]["PREFETCH"] == 1
+
+
 @pytest.mark.parametrize("kw,msg", [
     (dict(attention="plain"), "attention='splitk'"),
     (dict(fuse_rope=True), "fuse_rope"),

@@ -278,11 +278,12 @@ def entry(c_p: dict) -> dict:
     ``ONELAUNCH_PERSIST_STAGES`` (0: each GEMV phase walks its tiles with a register ring,
     as the unfused kernels; N > 0: one flat loop streamed through shared memory, N - 1
     tiles ahead, ``stream_gemv``) and ``ONELAUNCH_PERSIST_TILE`` (``BNxBK``: the streamed
-    phases' row tile, for all four GEMVs; default: each op's own tile)."""
+    phases' row tile, for all four GEMVs; ``own`` or none: each op's own tile)."""
     c = dict(c_p)
     c["STAGES"] = _env_int("ONELAUNCH_PERSIST_STAGES", c.get("STAGES", 0))
     tile = os.environ.get("ONELAUNCH_PERSIST_TILE") or c.get("TILE")
-    if tile:
+    c.pop("TILE", None)
+    if tile and tile != "own":
         c["TILE"] = str(tile)
     return c
 
