@@ -189,10 +189,38 @@ def test_bad_requests_say_what_to_use(w, kw, msg):
     assert "\n" not in str(ei.value)
 
 
-def test_moe_refused_until_supported():
+def test_moe_ring_refused_in_one_line():
+    """The MoE layer streams its experts; asked for the register ring it says what to use."""
     with pytest.raises(EngineError, match="persistent=False") as ei:
-        Engine("tiny-olmoe", random_weights("tiny-olmoe", 0), max_ctx=32, persistent=True)
-    assert "dense models only" in str(ei.value) and "\n" not in str(ei.value)
+        Engine("tiny-olmoe", random_weights("tiny-olmoe", 0), max_ctx=32, persistent=True,
+               cfgs={"layer_persistent": {"STAGES": 0}})
+    assert "STAGES" in str(ei.value) and "\n" not in str(ei.value)
+    from onelaunch import bench
+    assert not bench.rung_supported(get_spec("tiny-olmoe"), "persistent, tiles ahead")
+    assert bench.rung_supported(get_spec("tiny-olmoe"), "+ persistent layer")
+
+
+@pytest.mark.parametrize("lp", [{"STAGES": 2}, {"STAGES": 2, "GRID": 1}])
+def test_moe_persistent_layer_is_the_reference_bit_for_bit(lp):
+    """OLMoE's layer in one launch (phases 5-7: the router's logits; every program routes
+    for itself, one stores the ids, weights and log; the chosen experts' gate/up; their
+    down, weighted and summed in slot order): x, logits, tokens, caches and the expert log
+    equal the unfused engine's at the same tiles, step after step (grid 1: all eight
+    phases in one launch, barriers included)."""
+    mw = random_weights("tiny-olmoe", 0)
+    eng = Engine("tiny-olmoe", mw, max_ctx=MAX_CTX, persistent=True,
+                 cfgs={"layer_persistent": lp})
+    ref = Engine("tiny-olmoe", mw, max_ctx=MAX_CTX, cfgs=plan.persistent_cfgs(eng))
+    assert [L.op for L in eng.plan][1:-1] == ["layer_persistent"] * get_spec("tiny-olmoe").layers
+    for e in (ref, eng):
+        e.capture()
+        e.start(torch.tensor([5, 17, 3]))
+    for i in range(3):
+        ref.step(True)
+        eng.step(True)
+        assert same(ref, eng), f"step {i}: the persistent MoE layer differs"
+        assert torch.equal(ref.expert_log, eng.expert_log)
+    assert not eng.layer_barrier.any()
 
 
 def _ptxas():
