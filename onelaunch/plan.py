@@ -123,9 +123,9 @@ def dense_mlp(e, li: int) -> list[Launch]:
 
 def layer_persistent(e, li: int) -> list[Launch]:
     """The whole layer in one launch (``kernels/layer_persistent.py``): the phases of
-    ``attention`` + ``dense_mlp`` (or ``moe_mlp``: router, experts' gate/up, experts' down)
-    separated by grid barriers, in the same buffers. Its bytes are what those blocks claim
-    (they are built here for that, never launched)."""
+    ``attention`` + ``dense_mlp`` (or ``moe_mlp``: router, experts' gate/up, experts'
+    down) separated by grid barriers, in the same buffers. Its bytes are what those
+    blocks claim (they are built here for that, never launched)."""
     s, L = e.spec, e.W["layers"][li]
     unfused = attention(e, li) + (moe_mlp(e, li) if s.is_moe else dense_mlp(e, li))
     cfgs = persistent_cfgs(e, li)
@@ -140,7 +140,8 @@ def layer_persistent(e, li: int) -> list[Launch]:
     pm, pl, po = e.partials()
     bar = e.buf("layer_barrier", (2,), I32)                     # arrivals, exits: zeros
     kc, vc = e.k_cache[li], e.v_cache[li]
-    h, scratch, counter = ((e.qkv,) * 3 if s.is_moe       # (dense only: not read by MoE)
+    # dense only (the MoE phases do not read them)
+    h, scratch, counter = ((e.qkv,) * 3 if s.is_moe
                            else (e.h, e.down_scratch, e.down_counter))
     run = lambda: K.layer_persistent(
         e.x, L, e.qkv, e.q, e.attn, h, kc, vc, e.cos, e.sin, e.pos, po, pm, pl,

@@ -125,11 +125,11 @@ def stream_experts_gate_up(w_ptr, stride_w_e, stride_w_n, ids, I, K, x_ptr, g_pt
 @triton.jit
 def stream_experts_down(w_ptr, stride_w_e, stride_w_n, ids_ptr, wts_ptr, N, I, h_ptr,
                         x_ptr, first, step, FENCE: tl.constexpr, TOP_K: tl.constexpr,
-                        TOP_KP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                        STAGES: tl.constexpr):
+                        TOP_KP: tl.constexpr, BLOCK_N: tl.constexpr,
+                        BLOCK_K: tl.constexpr, STAGES: tl.constexpr):
     """The persistent MoE layer's down phase: row tiles ``first``, ``first + step``, ...
-    of x += sum_j w_j * W_down[ids[j]] @ h[j], one flat loop over (row tile, slot, K tile)
-    streamed through shared memory. Each slot's rows are rounded and weighted as
+    of x += sum_j w_j * W_down[ids[j]] @ h[j], one flat loop over (row tile, slot,
+    K tile) streamed through shared memory. Each slot's rows are rounded and weighted as
     ``_moe_down_kernel`` does, and summed in slot order, so the row tile needs no
     last-arrival exchange: one program owns all its slots."""
     nk = tl.cdiv(I, BLOCK_K)
@@ -148,7 +148,8 @@ def stream_experts_down(w_ptr, stride_w_e, stride_w_n, ids_ptr, wts_ptr, N, I, h
         n_mask = offs_n < N
         e = tl.sum(tl.where(slots == slot, ids, 0), axis=0).to(tl.int64)
         ht = load_x_tile(h_ptr + slot * I, h_ptr, 1.0, k0, I, BLOCK_K, False)[None, :]
-        w = load_w_tile(w_ptr + e * stride_w_e, stride_w_n, offs_n, n_mask, k0, I, BLOCK_K)
+        w = load_w_tile(w_ptr + e * stride_w_e, stride_w_n, offs_n, n_mask, k0, I,
+                        BLOCK_K)
         acc += w.to(tl.float32) * ht
         if k0 + BLOCK_K >= I:                          # the slot's last K tile
             wj = tl.sum(tl.where(slots == slot, wts, 0.0), axis=0)

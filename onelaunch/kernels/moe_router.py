@@ -58,8 +58,8 @@ def _moe_router_kernel(x_ptr, g_ptr, w_ptr, xn_ptr, logits_ptr, ids_ptr, wts_ptr
     tl.debug_barrier()
     arrived = tl.atomic_add(counter_ptr, 1, sem="acq_rel")
     if arrived == n_programs - 1:
-        route(logits_ptr, ids_ptr, wts_ptr, log_ptr, tl.load(pos_ptr), log_row, log_offset,
-              E, True, TOP_K, BLOCK_E, BLOCK_E)
+        route(logits_ptr, ids_ptr, wts_ptr, log_ptr, tl.load(pos_ptr), log_row,
+              log_offset, E, True, TOP_K, BLOCK_E, BLOCK_E)
         tl.store(counter_ptr, 0)
 
 
