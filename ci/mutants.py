@@ -42,6 +42,7 @@ FAST = "tests/test_kernels.py"          # every kernel against its reference: ~1
 MOE = [FAST, "-k", "moe"]               # its MoE tests: seconds
 TP = "tests/test_tp_kernels.py"                 # tensor parallelism's kernel modes: ~10 s
 SPLITK = ["tests/test_splitk.py"]       # split-K attention, PDL emulated: ~40 s
+STREAM = ["tests/test_persistent.py", "-k", "streamed or one_launch_of"]  # the streamed layer
 
 
 @dataclass
@@ -96,6 +97,9 @@ MUTANTS = [
            "return (units + per - 1) // per", "return units // per", SPLITK),
     Mutant("attention: share ignores the grid", "attention_splitk.py",
            "per = (units + n_share - 1) // n_share", "per = 1 + 0 * n_share", SPLITK),
+    Mutant("streamed GEMV: accumulator kept across row tiles", "_common.py",
+           "            acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)\n",
+           "            acc = acc * 1.0\n", STREAM),
 ]
 
 

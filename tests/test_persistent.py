@@ -78,7 +78,7 @@ def test_persistent_layer_is_the_splitk_step_bit_for_bit(w, lp):
     assert not eng.down_counter.any() and not eng.layer_barrier.any()   # left zero
 
 
-@pytest.mark.parametrize("lp", [{"STAGES": 2, "TILE": "4x32", "GRID": 16}])
+@pytest.mark.parametrize("lp", [{"STAGES": 2, "TILE": "16x64", "GRID": 16}])
 def test_streamed_phases_are_the_reference_bit_for_bit(w, lp):
     """STAGES > 0: each GEMV phase is one flat loop over (row tile, K tile) streamed through
     shared memory (``stream_gemv``). Its bits equal an unfused engine run at the same tiles
@@ -87,7 +87,7 @@ def test_streamed_phases_are_the_reference_bit_for_bit(w, lp):
     c = plan.persistent_cfgs(eng)
     assert c["down"]["SPLIT_K"] == 1 and c["layer_persistent"]["STAGES"] == lp["STAGES"]
     if "TILE" in lp:
-        assert (c["gate_up"]["BLOCK_N"], c["gate_up"]["BLOCK_K"]) == (4, 32)
+        assert (c["gate_up"]["BLOCK_N"], c["gate_up"]["BLOCK_K"]) == (16, 64)
     ref = Engine(SPEC, w, max_ctx=MAX_CTX, cfgs=c)
     for e in (ref, eng):
         e.capture()
