@@ -257,10 +257,12 @@ ce = dict(HAS_BIAS=True, QK_NORM=False, D=128, BLOCK_D=128, BLOCK_R=1024, GROUP=
           BLOCK_DA=128, CHUNK=64, BLOCK_T=64, DOT_F32=False, BLOCK_S=32, BLOCK_M=32,
           BN_QKV=8, BK_QKV=2048, PF_QKV=1, BN_O=8, BK_O=2048, PF_O=1, BN_GU=8, BK_GU=512, PF_GU=2,
           BN_DN=2, BK_DN=1024, PF_DN=2, SPLIT_K=1, FIRST=0, LAST=6, NEXT=True, USE_PDL=True,
-          FENCE=True, STAGES=int(sys.argv[1]))
-bf16 = set("x gin w_qkv b_qkv qkv q k_cache v_cache cos sin qn kn attn w_o gpost w_gu h w_dn".split())
-f32 = set("part_o part_m part_l scratch".split())
-i32 = set("pos counter bar".split())
+          FENCE=True, STAGES=int(sys.argv[1]), MOE=False, TOP_K=1, TOP_KP=1, BLOCK_E=1,
+          BN_R=8, BK_R=512, BN_EGU=8, BK_EGU=512, BN_EDN=8, BK_EDN=512)
+bf16 = set("x gin w_qkv b_qkv qkv q k_cache v_cache cos sin qn kn attn w_o gpost w_gu h w_dn "
+           "w_r w_egu w_edn eh".split())
+f32 = set("part_o part_m part_l scratch logits wts".split())
+i32 = set("pos counter bar ids log".split())
 sig = {{}}
 for n in inspect.signature(LP._layer_kernel.fn).parameters:
     b = n[:-4] if n.endswith("_ptr") else None
