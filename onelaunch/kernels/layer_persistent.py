@@ -1,27 +1,36 @@
-"""One whole dense layer in one launch: a persistent kernel with grid barriers.
+"""One whole layer in one launch: a persistent kernel with grid barriers.
 
     phase 0  RMSNorm + QKV (+ bias)          tiles: row tiles of W_qkv
     phase 1  RoPE + KV write                 tiles: Hq + Hkv heads
     phase 2  split-K attention partials      tiles: Hkv x n_splits
     phase 3  merge of the splits             tiles: Hq heads
     phase 4  O-projection + residual         tiles: row tiles of W_o
+    dense:
     phase 5  RMSNorm + gate/up + SwiGLU      tiles: channel tiles of W_gate_up
     phase 6  down + residual                 tiles: row tiles x splits of K (last arrival)
+    mixture of experts (MOE, streamed only):
+    phase 5  RMSNorm + router logits         tiles: row tiles of W_router
+    phase 6  top-k (every program), experts' gate/up    tiles: slots x channel tiles
+    phase 7  experts' down, weighted, + residual        tiles: row tiles (all slots each)
 
 A fixed grid of resident programs (``launch_cooperative_grid``: all of them on the GPU at
-once, which a grid barrier needs) walks each phase's tiles (``for t in range(pid, n, P)``),
-and a grid barrier (``grid_barrier``) separates two phases. Each phase runs the same
-device functions as the kernel of the unfused plan (``rms_qkv_tile``, ``rope_kv_head``,
-``partial_rest``, ``reduce_head``, ``o_proj_tile``, ``gate_up_tile``, ``down_tile``), with
-the same tiles, so the layer's bits are the unfused plan's.
+once, which a grid barrier needs) walks each phase's tiles, and a grid barrier
+(``grid_barrier``) separates two phases. A GEMV phase runs in one of two ways (STAGES):
 
-The point: before a barrier each program requests the first weight tiles of its first
-tile of the next phase (``NEXT``; the attention's first K/V tile, W_o's tiles before the
-merge, which is short, W_gate_up's, W_down's), into registers, as a PDL kernel requests
-them before ``gdc_wait``. HBM keeps streaming while the slowest program finishes the phase.
-Within a phase a program requests its next tile's first weights as soon as its current
-tile's are consumed. The launch itself is a PDL launch on Hopper: phase 0's first tiles
-are requested before ``gdc_wait``, so layer boundaries overlap too.
+* STAGES 0, the register ring: the unfused kernels' device functions (``rms_qkv_tile``,
+  ``o_proj_tile``, ``gate_up_tile``, ``down_tile``) tile by tile (``for t in range(pid,
+  n, P)``), each program keeping a few weight tiles requested in registers. Before a
+  barrier each program requests the first tiles of the next phase (``NEXT``), as a PDL
+  kernel requests them before ``gdc_wait``.
+* STAGES > 0, streamed: one flat loop over (row tile, K tile) per phase
+  (``_common.stream_gemv``; ``moe_experts.stream_experts_*``) that Triton's pipeliner
+  turns into asynchronous copies into shared memory, STAGES - 1 tiles ahead: more bytes
+  in flight per program than registers can hold (NOTES.md 14). The pipeline starts after
+  each barrier.
+
+Either way the sums and roundings are the unfused plan's at the same tiles, so the
+layer's bits are those of an unfused engine at ``plan.persistent_cfgs``. The launch
+itself is a PDL launch on Hopper, so layer boundaries overlap too.
 
 The barrier (``grid_barrier``): every thread fences its writes, the program arrives on a
 counter with a release atomic and spins with acquire atomics until every program has
@@ -30,11 +39,11 @@ the launch each program bumps an exit counter, and the last one resets both coun
 the next launch (the next layer, a CUDA-graph replay) finds zeros with no host reset. The
 next launch touches the counters only after its ``gdc_wait``, when this grid has finished.
 
-Phases are a constexpr range [FIRST, LAST]. On the GPU one launch runs 0..6. Triton's
-interpreter runs programs one after another, where a spinning barrier would never end,
-so there the launcher issues one launch per phase (no barrier), running the same code;
-with a grid of one program the interpreter runs the one launch, barriers and the
-requests before them included (a lone program never waits for another).
+Phases are a constexpr range [FIRST, LAST]. On the GPU one launch runs 0..6 (MoE 0..7).
+Triton's interpreter runs programs one after another, where a spinning barrier would
+never end, so there the launcher issues one launch per phase (no barrier), running the
+same code; with a grid of one program the interpreter runs the one launch, barriers and
+the requests before them included (a lone program never waits for another).
 """
 from __future__ import annotations
 
