@@ -28,7 +28,8 @@ that ends it with os._exit), so the check always ends. A child:
 
 ``--variants``: one child each, in place of ``--warps``: ``warps:stages:tile:per_sm``
 (stages 0: the register ring; N > 0: the GEMV phases streamed through shared memory,
-``stream_gemv``; tile ``BNxBK`` or empty for the ops' own).
+``stream_gemv``; tile ``BNxBK``, ``own`` for the ops' own tiles, or empty for the
+table's TILE).
 
 Environment (read by ``kernels/layer_persistent.py`` at each launch):
 ONELAUNCH_PERSIST_GRID (programs), ONELAUNCH_PERSIST_PER_SM, ONELAUNCH_PERSIST_COOP=0

@@ -62,8 +62,9 @@ def rung_supported(spec, rung: str) -> bool:
     """Whether ``rung`` applies to ``spec``'s model (the engine's own rule for its
     settings: the persistent layer, dense models only)."""
     st = RUNG_SETTINGS[rung]
+    stages = st.get("cfgs", {}).get("layer_persistent", {}).get("STAGES")
     return not (st.get("persistent") and persistent_refusal(
-        spec, st["attention"], fuse_rope=st.get("fuse_rope", False)))
+        spec, st["attention"], fuse_rope=st.get("fuse_rope", False), stages=stages))
 
 
 def rung_engine(spec, w, rung: str, max_ctx: int) -> Engine:

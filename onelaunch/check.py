@@ -252,7 +252,7 @@ def format_report(r: dict) -> str:
     ]
     for d in r["disagreements"]:
         lines.append(f"  step {d['step']}: oracle {d['oracle_token']}, HF {d['hf_token']}; "
-                     f"HF margin {d['hf_margin']:.4g}, HF gap to the oracle's token "
+                     f"HF margin {d['hf_margin']:.4g},\n    HF gap to the oracle's token "
                      f"{d['hf_gap']:.4g} (threshold {d['threshold']:.4g}): {d['verdict']}")
     lines.append("  PASS" if r["ok"] else "  FAIL")
     return "\n".join(lines)

@@ -49,15 +49,17 @@ class EngineError(ValueError):
     """Bad input to the engine: the message says what to do."""
 
 
-def persistent_refusal(spec, attention: str = "splitk", tp=None, fuse_rope: bool = False):
+def persistent_refusal(spec, attention: str = "splitk", tp=None, fuse_rope: bool = False,
+                       stages: int | None = None):
     """Why an engine with ``persistent=True`` cannot be built for these settings (one line
-    saying what to use), or None: the one rule the engine and the ladder's rungs share."""
+    saying what to use), or None: the one rule the engine and the ladder's rungs share.
+    ``stages``: the persistent entry's STAGES (None: the table's, which streams)."""
     spec = get_spec(spec)
     if attention != "splitk":
         return "persistent=True needs split-K attention: use attention='splitk'"
-    if spec.is_moe:
-        return (f"persistent=True supports dense models only so far: build the {spec.name} "
-                f"engine with persistent=False")
+    if spec.is_moe and stages == 0:
+        return (f"persistent=True streams the {spec.name} layer's experts: leave STAGES at "
+                f"the table's (not 0), or use persistent=False")
     if tp is not None:
         return ("persistent=True runs on one GPU: leave out tp (or use persistent=False "
                 "under tensor parallelism)")
@@ -91,7 +93,10 @@ class Engine:
             raise EngineError("fuse_rope needs split-K attention and a model without q/k norm "
                               "(whose RMS spans all heads)")
         self.fuse_rope = bool(fuse_rope)
-        why = persistent_refusal(spec, attention, tp, fuse_rope) if persistent else None
+        stages = K.layer_persistent_entry(dict(
+            config.get("layer_persistent", self.device),
+            **(cfgs or {}).get("layer_persistent", {})))["STAGES"] if persistent else None
+        why = persistent_refusal(spec, attention, tp, fuse_rope, stages) if persistent else None
         if why:
             raise EngineError(why)
         self.persistent = bool(persistent)

@@ -122,20 +122,31 @@ def dense_mlp(e, li: int) -> list[Launch]:
 
 
 def layer_persistent(e, li: int) -> list[Launch]:
-    """The whole dense layer in one launch (``kernels/layer_persistent.py``): the phases
-    of ``attention`` + ``dense_mlp`` separated by grid barriers, in the same buffers.
-    Its bytes are what those blocks claim (they are built here for that, never
-    launched)."""
+    """The whole layer in one launch (``kernels/layer_persistent.py``): the phases of
+    ``attention`` + ``dense_mlp`` (or ``moe_mlp``: router, experts' gate/up, experts'
+    down) separated by grid barriers, in the same buffers. Its bytes are what those
+    blocks claim (they are built here for that, never launched)."""
     s, L = e.spec, e.W["layers"][li]
-    unfused = attention(e, li) + dense_mlp(e, li)
+    unfused = attention(e, li) + (moe_mlp(e, li) if s.is_moe else dense_mlp(e, li))
     cfgs = persistent_cfgs(e, li)
+    moe = None
+    if s.is_moe:                                    # the buffers moe_mlp made, by name
+        log = e.buf("expert_log", (e.max_ctx + 1, s.layers, s.top_k), I32)
+        moe = dict(logits=e.buf("router_logits", (s.experts,), F32),
+                   ids=e.buf("expert_ids", (s.top_k,), I32),
+                   weights=e.buf("expert_weights", (s.top_k,), F32), log=log,
+                   log_row=log.stride(0), log_offset=li * log.stride(1),
+                   h=e.buf("expert_h", (s.top_k, s.intermediate)))
     pm, pl, po = e.partials()
     bar = e.buf("layer_barrier", (2,), I32)                     # arrivals, exits: zeros
     kc, vc = e.k_cache[li], e.v_cache[li]
+    # dense only (the MoE phases do not read them)
+    h, scratch, counter = ((e.qkv,) * 3 if s.is_moe
+                           else (e.h, e.down_scratch, e.down_counter))
     run = lambda: K.layer_persistent(
-        e.x, L, e.qkv, e.q, e.attn, e.h, kc, vc, e.cos, e.sin, e.pos, po, pm, pl,
-        e.down_scratch, e.down_counter, bar, s.heads, s.kv_heads, s.head_dim, s.rms_eps,
-        e.chunk, cfgs, use_pdl=e.pdl, live_cap=e.live_cap)
+        e.x, L, e.qkv, e.q, e.attn, h, kc, vc, e.cos, e.sin, e.pos, po, pm, pl,
+        scratch, counter, bar, s.heads, s.kv_heads, s.head_dim, s.rms_eps,
+        e.chunk, cfgs, use_pdl=e.pdl, live_cap=e.live_cap, moe=moe)
     return [Launch("layer_persistent", li, run, sum(u.weight_bytes for u in unfused),
                    sum(u.kv_bytes_per_ctx for u in unfused))]
 
@@ -148,9 +159,11 @@ def persistent_cfgs(e, li: int = 0) -> dict:
     L = e.W["layers"][li]
     c_p = K.layer_persistent_entry(dict(config.get("layer_persistent", e.device),
                                         **e.cfgs.get("layer_persistent", {})))
+    mlp = ((("router", L["w_router"]), ("moe_gate_up", L["w_experts_gate_up"]),
+            ("moe_down", L["w_experts_down"])) if e.spec.is_moe
+           else (("gate_up", L["w_gate_up"]), ("down", L["w_down"])))
     ops = {op: e.cfg(op, w) for op, w in (("rms_qkv", L["w_qkv"]), ("o_proj", L["w_o"]),
-                                           ("gate_up", L["w_gate_up"]), ("down", L["w_down"]),
-                                           ("attn_split", None))}
+                                           *mlp, ("attn_split", None))}
     return persistent_tiles(c_p, ops)
 
 

@@ -161,6 +161,23 @@ def test_reference_cfgs_run_the_same_tiles(w):
     assert ref.launches_per_step() == 2 + 7 * get_spec(SPEC).layers
 
 
+def test_tile_override_own_means_the_ops_tiles(monkeypatch):
+    """``ONELAUNCH_PERSIST_TILE=own`` drops a table's TILE (the ops' own tiles stream);
+    a ``BNxBK`` value replaces it; unset, the table's stays."""
+    from onelaunch import kernels as K
+    c_p = {"num_warps": 4, "STAGES": 4, "TILE": "8x512"}
+    assert K.layer_persistent_entry(c_p)["TILE"] == "8x512"
+    monkeypatch.setenv("ONELAUNCH_PERSIST_TILE", "own")
+    assert "TILE" not in K.layer_persistent_entry(c_p)
+    monkeypatch.setenv("ONELAUNCH_PERSIST_TILE", "16x256")
+    assert K.layer_persistent_entry(c_p)["TILE"] == "16x256"
+    ops = {"gate_up": {"BLOCK_N": 8, "BLOCK_K": 512, "PREFETCH": 2},
+           "down": {"BLOCK_N": 2, "BLOCK_K": 1024, "SPLIT_K": 3}, "attn_split": {}}
+    own = plan.persistent_tiles({"num_warps": 4, "STAGES": 4}, ops)
+    assert own["gate_up"]["BLOCK_N"] == 8 and own["down"]["SPLIT_K"] == 1
+    assert own["gate_up"]["PREFETCH"] == 1
+
+
 @pytest.mark.parametrize("kw,msg", [
     (dict(attention="plain"), "attention='splitk'"),
     (dict(fuse_rope=True), "fuse_rope"),
@@ -172,10 +189,38 @@ def test_bad_requests_say_what_to_use(w, kw, msg):
     assert "\n" not in str(ei.value)
 
 
-def test_moe_refused_until_supported():
+def test_moe_ring_refused_in_one_line():
+    """The MoE layer streams its experts; asked for the register ring it says what to use."""
     with pytest.raises(EngineError, match="persistent=False") as ei:
-        Engine("tiny-olmoe", random_weights("tiny-olmoe", 0), max_ctx=32, persistent=True)
-    assert "dense models only" in str(ei.value) and "\n" not in str(ei.value)
+        Engine("tiny-olmoe", random_weights("tiny-olmoe", 0), max_ctx=32, persistent=True,
+               cfgs={"layer_persistent": {"STAGES": 0}})
+    assert "STAGES" in str(ei.value) and "\n" not in str(ei.value)
+    from onelaunch import bench
+    assert not bench.rung_supported(get_spec("tiny-olmoe"), "persistent, tiles ahead")
+    assert bench.rung_supported(get_spec("tiny-olmoe"), "+ persistent layer")
+
+
+@pytest.mark.parametrize("lp", [{"STAGES": 2}, {"STAGES": 2, "GRID": 1}])
+def test_moe_persistent_layer_is_the_reference_bit_for_bit(lp):
+    """OLMoE's layer in one launch (phases 5-7: the router's logits; every program routes
+    for itself, one stores the ids, weights and log; the chosen experts' gate/up; their
+    down, weighted and summed in slot order): x, logits, tokens, caches and the expert log
+    equal the unfused engine's at the same tiles, step after step (grid 1: all eight
+    phases in one launch, barriers included)."""
+    mw = random_weights("tiny-olmoe", 0)
+    eng = Engine("tiny-olmoe", mw, max_ctx=MAX_CTX, persistent=True,
+                 cfgs={"layer_persistent": lp})
+    ref = Engine("tiny-olmoe", mw, max_ctx=MAX_CTX, cfgs=plan.persistent_cfgs(eng))
+    assert [L.op for L in eng.plan][1:-1] == ["layer_persistent"] * get_spec("tiny-olmoe").layers
+    for e in (ref, eng):
+        e.capture()
+        e.start(torch.tensor([5, 17, 3]))
+    for i in range(3):
+        ref.step(True)
+        eng.step(True)
+        assert same(ref, eng), f"step {i}: the persistent MoE layer differs"
+        assert torch.equal(ref.expert_log, eng.expert_log)
+    assert not eng.layer_barrier.any()
 
 
 def _ptxas():
@@ -212,10 +257,12 @@ ce = dict(HAS_BIAS=True, QK_NORM=False, D=128, BLOCK_D=128, BLOCK_R=1024, GROUP=
           BLOCK_DA=128, CHUNK=64, BLOCK_T=64, DOT_F32=False, BLOCK_S=32, BLOCK_M=32,
           BN_QKV=8, BK_QKV=2048, PF_QKV=1, BN_O=8, BK_O=2048, PF_O=1, BN_GU=8, BK_GU=512, PF_GU=2,
           BN_DN=2, BK_DN=1024, PF_DN=2, SPLIT_K=1, FIRST=0, LAST=6, NEXT=True, USE_PDL=True,
-          FENCE=True, STAGES=int(sys.argv[1]))
-bf16 = set("x gin w_qkv b_qkv qkv q k_cache v_cache cos sin qn kn attn w_o gpost w_gu h w_dn".split())
-f32 = set("part_o part_m part_l scratch".split())
-i32 = set("pos counter bar".split())
+          FENCE=True, STAGES=int(sys.argv[1]), MOE=False, TOP_K=1, TOP_KP=1, BLOCK_E=1,
+          BN_R=8, BK_R=512, BN_EGU=8, BK_EGU=512, BN_EDN=8, BK_EDN=512)
+bf16 = set("x gin w_qkv b_qkv qkv q k_cache v_cache cos sin qn kn attn w_o gpost w_gu h w_dn "
+           "w_r w_egu w_edn eh".split())
+f32 = set("part_o part_m part_l scratch logits wts".split())
+i32 = set("pos counter bar ids log".split())
 sig = {{}}
 for n in inspect.signature(LP._layer_kernel.fn).parameters:
     b = n[:-4] if n.endswith("_ptr") else None

@@ -275,34 +275,47 @@ def case_tp(spec):
 
 
 def case_layer_persistent(spec):
-    """The persistent layer (dense models), all phases in one launch, with the sm_89 table's
-    first configuration of every op at the persistent kernel's warps (plan.persistent_tiles):
-    streamed at the table's STAGES and TILE, and with the register ring, its next-phase
-    tiles requested ahead or not."""
+    """The persistent layer, all phases in one launch, with the sm_89 table's first
+    configuration of every op at the persistent kernel's warps (plan.persistent_tiles):
+    streamed at the table's STAGES and TILE; dense models also with the register ring, its
+    next-phase tiles requested ahead or not (the MoE layer always streams)."""
     from onelaunch import kernels as K
     from onelaunch.kernels import config
-    if spec.is_moe:
-        return
+    from onelaunch.plan import persistent_tiles
     H, I, D, C, chunk = spec.hidden, spec.intermediate, spec.head_dim, 256, 64
     L = {"input_norm": _t(H), "w_qkv": _t(spec.qkv_size, H),
          "b_qkv": _t(spec.qkv_size) if spec.qkv_bias else None, "w_o": _t(H, spec.q_size),
-         "post_norm": _t(H), "w_gate_up": _t(2 * I, H), "w_down": _t(H, I)}
-    from onelaunch.plan import persistent_tiles
+         "post_norm": _t(H)}
+    moe = None
+    if spec.is_moe:
+        E, k = spec.experts, spec.top_k
+        L.update(w_router=_t(E, H), w_experts_gate_up=_t(E, 2 * I, H),
+                 w_experts_down=_t(E, H, I))
+        if spec.qk_norm:
+            L.update(q_norm=_t(spec.q_size), k_norm=_t(spec.kv_heads * D))
+        log = _t(C, spec.layers, k, dtype="i32")
+        moe = dict(logits=_t(E, dtype="f32"), ids=_t(k, dtype="i32"),
+                   weights=_t(k, dtype="f32"), log=log, log_row=log.stride(0), log_offset=0,
+                   h=_t(k, I))
+        ops = ("rms_qkv", "o_proj", "router", "moe_gate_up", "moe_down", "attn_split")
+    else:
+        L.update(w_gate_up=_t(2 * I, H), w_down=_t(H, I))
+        ops = ("rms_qkv", "o_proj", "gate_up", "down", "attn_split")
     n = K.n_splits_for(C, chunk)
     entry = config.TABLE["sm_89"].get("layer_persistent",
                                       config.TABLE["default"]["layer_persistent"])
-    for nxt, stages in ((1, entry.get("STAGES", 0)), (1, 0), (0, 0)):
+    variants = ((1, entry.get("STAGES", 0)),) + (() if moe else ((1, 0), (0, 0)))
+    for nxt, stages in variants:
         c_p = dict(entry, NEXT=nxt, STAGES=stages)
-        cfgs = persistent_tiles(c_p, {op: _sm89_configs(op)[0] for op in
-                                      ("rms_qkv", "o_proj", "gate_up", "down", "attn_split")})
+        cfgs = persistent_tiles(c_p, {op: _sm89_configs(op)[0] for op in ops})
         K.layer_persistent(_t(H), L, _t(spec.qkv_size), _t(spec.q_size), _t(spec.q_size), _t(I),
                            _t(spec.kv_heads, C, D), _t(spec.kv_heads, C, D), _t(C, D), _t(C, D),
                            _t(1, dtype="i32"), _t(spec.heads, n, D, dtype="f32"),
                            _t(spec.heads, n, dtype="f32"), _t(spec.heads, n, dtype="f32"),
                            _t(16 * H, dtype="f32"), _t(H, dtype="i32"), _t(2, dtype="i32"),
                            spec.heads, spec.kv_heads, D, 1e-6, chunk, cfgs, grid=128,
-                           opts={"pdl": False, "cooperative": False, "split": False})
-        yield {"NEXT": nxt, "STAGES": stages, "num_warps": c_p["num_warps"]}
+                           opts={"pdl": False, "cooperative": False, "split": False}, moe=moe)
+        yield {"NEXT": nxt, "STAGES": stages, "num_warps": c_p["num_warps"], "moe": bool(moe)}
 
 
 CASES = [case_embed, case_rms_qkv, case_rope_kv, case_attention, case_attention_splitk,

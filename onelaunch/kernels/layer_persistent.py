@@ -1,27 +1,36 @@
-"""One whole dense layer in one launch: a persistent kernel with grid barriers.
+"""One whole layer in one launch: a persistent kernel with grid barriers.
 
     phase 0  RMSNorm + QKV (+ bias)          tiles: row tiles of W_qkv
     phase 1  RoPE + KV write                 tiles: Hq + Hkv heads
     phase 2  split-K attention partials      tiles: Hkv x n_splits
     phase 3  merge of the splits             tiles: Hq heads
     phase 4  O-projection + residual         tiles: row tiles of W_o
+    dense:
     phase 5  RMSNorm + gate/up + SwiGLU      tiles: channel tiles of W_gate_up
     phase 6  down + residual                 tiles: row tiles x splits of K (last arrival)
+    mixture of experts (MOE, streamed only):
+    phase 5  RMSNorm + router logits         tiles: row tiles of W_router
+    phase 6  top-k (every program), experts' gate/up    tiles: slots x channel tiles
+    phase 7  experts' down, weighted, + residual        tiles: row tiles (all slots each)
 
 A fixed grid of resident programs (``launch_cooperative_grid``: all of them on the GPU at
-once, which a grid barrier needs) walks each phase's tiles (``for t in range(pid, n, P)``),
-and a grid barrier (``grid_barrier``) separates two phases. Each phase runs the same
-device functions as the kernel of the unfused plan (``rms_qkv_tile``, ``rope_kv_head``,
-``partial_rest``, ``reduce_head``, ``o_proj_tile``, ``gate_up_tile``, ``down_tile``), with
-the same tiles, so the layer's bits are the unfused plan's.
+once, which a grid barrier needs) walks each phase's tiles, and a grid barrier
+(``grid_barrier``) separates two phases. A GEMV phase runs in one of two ways (STAGES):
 
-The point: before a barrier each program requests the first weight tiles of its first
-tile of the next phase (``NEXT``; the attention's first K/V tile, W_o's tiles before the
-merge, which is short, W_gate_up's, W_down's), into registers, as a PDL kernel requests
-them before ``gdc_wait``. HBM keeps streaming while the slowest program finishes the phase.
-Within a phase a program requests its next tile's first weights as soon as its current
-tile's are consumed. The launch itself is a PDL launch on Hopper: phase 0's first tiles
-are requested before ``gdc_wait``, so layer boundaries overlap too.
+* STAGES 0, the register ring: the unfused kernels' device functions (``rms_qkv_tile``,
+  ``o_proj_tile``, ``gate_up_tile``, ``down_tile``) tile by tile (``for t in range(pid,
+  n, P)``), each program keeping a few weight tiles requested in registers. Before a
+  barrier each program requests the first tiles of the next phase (``NEXT``), as a PDL
+  kernel requests them before ``gdc_wait``.
+* STAGES > 0, streamed: one flat loop over (row tile, K tile) per phase
+  (``_common.stream_gemv``; ``moe_experts.stream_experts_*``) that Triton's pipeliner
+  turns into asynchronous copies into shared memory, STAGES - 1 tiles ahead: more bytes
+  in flight per program than registers can hold (NOTES.md 14). The pipeline starts after
+  each barrier.
+
+Either way the sums and roundings are the unfused plan's at the same tiles, so the
+layer's bits are those of an unfused engine at ``plan.persistent_cfgs``. The launch
+itself is a PDL launch on Hopper, so layer boundaries overlap too.
 
 The barrier (``grid_barrier``): every thread fences its writes, the program arrives on a
 counter with a release atomic and spins with acquire atomics until every program has
@@ -30,11 +39,11 @@ the launch each program bumps an exit counter, and the last one resets both coun
 the next launch (the next layer, a CUDA-graph replay) finds zeros with no host reset. The
 next launch touches the counters only after its ``gdc_wait``, when this grid has finished.
 
-Phases are a constexpr range [FIRST, LAST]. On the GPU one launch runs 0..6. Triton's
-interpreter runs programs one after another, where a spinning barrier would never end,
-so there the launcher issues one launch per phase (no barrier), running the same code;
-with a grid of one program the interpreter runs the one launch, barriers and the
-requests before them included (a lone program never waits for another).
+Phases are a constexpr range [FIRST, LAST]. On the GPU one launch runs 0..6 (MoE 0..7).
+Triton's interpreter runs programs one after another, where a spinning barrier would
+never end, so there the launcher issues one launch per phase (no barrier), running the
+same code; with a grid of one program the interpreter runs the one launch, barriers and
+the requests before them included (a lone program never waits for another).
 """
 from __future__ import annotations
 
@@ -49,6 +58,8 @@ from ._common import pdl_wait, rms_rstd, row_tiles, stream_gemv, thread_fence
 from .attention_splitk import (BLOCK_S, block_m, live_share, live_splits, partial_early,
                                partial_rest, reduce_head, split_range)
 from .down_residual import down_first, down_split, down_tile
+from .moe_experts import stream_experts_down, stream_experts_gate_up
+from .moe_router import route
 from .o_proj_residual import o_proj_tile
 from .rms_gate_up_swiglu import gate_up_first, gate_up_tile
 from .rms_qkv import rms_qkv_tile
@@ -97,6 +108,10 @@ def _layer_kernel(
         # phase 6: down + residual
         w_dn_ptr, scratch_ptr, counter_ptr, k_per_split, stride_dn,
         bar_ptr,
+        # MoE (MOE): router, then the chosen experts (phases 5-7)
+        w_r_ptr, stride_r, E, logits_ptr, ids_ptr, wts_ptr, log_ptr, log_row, log_offset,
+        w_egu_ptr, stride_egu_e, stride_egu_n, I_E, w_edn_ptr, stride_edn_e, stride_edn_n,
+        eh_ptr,
         HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
         BLOCK_R: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
         BLOCK_DA: tl.constexpr, CHUNK: tl.constexpr, BLOCK_T: tl.constexpr,
@@ -106,7 +121,10 @@ def _layer_kernel(
         BN_GU: tl.constexpr, BK_GU: tl.constexpr, PF_GU: tl.constexpr,
         BN_DN: tl.constexpr, BK_DN: tl.constexpr, PF_DN: tl.constexpr, SPLIT_K: tl.constexpr,
         FIRST: tl.constexpr, LAST: tl.constexpr, NEXT: tl.constexpr, USE_PDL: tl.constexpr,
-        FENCE: tl.constexpr, STAGES: tl.constexpr):
+        FENCE: tl.constexpr, STAGES: tl.constexpr, MOE: tl.constexpr, TOP_K: tl.constexpr,
+        TOP_KP: tl.constexpr, BLOCK_E: tl.constexpr, BN_R: tl.constexpr, BK_R: tl.constexpr,
+        BN_EGU: tl.constexpr, BK_EGU: tl.constexpr, BN_EDN: tl.constexpr,
+        BK_EDN: tl.constexpr):
     pid = tl.program_id(0)
     P = tl.num_programs(0)
     # STAGES > 0: the GEMV phases stream through shared memory (stream_gemv), whose
@@ -219,8 +237,12 @@ def _layer_kernel(
             g0, g1, g2, g3, u0, u1, u2, u3 = gate_up_first(w_gu_ptr, stride_gu, I, H, pid, BN_GU,
                                                            BK_GU, PF_GU)
 
-    # ---- phase 5: RMSNorm + gate/up + SwiGLU --------------------------------------------------
-    if FIRST <= 5 and LAST >= 5:
+    # ---- phase 5: RMSNorm + gate/up + SwiGLU (MoE: the router's logits) ----------------------
+    if MOE and FIRST <= 5 and LAST >= 5:
+        rstd_r = rms_rstd(x_ptr, H, eps, BK_R)
+        stream_gemv(w_r_ptr, stride_r, E, H, x_ptr, gpost_ptr, rstd_r, logits_ptr, logits_ptr,
+                    pid, P, 0, True, False, FENCE, BN_R, BK_R, STAGES)
+    if not MOE and FIRST <= 5 and LAST >= 5:
         rstd2 = rms_rstd(x_ptr, H, eps, BK_GU)
         if STAGES > 0:
             stream_gemv(w_gu_ptr, stride_gu, I, H, x_ptr, gpost_ptr, rstd2, h_ptr, h_ptr, pid, P,
@@ -241,7 +263,22 @@ def _layer_kernel(
                                         pid // n_dn_rows, BN_DN, BK_DN, PF_DN)
 
     # ---- phase 6: down + residual (the last split to arrive adds the row block) ---------------
-    if FIRST <= 6 and LAST >= 6:
+    # (MoE: every program routes from the logits, one stores; the experts' gate/up)
+    if MOE and FIRST <= 6 and LAST >= 6:
+        ids, wts = route(logits_ptr, ids_ptr, wts_ptr, log_ptr, pos, log_row, log_offset, E,
+                         pid == 0, TOP_K, TOP_KP, BLOCK_E)
+        rstd_r = rms_rstd(x_ptr, H, eps, BK_R)
+        stream_experts_gate_up(w_egu_ptr, stride_egu_e, stride_egu_n, ids, I_E, H, x_ptr,
+                               gpost_ptr, rstd_r, eh_ptr, pid, P, TOP_K, TOP_KP, BN_EGU,
+                               BK_EGU, STAGES)
+    if MOE and FIRST <= 6 and LAST >= 7:
+        grid_barrier(bar_ptr, (7 - FIRST) * P, P, LAST == 7, FENCE)
+    # ---- phase 7 (MoE): the experts' down, routing weights, residual -------------------------
+    if MOE and FIRST <= 7 and LAST >= 7:
+        stream_experts_down(w_edn_ptr, stride_edn_e, stride_edn_n, ids_ptr, wts_ptr, H, I_E,
+                            eh_ptr, x_ptr, pid, P, FENCE, TOP_K, TOP_KP, BN_EDN, BK_EDN,
+                            STAGES)
+    if not MOE and FIRST <= 6 and LAST >= 6:
         if STAGES > 0:                 # whole rows (SPLIT_K 1): no last arrival in the loop
             stream_gemv(w_dn_ptr, stride_dn, H, I, h_ptr, h_ptr, 1.0, x_ptr, x_ptr, pid, P,
                         1, False, False, FENCE, BN_DN, BK_DN, STAGES)
@@ -278,11 +315,12 @@ def entry(c_p: dict) -> dict:
     ``ONELAUNCH_PERSIST_STAGES`` (0: each GEMV phase walks its tiles with a register ring,
     as the unfused kernels; N > 0: one flat loop streamed through shared memory, N - 1
     tiles ahead, ``stream_gemv``) and ``ONELAUNCH_PERSIST_TILE`` (``BNxBK``: the streamed
-    phases' row tile, for all four GEMVs; default: each op's own tile)."""
+    phases' row tile, for all four GEMVs; ``own`` or none: each op's own tile)."""
     c = dict(c_p)
     c["STAGES"] = _env_int("ONELAUNCH_PERSIST_STAGES", c.get("STAGES", 0))
     tile = os.environ.get("ONELAUNCH_PERSIST_TILE") or c.get("TILE")
-    if tile:
+    c.pop("TILE", None)
+    if tile and tile != "own":
         c["TILE"] = str(tile)
     return c
 
@@ -305,23 +343,41 @@ def one_launch(opts: dict, grid: int) -> bool:
 
 def layer_persistent(x, L: dict, qkv, q, attn, h, k_cache, v_cache, cos, sin, pos, part_o, part_m,
                      part_l, scratch, counter, bar, heads, kv_heads, head_dim, eps, chunk, cfgs: dict,
-                     use_pdl=False, grid=None, opts=None, live_cap=None):
-    """One dense layer. ``L``: the layer's packed weights (input_norm, w_qkv, b_qkv, w_o,
-    post_norm, w_gate_up, w_down); the activation buffers, caches and split-K partials as
-    the unfused plan has them; ``bar`` int32 [2] zeros (left zero); ``cfgs``: op -> launch
-    config for rms_qkv, o_proj, gate_up, down, attn_split and layer_persistent (num_warps
-    of the whole kernel, NEXT: request the next phase's tiles before each barrier).
-    Returns the compiled kernels of the launches it made."""
-    w_qkv, w_o, w_gu, w_dn = L["w_qkv"], L["w_o"], L["w_gate_up"], L["w_down"]
+                     use_pdl=False, grid=None, opts=None, live_cap=None, moe=None):
+    """One layer. ``L``: the layer's packed weights (input_norm, w_qkv, b_qkv, w_o,
+    post_norm, then w_gate_up, w_down, or for a mixture of experts w_router,
+    w_experts_gate_up, w_experts_down); the activation buffers, caches and split-K partials
+    as the unfused plan has them; ``bar`` int32 [2] zeros (left zero); ``cfgs``: op ->
+    launch config for rms_qkv, o_proj, gate_up and down (MoE: router, moe_gate_up,
+    moe_down), attn_split and layer_persistent (num_warps of the whole kernel, NEXT,
+    STAGES: see ``entry``). ``moe``: the router's buffers (logits, ids, weights, log,
+    log_row, log_offset) and the experts' h [top_k, I]; the MoE layer must stream
+    (STAGES > 0). Returns the compiled kernels of the launches it made."""
+    w_qkv, w_o = L["w_qkv"], L["w_o"]
     N_QKV, H = w_qkv.shape
-    I = w_gu.shape[0] // 2
-    c_qkv, c_o, c_gu, c_dn = cfgs["rms_qkv"], cfgs["o_proj"], cfgs["gate_up"], cfgs["down"]
+    c_qkv, c_o = cfgs["rms_qkv"], cfgs["o_proj"]
     c_at, c_p = cfgs["attn_split"], cfgs["layer_persistent"]
-    k_per_split, split = down_split(I, c_dn)
     stages = int(c_p.get("STAGES", 0))
-    assert not stages or split == 1, "the streamed down phase runs whole rows (SPLIT_K 1)"
-    n_dn_rows = triton.cdiv(H, c_dn["BLOCK_N"])
-    assert counter.numel() >= n_dn_rows and scratch.numel() >= split * H, "scratch too small"
+    if moe is None:
+        w_gu, w_dn = L["w_gate_up"], L["w_down"]
+        I = w_gu.shape[0] // 2
+        c_gu, c_dn = cfgs["gate_up"], cfgs["down"]
+        k_per_split, split = down_split(I, c_dn)
+        assert not stages or split == 1, "the streamed down phase runs whole rows (SPLIT_K 1)"
+        n_dn_rows = triton.cdiv(H, c_dn["BLOCK_N"])
+        assert counter.numel() >= n_dn_rows and scratch.numel() >= split * H, "scratch too small"
+        w_r = w_egu = w_edn = eh = logits = ids = wts = log = w_qkv   # (not read)
+        E = top_k = I_E = log_row = log_offset = 1
+        c_r = c_egu = c_edn = c_qkv
+    else:
+        assert stages, "the persistent MoE layer streams its phases: STAGES > 0"
+        w_gu = w_dn = w_qkv                                            # (not read)
+        I, k_per_split, split, c_gu, c_dn = 1, 1, 1, c_qkv, c_qkv
+        w_r, w_egu, w_edn = L["w_router"], L["w_experts_gate_up"], L["w_experts_down"]
+        E, I_E = w_r.shape[0], w_edn.shape[2]
+        logits, ids, wts, log, eh = (moe[k] for k in ("logits", "ids", "weights", "log", "h"))
+        log_row, log_offset, top_k = moe["log_row"], moe["log_offset"], ids.numel()
+        c_r, c_egu, c_edn = cfgs["router"], cfgs["moe_gate_up"], cfgs["moe_down"]
     n_splits = part_m.shape[1]
     group = heads // kv_heads
     block_t = min(c_at["BLOCK_T"], chunk)
@@ -334,10 +390,11 @@ def layer_persistent(x, L: dict, qkv, q, attn, h, k_cache, v_cache, cos, sin, po
         kw["launch_pdl"] = True
     if opts["cooperative"]:
         kw["launch_cooperative_grid"] = True
-    ranges = [(0, LAST_PHASE)] if one_launch(opts, P) else [(p, p) for p in range(LAST_PHASE + 1)]
+    last = LAST_PHASE + (moe is not None)                 # MoE: router, experts' gate/up, down
+    ranges = [(0, last)] if one_launch(opts, P) else [(p, p) for p in range(last + 1)]
     b = L["b_qkv"]
     compiled = []
-    for first, last in ranges:
+    for first, final in ranges:
         compiled.append(_layer_kernel[(P,)](
             x, L["input_norm"], w_qkv, b if b is not None else w_qkv, qkv, N_QKV, H, eps,
             w_qkv.stride(0),
@@ -349,6 +406,9 @@ def layer_persistent(x, L: dict, qkv, q, attn, h, k_cache, v_cache, cos, sin, po
             L["post_norm"], w_gu, h, I, w_gu.stride(0),
             w_dn, scratch, counter, k_per_split, w_dn.stride(0),
             bar,
+            w_r, w_r.stride(0), E, logits, ids, wts, log, log_row, log_offset,
+            w_egu, w_egu.stride(0), w_egu.stride(1) if w_egu.dim() > 2 else 0, I_E,
+            w_edn, w_edn.stride(0), w_edn.stride(1) if w_edn.dim() > 2 else 0, eh,
             HAS_BIAS=b is not None, QK_NORM=qn is not None, D=head_dim,
             BLOCK_D=triton.next_power_of_2(head_dim),
             BLOCK_R=min(1024, triton.next_power_of_2(heads * head_dim)), GROUP=group,
@@ -359,7 +419,10 @@ def layer_persistent(x, L: dict, qkv, q, attn, h, k_cache, v_cache, cos, sin, po
             BN_O=c_o["BLOCK_N"], BK_O=c_o["BLOCK_K"], PF_O=config.prefetch(c_o, w_o.shape[1]),
             BN_GU=c_gu["BLOCK_N"], BK_GU=c_gu["BLOCK_K"], PF_GU=config.prefetch(c_gu, H),
             BN_DN=c_dn["BLOCK_N"], BK_DN=c_dn["BLOCK_K"], PF_DN=config.prefetch(c_dn, k_per_split),
-            SPLIT_K=split, FIRST=first, LAST=last, NEXT=bool(c_p.get("NEXT", 1)),
+            SPLIT_K=split, FIRST=first, LAST=final, NEXT=bool(c_p.get("NEXT", 1)),
             USE_PDL=opts["pdl"], FENCE=not config.interpreting(), STAGES=stages,
-            num_warps=c_p["num_warps"], **kw))
+            MOE=moe is not None, TOP_K=top_k, TOP_KP=triton.next_power_of_2(top_k),
+            BLOCK_E=triton.next_power_of_2(E), BN_R=c_r["BLOCK_N"], BK_R=c_r["BLOCK_K"],
+            BN_EGU=c_egu["BLOCK_N"], BK_EGU=c_egu["BLOCK_K"], BN_EDN=c_edn["BLOCK_N"],
+            BK_EDN=c_edn["BLOCK_K"], num_warps=c_p["num_warps"], **kw))
     return compiled

@@ -33,8 +33,8 @@ import triton
 import triton.language as tl
 
 from . import config
-from ._common import (bf16_round, gemv2_tiles, gemv_tiles, last_arrival_residual, load_w_tiles,
-                      pdl_wait, swiglu)
+from ._common import (bf16_round, finish_rows, gemv2_tiles, gemv_tiles, last_arrival_residual,
+                      load_w_tile, load_w_tiles, load_x_tile, pdl_wait, swiglu)
 from .peer import epilogue_args
 
 
@@ -83,6 +83,82 @@ def _moe_down_kernel(h_ptr, w_ptr, ids_ptr, wts_ptr, x_ptr, scratch_ptr, counter
     y = bf16_round(bf16_round(y) * tl.load(wts_ptr + slot))
     last_arrival_residual(y, scratch_ptr, counter_ptr, x_ptr, pid_n, slot, N, offs_n,
                           n_mask, out_ptr, peer_ptr, TOP_K, FENCE, OUT, PEER, WORLD)
+
+
+@triton.jit
+def stream_experts_gate_up(w_ptr, stride_w_e, stride_w_n, ids, I, K, x_ptr, g_ptr, rstd,
+                           h_ptr, first, step, TOP_K: tl.constexpr, TOP_KP: tl.constexpr,
+                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                           STAGES: tl.constexpr):
+    """The persistent MoE layer's gate/up phase: tiles (slot, row tile of I) ``first``,
+    ``first + step``, ... of h[j] = swiglu of expert ``ids[j]`` (``ids``: [TOP_KP] in
+    registers, from ``moe_router.route``) over rmsnorm(x) * g, as one flat loop over
+    (tile, K tile) streamed through shared memory (see ``_common.stream_gemv``). Same
+    sums and roundings as ``_moe_gate_up_kernel`` reading the router's xn."""
+    n_t = tl.cdiv(I, BLOCK_N)
+    nk = tl.cdiv(K, BLOCK_K)
+    mine = tl.cdiv(tl.maximum(TOP_K * n_t - first, 0), step)
+    slots = tl.arange(0, TOP_KP)
+    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    acc2 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    for i in tl.range(0, mine * nk, num_stages=STAGES):
+        t = first + (i // nk) * step
+        slot = t // n_t
+        k0 = (i % nk) * BLOCK_K
+        offs_n = (t % n_t) * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < I
+        e = tl.sum(tl.where(slots == slot, ids, 0), axis=0).to(tl.int64)
+        gate_ptr = w_ptr + e * stride_w_e
+        xt = load_x_tile(x_ptr, g_ptr, rstd, k0, K, BLOCK_K, True)[None, :]
+        w = load_w_tile(gate_ptr, stride_w_n, offs_n, n_mask, k0, K, BLOCK_K)
+        u = load_w_tile(gate_ptr + I * stride_w_n, stride_w_n, offs_n, n_mask, k0, K,
+                        BLOCK_K)
+        acc += w.to(tl.float32) * xt
+        acc2 += u.to(tl.float32) * xt
+        if k0 + BLOCK_K >= K:                          # the tile's last K tile
+            h = swiglu(tl.sum(acc, axis=1), tl.sum(acc2, axis=1))
+            tl.store(h_ptr + slot * I + offs_n, h.to(h_ptr.dtype.element_ty), mask=n_mask)
+            acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+            acc2 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+
+
+@triton.jit
+def stream_experts_down(w_ptr, stride_w_e, stride_w_n, ids_ptr, wts_ptr, N, I, h_ptr,
+                        x_ptr, first, step, FENCE: tl.constexpr, TOP_K: tl.constexpr,
+                        TOP_KP: tl.constexpr, BLOCK_N: tl.constexpr,
+                        BLOCK_K: tl.constexpr, STAGES: tl.constexpr):
+    """The persistent MoE layer's down phase: row tiles ``first``, ``first + step``, ...
+    of x += sum_j w_j * W_down[ids[j]] @ h[j], one flat loop over (row tile, slot,
+    K tile) streamed through shared memory. Each slot's rows are rounded and weighted as
+    ``_moe_down_kernel`` does, and summed in slot order, so the row tile needs no
+    last-arrival exchange: one program owns all its slots."""
+    nk = tl.cdiv(I, BLOCK_K)
+    per = TOP_K * nk
+    mine = tl.cdiv(tl.maximum(tl.cdiv(N, BLOCK_N) - first, 0), step)
+    slots = tl.arange(0, TOP_KP)
+    ids = tl.load(ids_ptr + slots, mask=slots < TOP_K, other=0)
+    wts = tl.load(wts_ptr + slots, mask=slots < TOP_K, other=0.0)
+    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    total = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for i in tl.range(0, mine * per, num_stages=STAGES):
+        tile = first + (i // per) * step
+        slot = (i % per) // nk
+        k0 = (i % nk) * BLOCK_K
+        offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < N
+        e = tl.sum(tl.where(slots == slot, ids, 0), axis=0).to(tl.int64)
+        ht = load_x_tile(h_ptr + slot * I, h_ptr, 1.0, k0, I, BLOCK_K, False)[None, :]
+        w = load_w_tile(w_ptr + e * stride_w_e, stride_w_n, offs_n, n_mask, k0, I,
+                        BLOCK_K)
+        acc += w.to(tl.float32) * ht
+        if k0 + BLOCK_K >= I:                          # the slot's last K tile
+            wj = tl.sum(tl.where(slots == slot, wts, 0.0), axis=0)
+            total += bf16_round(bf16_round(tl.sum(acc, axis=1)) * wj)
+            acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+            if slot == TOP_K - 1:                      # the row tile's last slot
+                finish_rows(total, x_ptr, x_ptr, offs_n, n_mask, tile, x_ptr, False,
+                            False, 1, FENCE)
+                total = tl.zeros([BLOCK_N], dtype=tl.float32)
 
 
 def moe_gate_up_swiglu(xn, w_gate_up, ids, h, use_pdl=False, cfg=None):

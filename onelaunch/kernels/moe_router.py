@@ -58,22 +58,40 @@ def _moe_router_kernel(x_ptr, g_ptr, w_ptr, xn_ptr, logits_ptr, ids_ptr, wts_ptr
     tl.debug_barrier()
     arrived = tl.atomic_add(counter_ptr, 1, sem="acq_rel")
     if arrived == n_programs - 1:
-        e = tl.arange(0, BLOCK_E)
-        em = e < E
-        lg = tl.load(logits_ptr + e, mask=em, other=float("-inf"), volatile=True)
-        p = tl.exp(lg - tl.max(lg, axis=0))
-        p = p / tl.sum(p, axis=0)                              # softmax in fp32
-        p = tl.where(em, p, -1.0)                              # padding is never chosen
-        pos = tl.load(pos_ptr)
-        for j in tl.static_range(TOP_K):
-            best = tl.max(p, axis=0)
-            # lowest index among ties
-            i = tl.min(tl.where(p == best, e, BLOCK_E), axis=0)
+        route(logits_ptr, ids_ptr, wts_ptr, log_ptr, tl.load(pos_ptr), log_row,
+              log_offset, E, True, TOP_K, BLOCK_E, BLOCK_E)
+        tl.store(counter_ptr, 0)
+
+
+@triton.jit
+def route(logits_ptr, ids_ptr, wts_ptr, log_ptr, pos, log_row, log_offset, E, store,
+          TOP_K: tl.constexpr, TOP_KP: tl.constexpr, BLOCK_E: tl.constexpr):
+    """Softmax over the E logits, then TOP_K rounds of "largest probability, lowest index
+    among equals". Returns the ids (int32) and the bf16-rounded weights (fp32) as
+    [TOP_KP] vectors (slot j in lane j); with ``store`` also writes them to ids, weights
+    and the log row ``pos``. The persistent MoE layer has every program route for itself
+    (same logits, same result) and one program store."""
+    e = tl.arange(0, BLOCK_E)
+    em = e < E
+    lg = tl.load(logits_ptr + e, mask=em, other=float("-inf"), volatile=True)
+    p = tl.exp(lg - tl.max(lg, axis=0))
+    p = p / tl.sum(p, axis=0)                                  # softmax in fp32
+    p = tl.where(em, p, -1.0)                                  # padding is never chosen
+    slots = tl.arange(0, TOP_KP)
+    ids = tl.zeros([TOP_KP], dtype=tl.int32)
+    wts = tl.zeros([TOP_KP], dtype=tl.float32)
+    for j in tl.static_range(TOP_K):
+        best = tl.max(p, axis=0)
+        # lowest index among ties
+        i = tl.min(tl.where(p == best, e, BLOCK_E), axis=0)
+        ids = tl.where(slots == j, i, ids)
+        wts = tl.where(slots == j, bf16_round(best), wts)
+        if store:
             tl.store(ids_ptr + j, i)
             tl.store(wts_ptr + j, bf16_round(best))
             tl.store(log_ptr + pos * log_row + log_offset + j, i)
-            p = tl.where(e == i, -1.0, p)
-        tl.store(counter_ptr, 0)
+        p = tl.where(e == i, -1.0, p)
+    return ids, wts
 
 
 def moe_router(x, g, w_router, xn, logits, ids, weights, counter, pos, eps, log=None, layer=0,
