@@ -18,8 +18,8 @@ tensors that the expert kernels read on replay:
     counter   [1]          int32  arrivals; zero between calls, reset by the last program
     log       [C, L, TOP_K] int32 ids of every step, at row pos (which experts a run read)
 
-Top-k ranks every expert at once (rank = experts with a larger probability, or an equal
-one at a lower index; slot j is rank j), so ties go to the lower expert index, as ``torch.topk`` orders them on the oracle's side. Bytes: E*K*2
+Top-k is TOP_K rounds of "largest probability, lowest index among equals", so ties go to
+the lower expert index, as ``torch.topk`` orders them on the oracle's side. Bytes: E*K*2
 of router weights (256 KB a layer for OLMoE) and K*2 of activation.
 The shape of this launch never changes while the choice does: the graph stays fixed and
 the expert kernels follow the ids it writes (the seed post's indirect index).
@@ -66,35 +66,31 @@ def _moe_router_kernel(x_ptr, g_ptr, w_ptr, xn_ptr, logits_ptr, ids_ptr, wts_ptr
 @triton.jit
 def route(logits_ptr, ids_ptr, wts_ptr, log_ptr, pos, log_row, log_offset, E, store,
           TOP_K: tl.constexpr, TOP_KP: tl.constexpr, BLOCK_E: tl.constexpr):
-    """Softmax over the E logits, then the TOP_K largest probabilities, lowest index
-    among equals, most probable first. Returns the ids (int32) and the bf16-rounded
-    weights (fp32) as [TOP_KP] vectors (slot j in lane j, lanes past TOP_K zero); with
-    ``store`` also writes them to ids, weights and the log row ``pos``. The persistent MoE
-    layer has every program route for itself (same logits, same result) and one program
-    store.
-
-    No sequential rounds: each expert's rank is the number of experts ahead of it (larger,
-    or equal with a lower index), one [E, E] comparison and one reduction; slot j takes
-    the expert whose rank is j. (TOP_K rounds of max-then-lowest-index cost two block
-    reductions each, on the router's critical path.)"""
+    """Softmax over the E logits, then TOP_K rounds of "largest probability, lowest index
+    among equals". Returns the ids (int32) and the bf16-rounded weights (fp32) as
+    [TOP_KP] vectors (slot j in lane j); with ``store`` also writes them to ids, weights
+    and the log row ``pos``. The persistent MoE layer has every program route for itself
+    (same logits, same result) and one program store."""
     e = tl.arange(0, BLOCK_E)
     em = e < E
     lg = tl.load(logits_ptr + e, mask=em, other=float("-inf"), volatile=True)
     p = tl.exp(lg - tl.max(lg, axis=0))
     p = p / tl.sum(p, axis=0)                                  # softmax in fp32
     p = tl.where(em, p, -1.0)                                  # padding is never chosen
-    pi, pj = p[:, None], p[None, :]                            # [BLOCK_E, BLOCK_E]
-    ahead = (pj > pi) | ((pj == pi) & (e[None, :] < e[:, None]))
-    rank = tl.sum(ahead.to(tl.int32), axis=1)                  # [BLOCK_E]: 0 is the largest
-    slots = tl.arange(0, TOP_KP)[:, None]
-    hit = (rank[None, :] == slots) & (slots < TOP_K)           # [TOP_KP, BLOCK_E]
-    ids = tl.sum(tl.where(hit, e[None, :], 0), axis=1)         # one expert per slot: exact
-    wts = bf16_round(tl.sum(tl.where(hit, p[None, :], 0.0), axis=1))
-    if store:
-        j = tl.arange(0, TOP_KP)
-        tl.store(ids_ptr + j, ids, mask=j < TOP_K)
-        tl.store(wts_ptr + j, wts, mask=j < TOP_K)
-        tl.store(log_ptr + pos * log_row + log_offset + j, ids, mask=j < TOP_K)
+    slots = tl.arange(0, TOP_KP)
+    ids = tl.zeros([TOP_KP], dtype=tl.int32)
+    wts = tl.zeros([TOP_KP], dtype=tl.float32)
+    for j in tl.static_range(TOP_K):
+        best = tl.max(p, axis=0)
+        # lowest index among ties
+        i = tl.min(tl.where(p == best, e, BLOCK_E), axis=0)
+        ids = tl.where(slots == j, i, ids)
+        wts = tl.where(slots == j, bf16_round(best), wts)
+        if store:
+            tl.store(ids_ptr + j, i)
+            tl.store(wts_ptr + j, bf16_round(best))
+            tl.store(log_ptr + pos * log_row + log_offset + j, i)
+        p = tl.where(e == i, -1.0, p)
     return ids, wts
 
 
