@@ -123,6 +123,32 @@ def test_one_launch_of_one_program(w, monkeypatch, nxt, stages):
     assert not eng.layer_barrier.any() and not eng.down_counter.any()
 
 
+def test_phase_groups_one_launch_each(w, monkeypatch):
+    """``ONELAUNCH_PERSIST_SPLIT=0-4,5-6``: the attention block in one launch and the MLP
+    in another (grid 1, so the barriers inside each run here), same bits; a grouping that
+    skips or repeats a phase is refused in one line."""
+    LP = __import__("importlib").import_module("onelaunch.kernels.layer_persistent")
+    launches = []
+    real = LP._layer_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*a, **k):
+                launches.append((k["FIRST"], k["LAST"]))
+                return real[grid](*a, **k)
+            return launch
+    monkeypatch.setattr(LP, "_layer_kernel", Spy())
+    monkeypatch.setenv("ONELAUNCH_PERSIST_SPLIT", "0-4,5-6")
+    eng = Engine(SPEC, w, max_ctx=MAX_CTX, persistent=True,
+                 cfgs={"layer_persistent": {"GRID": 1}})
+    ref = Engine(SPEC, w, max_ctx=MAX_CTX, cfgs=plan.persistent_cfgs(eng))
+    run_both(ref, eng, 2)
+    assert set(launches) == {(0, 4), (5, 6)}
+    assert not eng.layer_barrier.any() and not eng.down_counter.any()
+    with pytest.raises(ValueError, match="must cover phases 0-6"):
+        LP.phase_ranges(dict(split=True, groups="0-3,5-6"), 1, 6)
+
+
 def test_generate_same_tokens(w):
     """The default persistent engine (streamed) and the unfused one at its tiles."""
     eng = Engine(SPEC, w, max_ctx=MAX_CTX, persistent=True)

@@ -328,11 +328,31 @@ def entry(c_p: dict) -> dict:
 def launch_options(device, use_pdl: bool) -> dict:
     """How the launch is made: cooperative (``ONELAUNCH_PERSIST_COOP``, default 1 on a GPU)
     and PDL (``ONELAUNCH_PERSIST_PDL``, default: the engine's), and whether all phases run
-    in one launch (``ONELAUNCH_PERSIST_SPLIT=1``: one launch per phase, as the interpreter)."""
+    in one launch (``ONELAUNCH_PERSIST_SPLIT=1``: one launch per phase, as the interpreter;
+    ``0-4,5-7``: those groups of phases, see ``phase_ranges``)."""
     gpu = not config.interpreting() and torch.device(device).type == "cuda"
+    split = os.environ.get("ONELAUNCH_PERSIST_SPLIT") or "0"
     return dict(cooperative=gpu and bool(_env_int("ONELAUNCH_PERSIST_COOP", 1)),
                 pdl=bool(use_pdl) and bool(_env_int("ONELAUNCH_PERSIST_PDL", 1)),
-                split=not gpu or bool(_env_int("ONELAUNCH_PERSIST_SPLIT", 0)))
+                split=not gpu or split != "0", groups=None if split in "01" else split)
+
+
+def phase_ranges(opts: dict, grid: int, last: int) -> list:
+    """The launches of one layer as (first, last) phase ranges: one launch for all phases,
+    one per phase (split), or the groups of ``ONELAUNCH_PERSIST_SPLIT`` when it names them
+    ("0-4,5-7": the attention block in one launch and the MoE block in another; a
+    measurement of where one launch gains or loses). In the interpreter a range of more
+    than one phase runs only at grid 1 (see ``one_launch``)."""
+    if not opts.get("groups") or config.interpreting() and grid > 1:
+        return [(0, last)] if one_launch(opts, grid) else [(p, p) for p in range(last + 1)]
+    ranges = []
+    for part in opts["groups"].split(","):
+        a, _, b = part.partition("-")
+        ranges.append((int(a), int(b or a)))
+    if [p for a, b in ranges for p in range(a, b + 1)] != list(range(last + 1)):
+        raise ValueError(f"ONELAUNCH_PERSIST_SPLIT={opts['groups']!r} must cover phases "
+                         f"0-{last} in order, each once (e.g. '0-4,5-{last}')")
+    return ranges
 
 
 def one_launch(opts: dict, grid: int) -> bool:
@@ -391,7 +411,7 @@ def layer_persistent(x, L: dict, qkv, q, attn, h, k_cache, v_cache, cos, sin, po
     if opts["cooperative"]:
         kw["launch_cooperative_grid"] = True
     last = LAST_PHASE + (moe is not None)                 # MoE: router, experts' gate/up, down
-    ranges = [(0, last)] if one_launch(opts, P) else [(p, p) for p in range(last + 1)]
+    ranges = phase_ranges(opts, P, last)
     b = L["b_qkv"]
     compiled = []
     for first, final in ranges:
