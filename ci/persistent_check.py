@@ -152,7 +152,8 @@ def child(a) -> int:
     res["launches"] = {k: e.launches_per_step() for k, e in eng.items()}
     res["pdl_on"] = {k: e.pdl for k, e in eng.items()}
     res["grid"] = LP.grid_size(dev, cfgs["layer_persistent"])
-    res["launch_options"] = LP.launch_options(dev, eng["persistent"].pdl)
+    res["launch_options"] = LP.launch_options(dev, eng["persistent"].pdl,
+                                              cfgs["layer_persistent"])
     del w
     if gpu:
         torch.cuda.empty_cache()

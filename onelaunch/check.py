@@ -242,8 +242,8 @@ def format_report(r: dict) -> str:
     ids = "id" if r["prompt_len"] == 1 else "ids"
     lines = [
         f"check {r['model']} on {r['device']}: oracle {r['oracle_dtype']} vs HF "
-        f"{r['reference_dtype']}, prompt of {r['prompt_len']} {ids} ({r['prompt']}), "
-        f"{r['tokens']} greedy tokens",
+        f"{r['reference_dtype']},",
+        f"  prompt of {r['prompt_len']} {ids} ({r['prompt']}), {r['tokens']} greedy tokens",
         f"  agreement         {r['agree']}{gen[r['hf_generate_match']]}",
         f"  max |logit err|   {r['max_abs_err']:.3g} ({r['rel_err']:.2g} of the logit std "
         f"{r['logit_std']:.3g}{tol})",

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import warnings
 from dataclasses import dataclass, asdict, field
 
 import torch
@@ -492,11 +493,17 @@ def fast_decode_rows(spec_name, ctx: int = 512, device="cuda", iters: int = 50,
     fast = FastDecode(spec, weights, max_ctx).eval()
     times, checks, graphs = {}, {}, {}
     # gpt-fast's inductor settings: coordinate-descent tuning of the generated kernels
-    # (the reductions a GEMV becomes), unique kernel names
-    tuned = (torch._inductor.config.patch(coordinate_descent_tuning=True,
-                                          **{"triton.unique_kernel_names": True})
-             if cuda else contextlib.nullcontext())
-    with tuned:                     # compiling happens at the first call: inside too
+    # (the reductions a GEMV becomes), unique kernel names; and no autotune report
+    # (inductor writes each choice's timing to stderr, into the chapter's output)
+    tuned = contextlib.nullcontext()
+    if cuda:
+        icfg = torch._inductor.config
+        quiet = "max_autotune_report_choices_stats"
+        tuned = icfg.patch(coordinate_descent_tuning=True,
+                           **{"triton.unique_kernel_names": True},
+                           **({quiet: False} if hasattr(icfg, quiet) else {}))
+    with tuned, warnings.catch_warnings():   # compiling happens at the first call: inside
+        warnings.filterwarnings("ignore", message="TypedStorage is deprecated")
         for mode in modes:
             torch._dynamo.reset()
             g0 = dynamo_graphs()

@@ -34,6 +34,7 @@ import os
 import statistics
 import sys
 import tempfile
+import warnings
 
 import torch
 
@@ -289,10 +290,12 @@ def _record(engine, graph: bool, replays: int, trace_path: str | None = None):
     """Kernel events of ``replays`` steps under torch.profiler (CUDA activity only)."""
     from torch.profiler import ProfilerActivity, profile
     torch.cuda.synchronize(engine.device)
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(replays):
-            engine.step(graph)
-        torch.cuda.synchronize(engine.device)
+    with warnings.catch_warnings():    # one profiler session: "clears events ... each cycle"
+        warnings.filterwarnings("ignore", message=".*Profiler clears events")
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(replays):
+                engine.step(graph)
+            torch.cuda.synchronize(engine.device)
     with tempfile.TemporaryDirectory() as d:
         p = os.path.join(d, "trace.json")
         prof.export_chrome_trace(p)

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from onelaunch import plan
+from onelaunch.kernels import config
 from onelaunch.engine import Engine, EngineError
 from onelaunch.specs import get_spec
 from onelaunch.weights import random_weights
@@ -147,6 +148,19 @@ def test_phase_groups_one_launch_each(w, monkeypatch):
     assert not eng.layer_barrier.any() and not eng.down_counter.any()
     with pytest.raises(ValueError, match="must cover phases 0-6"):
         LP.phase_ranges(dict(split=True, groups="0-3,5-6"), 1, 6)
+
+
+def test_pdl_from_the_table_and_the_environment(monkeypatch):
+    """The layer kernel launches with PDL when the engine does, unless its table entry
+    says PDL=0 (the H200's: NOTES.md 16); ONELAUNCH_PERSIST_PDL overrides either way."""
+    LP = __import__("importlib").import_module("onelaunch.kernels.layer_persistent")
+    monkeypatch.delenv("ONELAUNCH_PERSIST_PDL", raising=False)
+    assert LP.launch_options("cpu", True, {})["pdl"]
+    assert not LP.launch_options("cpu", True, {"PDL": 0})["pdl"]
+    assert not LP.launch_options("cpu", False, {"PDL": 1})["pdl"]
+    monkeypatch.setenv("ONELAUNCH_PERSIST_PDL", "1")
+    assert LP.launch_options("cpu", True, {"PDL": 0})["pdl"]
+    assert config.TABLE["sm_90"]["layer_persistent"]["PDL"] == 0
 
 
 def test_generate_same_tokens(w):

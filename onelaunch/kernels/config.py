@@ -53,8 +53,11 @@ TABLE: dict[str, dict[str, dict]] = {
         # measured (H200, Qwen, ctx 512; NOTES.md 13-14): with a register ring, 8 warps
         # 1 program per SM 2.47 ms, 4 warps 2 per SM 1.90; streamed through shared memory
         # (results/h200/session7/persistent_stream.json) 4 warps 2 per SM, 4 stages of
-        # 8 x 512: 1.55 ms (8 warps 1 per SM, 4 of 16 x 512: 1.54; 6 of 8 x 512: 1.63)
-        "layer_persistent": dict(num_warps=4, PER_SM=2, NEXT=1, STAGES=4, TILE="8x512"),
+        # 8 x 512: 1.55 ms (8 warps 1 per SM, 4 of 16 x 512: 1.54; 6 of 8 x 512: 1.63).
+        # PDL=0: launched without PDL (session8/*_nopdl.json, NOTES.md 16): OLMoE 1.67 ->
+        # 1.50 ms, Qwen 1.54 -> 1.56 (within the step's noise)
+        "layer_persistent": dict(num_warps=4, PER_SM=2, NEXT=1, STAGES=4, TILE="8x512",
+                                 PDL=0),
     },
     # RTX 4090 (Ada): not measured here; the defaults, whose tiles are safe on any GPU.
     # `python -m onelaunch.bench --what sweepcfg --write-table` writes a measured table.

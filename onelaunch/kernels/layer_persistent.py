@@ -325,16 +325,18 @@ def entry(c_p: dict) -> dict:
     return c
 
 
-def launch_options(device, use_pdl: bool) -> dict:
+def launch_options(device, use_pdl: bool, c_p: dict | None = None) -> dict:
     """How the launch is made: cooperative (``ONELAUNCH_PERSIST_COOP``, default 1 on a GPU)
-    and PDL (``ONELAUNCH_PERSIST_PDL``, default: the engine's), and whether all phases run
-    in one launch (``ONELAUNCH_PERSIST_SPLIT=1``: one launch per phase, as the interpreter;
-    ``0-4,5-7``: those groups of phases, see ``phase_ranges``)."""
+    and PDL (``ONELAUNCH_PERSIST_PDL``, default: the engine's, unless the launch table's
+    entry ``c_p`` says ``PDL=0``), and whether all phases run in one launch
+    (``ONELAUNCH_PERSIST_SPLIT=1``: one launch per phase, as the interpreter; ``0-4,5-7``:
+    those groups of phases, see ``phase_ranges``)."""
     gpu = not config.interpreting() and torch.device(device).type == "cuda"
     split = os.environ.get("ONELAUNCH_PERSIST_SPLIT") or "0"
+    pdl = _env_int("ONELAUNCH_PERSIST_PDL", (c_p or {}).get("PDL", 1))
     return dict(cooperative=gpu and bool(_env_int("ONELAUNCH_PERSIST_COOP", 1)),
-                pdl=bool(use_pdl) and bool(_env_int("ONELAUNCH_PERSIST_PDL", 1)),
-                split=not gpu or split != "0", groups=None if split in "01" else split)
+                pdl=bool(use_pdl) and bool(pdl), split=not gpu or split != "0",
+                groups=None if split in ("0", "1") else split)
 
 
 def phase_ranges(opts: dict, grid: int, last: int) -> list:
@@ -403,7 +405,7 @@ def layer_persistent(x, L: dict, qkv, q, attn, h, k_cache, v_cache, cos, sin, po
     block_t = min(c_at["BLOCK_T"], chunk)
     assert chunk % block_t == 0, "a tile must not straddle two chunks"
     qn, kn = L.get("q_norm"), L.get("k_norm")
-    opts = opts or launch_options(x.device, use_pdl)
+    opts = opts or launch_options(x.device, use_pdl, c_p)
     P = grid or grid_size(x.device, c_p)
     kw = {}
     if opts["pdl"]:
