@@ -35,7 +35,11 @@ Environment (read by ``kernels/layer_persistent.py`` at each launch):
 ONELAUNCH_PERSIST_GRID (programs), ONELAUNCH_PERSIST_PER_SM, ONELAUNCH_PERSIST_COOP=0
 (plain launch), ONELAUNCH_PERSIST_PDL=0 (no PDL on the layer kernel),
 ONELAUNCH_PERSIST_SPLIT=1 (one launch per phase, no barrier: isolates a barrier bug),
-ONELAUNCH_PERSIST_STAGES, ONELAUNCH_PERSIST_TILE (``layer_persistent.entry``).
+ONELAUNCH_PERSIST_STAGES, ONELAUNCH_PERSIST_TILE (``layer_persistent.entry``),
+ONELAUNCH_PERSIST_SPLIT=0-4,5-7 (those groups of phases, one launch each),
+ONELAUNCH_PERSIST_CLOCK=1 (each program stamps %globaltimer at every phase's start and
+end; ``clock_us`` in the report: per phase, its span, the median program's work, the
+skew and the release after the last arrival, ``layer_persistent.clock_phases``).
 """
 from __future__ import annotations
 
@@ -214,6 +218,11 @@ def child(a) -> int:
     save()
     res["ms_per_token"] = {n: timed(n) for n in ("pdl", "ref", "persistent", "persistent_noprefetch")}
     save()
+    clock = eng["persistent"].buffers.get("layer_clock")
+    if clock is not None:      # ONELAUNCH_PERSIST_CLOCK=1: the last timed replay's stamps
+        torch.cuda.synchronize(dev)
+        res["clock_us"] = LP.clock_phases(clock, LP.MOE_PHASES if spec.is_moe else LP.PHASES)
+        save()
 
     res["stage"] = "grids"
     res["grids"] = []

@@ -163,6 +163,31 @@ def test_pdl_from_the_table_and_the_environment(monkeypatch):
     assert config.TABLE["sm_90"]["layer_persistent"]["PDL"] == 0
 
 
+def test_clock_phases_reads_the_stamps():
+    """Two layers, two programs, two phases (stamps in ns): each phase's span, median
+    work, skew and the release after its last arrival; the last phase's release is the
+    gap to the next layer's first start."""
+    LP = __import__("importlib").import_module("onelaunch.kernels.layer_persistent")
+    us = 1000
+    layer = lambda t0: [[t0, t0 + 4 * us, t0 + 5 * us, t0 + 9 * us],          # program 0
+                        [t0 + 1 * us, t0 + 3 * us, t0 + 6 * us, t0 + 8 * us]]  # program 1
+    clock = torch.tensor([layer(100 * us), layer(120 * us)], dtype=torch.int64)
+    rows = LP.clock_phases(clock, ["a", "b"])
+    assert [r["phase"] for r in rows] == ["a", "b"]
+    a, b = rows                  # (torch's median of two values is the lower one)
+    assert (a["span"], a["work"], a["skew"], a["release"]) == (4, 2, 1, 1)
+    assert (b["span"], b["work"], b["skew"], b["release"]) == (4, 2, 1, 11)
+    clock[:, :, 0] = 0                                   # phase a not stamped: left out
+    assert [r["phase"] for r in LP.clock_phases(clock, ["a", "b"])] == ["b"]
+
+
+def test_clock_refused_in_the_interpreter(w, monkeypatch):
+    monkeypatch.setenv("ONELAUNCH_PERSIST_CLOCK", "1")
+    eng = Engine(SPEC, w, max_ctx=MAX_CTX, persistent=True)
+    with pytest.raises(ValueError, match="globaltimer"):
+        eng.generate(torch.tensor([1, 2, 3]), 1)
+
+
 def test_generate_same_tokens(w):
     """The default persistent engine (streamed) and the unfused one at its tiles."""
     eng = Engine(SPEC, w, max_ctx=MAX_CTX, persistent=True)
@@ -298,7 +323,8 @@ ce = dict(HAS_BIAS=True, QK_NORM=False, D=128, BLOCK_D=128, BLOCK_R=1024, GROUP=
           BN_QKV=8, BK_QKV=2048, PF_QKV=1, BN_O=8, BK_O=2048, PF_O=1, BN_GU=8, BK_GU=512, PF_GU=2,
           BN_DN=2, BK_DN=1024, PF_DN=2, SPLIT_K=1, FIRST=0, LAST=6, NEXT=True, USE_PDL=True,
           FENCE=True, STAGES=int(sys.argv[1]), MOE=False, TOP_K=1, TOP_KP=1, BLOCK_E=1,
-          BN_R=8, BK_R=512, BN_EGU=8, BK_EGU=512, BN_EDN=8, BK_EDN=512)
+          BN_R=8, BK_R=512, BN_EGU=8, BK_EGU=512, BN_EDN=8, BK_EDN=512,
+          CLOCK=int(sys.argv[1]) == 0, SLOTS=14)   # the ring build also stamps the clock
 bf16 = set("x gin w_qkv b_qkv qkv q k_cache v_cache cos sin qn kn attn w_o gpost w_gu h w_dn "
            "w_r w_egu w_edn eh".split())
 f32 = set("part_o part_m part_l scratch logits wts".split())
@@ -307,7 +333,8 @@ sig = {{}}
 for n in inspect.signature(LP._layer_kernel.fn).parameters:
     b = n[:-4] if n.endswith("_ptr") else None
     sig[n] = ("constexpr" if n in ce else "*bf16" if b in bf16 else "*fp32" if b in f32
-              else "*i32" if b in i32 else "fp32" if n in ("eps", "scale") else "i32")
+              else "*i32" if b in i32 else "*i64" if b == "clock"
+              else "fp32" if n in ("eps", "scale") else "i32")
 # pointers 16-byte aligned and sizes multiples of 16, as the launcher's tensors are (the
 # streamed phases' copies are pipelined only when the compiler knows that)
 attrs = {{(i,): [["tt.divisibility", 16]] for i, n in enumerate(sig)
@@ -322,6 +349,7 @@ if ce["STAGES"]:   # the four GEMV loops' weight and input loads, on top of the 
     ring = build(0)[1]
     assert copies >= ring + 4 * ce["STAGES"], f"async copies: {{copies}} streamed, {{ring}} ring"
 assert "atom" in c.asm["ptx"] and "griddepcontrol.wait" in c.asm["ptx"]
+assert ("%globaltimer" in c.asm["ptx"]) == ce["CLOCK"], "the clock stamps, only with CLOCK"
 d = tempfile.mkdtemp()
 open(os.path.join(d, "k.ptx"), "w").write(c.asm["ptx"])
 ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")

@@ -68,15 +68,30 @@ from .rope_kv import rope_kv_head
 PHASES = ("rms_qkv", "rope_kv_write", "attention_partial", "attention_reduce", "o_proj_residual",
           "rms_gate_up_swiglu", "down_residual")
 LAST_PHASE = len(PHASES) - 1
+MOE_PHASES = PHASES[:5] + ("router_logits", "route_experts_gate_up", "experts_down")
 
 
 @triton.jit
-def grid_barrier(bar_ptr, target, n_progs, RESET: tl.constexpr, FENCE: tl.constexpr):
+def stamp(clk_ptr, slot, CLOCK: tl.constexpr):
+    """With CLOCK (a measurement, never the engine's default): the GPU's global clock in
+    ns (``%globaltimer``) into this program's ``slot``."""
+    if CLOCK:
+        t = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [],
+                                      dtype=tl.int64, is_pure=False, pack=1)
+        tl.store(clk_ptr + slot, t)
+
+
+@triton.jit
+def grid_barrier(bar_ptr, target, n_progs, RESET: tl.constexpr, FENCE: tl.constexpr,
+                 clk_ptr, PHASE: tl.constexpr, CLOCK: tl.constexpr):
     """Wait until ``target`` arrivals (every program's, at this and earlier barriers of
     the launch) are counted in bar[0]. With RESET (the launch's last barrier) each
-    program then bumps bar[1], and the last one resets both to zero."""
+    program then bumps bar[1], and the last one resets both to zero. With CLOCK the
+    program stamps its arrival (the end of phase PHASE - 1) and its leaving (the start
+    of PHASE): see ``clock_phases``."""
     thread_fence(FENCE)                # this thread's writes are visible GPU-wide ...
     tl.debug_barrier()                 # ... and every thread's, before the arrival
+    stamp(clk_ptr, 2 * PHASE - 1, CLOCK)
     tl.atomic_add(bar_ptr, 1, sem="release", scope="gpu")
     seen = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
     while seen < target:
@@ -84,6 +99,7 @@ def grid_barrier(bar_ptr, target, n_progs, RESET: tl.constexpr, FENCE: tl.conste
     # no thread reads the phase's inputs before the spin ends
     tl.debug_barrier()
     thread_fence(FENCE)
+    stamp(clk_ptr, 2 * PHASE, CLOCK)
     # every program has left the spin once bar[1] is full
     if RESET:
         done = tl.atomic_add(bar_ptr + 1, 1, sem="acq_rel", scope="gpu")
@@ -112,6 +128,8 @@ def _layer_kernel(
         w_r_ptr, stride_r, E, logits_ptr, ids_ptr, wts_ptr, log_ptr, log_row, log_offset,
         w_egu_ptr, stride_egu_e, stride_egu_n, I_E, w_edn_ptr, stride_edn_e, stride_edn_n,
         eh_ptr,
+        # CLOCK: the programs' stamps, [P, SLOTS] int64 (a measurement; clock_phases)
+        clock_ptr,
         HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
         BLOCK_R: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
         BLOCK_DA: tl.constexpr, CHUNK: tl.constexpr, BLOCK_T: tl.constexpr,
@@ -124,9 +142,10 @@ def _layer_kernel(
         FENCE: tl.constexpr, STAGES: tl.constexpr, MOE: tl.constexpr, TOP_K: tl.constexpr,
         TOP_KP: tl.constexpr, BLOCK_E: tl.constexpr, BN_R: tl.constexpr, BK_R: tl.constexpr,
         BN_EGU: tl.constexpr, BK_EGU: tl.constexpr, BN_EDN: tl.constexpr,
-        BK_EDN: tl.constexpr):
+        BK_EDN: tl.constexpr, CLOCK: tl.constexpr, SLOTS: tl.constexpr):
     pid = tl.program_id(0)
     P = tl.num_programs(0)
+    clk = clock_ptr + pid * SLOTS      # slot 2k: phase k starts here, 2k + 1: it ends
     # STAGES > 0: the GEMV phases stream through shared memory (stream_gemv), whose
     # pipeline starts after the barrier; nothing of theirs is requested before it
     RING: tl.constexpr = STAGES == 0
@@ -157,6 +176,7 @@ def _layer_kernel(
         d0, d1, d2, d3 = down_first(w_dn_ptr, stride_dn, H, I, k_per_split, pid % n_dn_rows,
                                     pid // n_dn_rows, BN_DN, BK_DN, PF_DN)
     pdl_wait(USE_PDL)
+    stamp(clk, 2 * FIRST, CLOCK)
 
     # ---- phase 0: RMSNorm + QKV (+ bias) ---------------------------------------------------
     if FIRST <= 0 and LAST >= 0:
@@ -171,7 +191,7 @@ def _layer_kernel(
                 a0, a1, a2, a3 = row_tiles(w_qkv_ptr, stride_qkv, N_QKV, t + P, 0, H, BN_QKV, BK_QKV,
                                            PF_QKV)
     if FIRST <= 0 and LAST >= 1:       # RoPE reads no weights: nothing to request early
-        grid_barrier(bar_ptr, (1 - FIRST) * P, P, LAST == 1, FENCE)
+        grid_barrier(bar_ptr, (1 - FIRST) * P, P, LAST == 1, FENCE, clk, 1, CLOCK)
 
     # ---- phase 1: RoPE + KV write ----------------------------------------------------------
     if FIRST <= 1 and LAST >= 1:
@@ -184,7 +204,7 @@ def _layer_kernel(
             start, end = split_range(pos, pid // HKV, n_share, CHUNK)
             k0, v0, tm0 = partial_early(k_cache_ptr, v_cache_ptr, pos, pid % HKV, start, end,
                                         stride_c_h, stride_c_t, D, BLOCK_DA, BLOCK_T)
-        grid_barrier(bar_ptr, (2 - FIRST) * P, P, LAST == 2, FENCE)
+        grid_barrier(bar_ptr, (2 - FIRST) * P, P, LAST == 2, FENCE, clk, 2, CLOCK)
         if not NEXT:
             start, end = split_range(pos, pid // HKV, n_share, CHUNK)
             k0, v0, tm0 = partial_early(k_cache_ptr, v_cache_ptr, pos, pid % HKV, start, end,
@@ -203,7 +223,7 @@ def _layer_kernel(
     if FIRST <= 2 and LAST >= 3:       # the merge is short: W_o's tiles are requested here
         if AHEAD:
             o0, o1, o2, o3 = row_tiles(w_o_ptr, stride_o, H, pid, 0, K_O, BN_O, BK_O, PF_O)
-        grid_barrier(bar_ptr, (3 - FIRST) * P, P, LAST == 3, FENCE)
+        grid_barrier(bar_ptr, (3 - FIRST) * P, P, LAST == 3, FENCE, clk, 3, CLOCK)
 
     # ---- phase 3: merge of the splits ------------------------------------------------------------
     if FIRST <= 3 and LAST >= 3:
@@ -214,7 +234,7 @@ def _layer_kernel(
     if FIRST <= 3 and LAST >= 4:
         if FIRST == 3 and AHEAD:
             o0, o1, o2, o3 = row_tiles(w_o_ptr, stride_o, H, pid, 0, K_O, BN_O, BK_O, PF_O)
-        grid_barrier(bar_ptr, (4 - FIRST) * P, P, LAST == 4, FENCE)
+        grid_barrier(bar_ptr, (4 - FIRST) * P, P, LAST == 4, FENCE, clk, 4, CLOCK)
         if not NEXT and RING:
             o0, o1, o2, o3 = row_tiles(w_o_ptr, stride_o, H, pid, 0, K_O, BN_O, BK_O, PF_O)
 
@@ -232,7 +252,7 @@ def _layer_kernel(
         if AHEAD:
             g0, g1, g2, g3, u0, u1, u2, u3 = gate_up_first(w_gu_ptr, stride_gu, I, H, pid, BN_GU,
                                                            BK_GU, PF_GU)
-        grid_barrier(bar_ptr, (5 - FIRST) * P, P, LAST == 5, FENCE)
+        grid_barrier(bar_ptr, (5 - FIRST) * P, P, LAST == 5, FENCE, clk, 5, CLOCK)
         if not NEXT and RING:
             g0, g1, g2, g3, u0, u1, u2, u3 = gate_up_first(w_gu_ptr, stride_gu, I, H, pid, BN_GU,
                                                            BK_GU, PF_GU)
@@ -257,7 +277,7 @@ def _layer_kernel(
         if AHEAD:
             d0, d1, d2, d3 = down_first(w_dn_ptr, stride_dn, H, I, k_per_split, pid % n_dn_rows,
                                         pid // n_dn_rows, BN_DN, BK_DN, PF_DN)
-        grid_barrier(bar_ptr, (6 - FIRST) * P, P, LAST == 6, FENCE)
+        grid_barrier(bar_ptr, (6 - FIRST) * P, P, LAST == 6, FENCE, clk, 6, CLOCK)
         if not NEXT and RING:
             d0, d1, d2, d3 = down_first(w_dn_ptr, stride_dn, H, I, k_per_split, pid % n_dn_rows,
                                         pid // n_dn_rows, BN_DN, BK_DN, PF_DN)
@@ -272,7 +292,7 @@ def _layer_kernel(
                                gpost_ptr, rstd_r, eh_ptr, pid, P, TOP_K, TOP_KP, BN_EGU,
                                BK_EGU, STAGES)
     if MOE and FIRST <= 6 and LAST >= 7:
-        grid_barrier(bar_ptr, (7 - FIRST) * P, P, LAST == 7, FENCE)
+        grid_barrier(bar_ptr, (7 - FIRST) * P, P, LAST == 7, FENCE, clk, 7, CLOCK)
     # ---- phase 7 (MoE): the experts' down, routing weights, residual -------------------------
     if MOE and FIRST <= 7 and LAST >= 7:
         stream_experts_down(w_edn_ptr, stride_edn_e, stride_edn_n, ids_ptr, wts_ptr, H, I_E,
@@ -289,6 +309,7 @@ def _layer_kernel(
                           SPLIT_K, FENCE, False, False, 1, BN_DN, BK_DN, PF_DN)
                 d0, d1, d2, d3 = down_first(w_dn_ptr, stride_dn, H, I, k_per_split, (t + P) % n_dn_rows,
                                             (t + P) // n_dn_rows, BN_DN, BK_DN, PF_DN)
+    stamp(clk, 2 * LAST + 1, CLOCK)
 
 
 # ---- the launcher ---------------------------------------------------------------------------
@@ -365,7 +386,7 @@ def one_launch(opts: dict, grid: int) -> bool:
 
 def layer_persistent(x, L: dict, qkv, q, attn, h, k_cache, v_cache, cos, sin, pos, part_o, part_m,
                      part_l, scratch, counter, bar, heads, kv_heads, head_dim, eps, chunk, cfgs: dict,
-                     use_pdl=False, grid=None, opts=None, live_cap=None, moe=None):
+                     use_pdl=False, grid=None, opts=None, live_cap=None, moe=None, clock=None):
     """One layer. ``L``: the layer's packed weights (input_norm, w_qkv, b_qkv, w_o,
     post_norm, then w_gate_up, w_down, or for a mixture of experts w_router,
     w_experts_gate_up, w_experts_down); the activation buffers, caches and split-K partials
@@ -374,7 +395,9 @@ def layer_persistent(x, L: dict, qkv, q, attn, h, k_cache, v_cache, cos, sin, po
     moe_down), attn_split and layer_persistent (num_warps of the whole kernel, NEXT,
     STAGES: see ``entry``). ``moe``: the router's buffers (logits, ids, weights, log,
     log_row, log_offset) and the experts' h [top_k, I]; the MoE layer must stream
-    (STAGES > 0). Returns the compiled kernels of the launches it made."""
+    (STAGES > 0). ``clock``: int64 [grid, 2 x phases] for the programs' clock stamps
+    (a measurement on a GPU: ``clock_phases``). Returns the compiled kernels of the
+    launches it made."""
     w_qkv, w_o = L["w_qkv"], L["w_o"]
     N_QKV, H = w_qkv.shape
     c_qkv, c_o = cfgs["rms_qkv"], cfgs["o_proj"]
@@ -414,6 +437,12 @@ def layer_persistent(x, L: dict, qkv, q, attn, h, k_cache, v_cache, cos, sin, po
         kw["launch_cooperative_grid"] = True
     last = LAST_PHASE + (moe is not None)                 # MoE: router, experts' gate/up, down
     ranges = phase_ranges(opts, P, last)
+    slots = 2 * (last + 1)
+    if clock is not None:
+        if config.interpreting():
+            raise ValueError("the layer's clock reads %globaltimer: a GPU measurement, not "
+                             "for Triton's interpreter (leave ONELAUNCH_PERSIST_CLOCK unset)")
+        assert clock.dtype == torch.int64 and clock.numel() >= P * slots, "clock too small"
     b = L["b_qkv"]
     compiled = []
     for first, final in ranges:
@@ -431,6 +460,7 @@ def layer_persistent(x, L: dict, qkv, q, attn, h, k_cache, v_cache, cos, sin, po
             w_r, w_r.stride(0), E, logits, ids, wts, log, log_row, log_offset,
             w_egu, w_egu.stride(0), w_egu.stride(1) if w_egu.dim() > 2 else 0, I_E,
             w_edn, w_edn.stride(0), w_edn.stride(1) if w_edn.dim() > 2 else 0, eh,
+            clock if clock is not None else bar,
             HAS_BIAS=b is not None, QK_NORM=qn is not None, D=head_dim,
             BLOCK_D=triton.next_power_of_2(head_dim),
             BLOCK_R=min(1024, triton.next_power_of_2(heads * head_dim)), GROUP=group,
@@ -446,5 +476,42 @@ def layer_persistent(x, L: dict, qkv, q, attn, h, k_cache, v_cache, cos, sin, po
             MOE=moe is not None, TOP_K=top_k, TOP_KP=triton.next_power_of_2(top_k),
             BLOCK_E=triton.next_power_of_2(E), BN_R=c_r["BLOCK_N"], BK_R=c_r["BLOCK_K"],
             BN_EGU=c_egu["BLOCK_N"], BK_EGU=c_egu["BLOCK_K"], BN_EDN=c_edn["BLOCK_N"],
-            BK_EDN=c_edn["BLOCK_K"], num_warps=c_p["num_warps"], **kw))
+            BK_EDN=c_edn["BLOCK_K"], CLOCK=clock is not None, SLOTS=slots,
+            num_warps=c_p["num_warps"], **kw))
     return compiled
+
+
+def clock_phases(clock: torch.Tensor, phases=None) -> list[dict]:
+    """What the programs' stamps say, per phase, from ``clock`` int64 [layers, P, 2 x
+    phases] (slot 2k: program p starts phase k, after the barrier or the launch's PDL wait;
+    2k + 1: it ends, arriving at the next barrier or leaving the kernel), in us, the median
+    over layers:
+
+    * ``span``: first start to last end (the phase's wall time, all programs);
+    * ``work``: the median program's end - start (torch's median: of two, the lower);
+    * ``skew``: last end - median end (what the slowest programs keep the rest waiting);
+    * ``release``: the last arrival to the first start of the next phase (what the barrier
+      or the launch boundary costs once everyone is there); for the last phase, to the
+      next layer's first start (the launch boundary between layers).
+
+    Slots a launch did not stamp (zero) are left out."""
+    c = clock.to(torch.float64).cpu() / 1e3                         # us
+    n = c.shape[-1] // 2
+    names = phases or [f"phase {k}" for k in range(n)]
+    rows = []
+    for k in range(n):
+        st, en = c[:, :, 2 * k], c[:, :, 2 * k + 1]
+        if not bool((st > 0).all() and (en > 0).all()):
+            continue
+        if k + 1 < n:
+            nxt = c[:, :, 2 * k + 2].amin(1)
+        else:
+            nxt = torch.cat([c[1:, :, 0].amin(1), torch.tensor([float("nan")])])
+        rel = nxt - en.amax(1)
+        rows.append(dict(phase=names[k] if k < len(names) else f"phase {k}",
+                         span=(en.amax(1) - st.amin(1)).median().item(),
+                         work=(en - st).median(1).values.median().item(),
+                         skew=(en.amax(1) - en.median(1).values).median().item(),
+                         release=rel[~rel.isnan()].median().item() if (~rel.isnan()).any()
+                         else float("nan")))
+    return rows
