@@ -98,15 +98,10 @@ def test_streamed_phases_are_the_reference_bit_for_bit(w, lp):
     run_both(ref, eng, 3)
 
 
-@pytest.mark.parametrize("nxt,stages", [(1, 0), (0, 0), (1, 2)])
-def test_one_launch_of_one_program(w, monkeypatch, nxt, stages):
-    """A grid of one program runs all seven phases in ONE launch in the interpreter too
-    (its barriers never wait for another program): the GPU's code path, barriers, the
-    counters' reset and the requests made before each barrier included; register ring
-    or streamed phases."""
+def spy_launches(monkeypatch) -> list:
+    """(grid, FIRST, LAST) of every launch of the persistent layer kernel from now on."""
     LP = __import__("importlib").import_module("onelaunch.kernels.layer_persistent")
-    launches = []
-    real = LP._layer_kernel
+    launches, real = [], LP._layer_kernel
 
     class Spy:
         def __getitem__(self, grid):
@@ -115,6 +110,16 @@ def test_one_launch_of_one_program(w, monkeypatch, nxt, stages):
                 return real[grid](*a, **k)
             return launch
     monkeypatch.setattr(LP, "_layer_kernel", Spy())
+    return launches
+
+
+@pytest.mark.parametrize("nxt,stages", [(1, 0), (0, 0), (1, 2)])
+def test_one_launch_of_one_program(w, monkeypatch, nxt, stages):
+    """A grid of one program runs all seven phases in ONE launch in the interpreter too
+    (its barriers never wait for another program): the GPU's code path, barriers, the
+    counters' reset and the requests made before each barrier included; register ring
+    or streamed phases."""
+    launches = spy_launches(monkeypatch)
     eng = Engine(SPEC, w, max_ctx=MAX_CTX, persistent=True,
                  cfgs={"layer_persistent": {"GRID": 1, "NEXT": nxt, "STAGES": stages}})
     ref = Engine(SPEC, w, max_ctx=MAX_CTX, cfgs=plan.persistent_cfgs(eng))
@@ -129,22 +134,13 @@ def test_phase_groups_one_launch_each(w, monkeypatch):
     in another (grid 1, so the barriers inside each run here), same bits; a grouping that
     skips or repeats a phase is refused in one line."""
     LP = __import__("importlib").import_module("onelaunch.kernels.layer_persistent")
-    launches = []
-    real = LP._layer_kernel
-
-    class Spy:
-        def __getitem__(self, grid):
-            def launch(*a, **k):
-                launches.append((k["FIRST"], k["LAST"]))
-                return real[grid](*a, **k)
-            return launch
-    monkeypatch.setattr(LP, "_layer_kernel", Spy())
+    launches = spy_launches(monkeypatch)
     monkeypatch.setenv("ONELAUNCH_PERSIST_SPLIT", "0-4,5-6")
     eng = Engine(SPEC, w, max_ctx=MAX_CTX, persistent=True,
                  cfgs={"layer_persistent": {"GRID": 1}})
     ref = Engine(SPEC, w, max_ctx=MAX_CTX, cfgs=plan.persistent_cfgs(eng))
     run_both(ref, eng, 2)
-    assert set(launches) == {(0, 4), (5, 6)}
+    assert {(first, last) for _, first, last in launches} == {(0, 4), (5, 6)}
     assert not eng.layer_barrier.any() and not eng.down_counter.any()
     with pytest.raises(ValueError, match="must cover phases 0-6"):
         LP.phase_ranges(dict(split=True, groups="0-3,5-6"), 1, 6)
