@@ -360,6 +360,23 @@ def launch_options(device, use_pdl: bool, c_p: dict | None = None) -> dict:
                 groups=None if split in ("0", "1") else split)
 
 
+def launch_kwargs(opts: dict, c_p: dict) -> dict:
+    """Triton's launch options for the layer kernel: PDL and the cooperative grid (from
+    ``launch_options``), and on a GPU a register cap, ``maxnreg``, from the entry's
+    MAXNREG or ``ONELAUNCH_PERSIST_MAXNREG``. One program holds every phase's registers
+    (214-230 a thread at 4 warps), so two programs fill an SM's register file; a cap of
+    168 (some spills) leaves room for three, 128 for four, and more bytes in flight."""
+    kw = {}
+    if opts["pdl"]:
+        kw["launch_pdl"] = True
+    if opts["cooperative"]:
+        kw["launch_cooperative_grid"] = True
+    maxnreg = _env_int("ONELAUNCH_PERSIST_MAXNREG", c_p.get("MAXNREG"))
+    if maxnreg and not config.interpreting():
+        kw["maxnreg"] = int(maxnreg)
+    return kw
+
+
 def phase_ranges(opts: dict, grid: int, last: int) -> list:
     """The launches of one layer as (first, last) phase ranges: one launch for all phases,
     one per phase (split), or the groups of ``ONELAUNCH_PERSIST_SPLIT`` when it names them
@@ -430,11 +447,7 @@ def layer_persistent(x, L: dict, qkv, q, attn, h, k_cache, v_cache, cos, sin, po
     qn, kn = L.get("q_norm"), L.get("k_norm")
     opts = opts or launch_options(x.device, use_pdl, c_p)
     P = grid or grid_size(x.device, c_p)
-    kw = {}
-    if opts["pdl"]:
-        kw["launch_pdl"] = True
-    if opts["cooperative"]:
-        kw["launch_cooperative_grid"] = True
+    kw = launch_kwargs(opts, c_p)
     last = LAST_PHASE + (moe is not None)                 # MoE: router, experts' gate/up, down
     ranges = phase_ranges(opts, P, last)
     slots = 2 * (last + 1)
