@@ -145,18 +145,26 @@ def layer_persistent(e, li: int) -> list[Launch]:
     # dense only (the MoE phases do not read them)
     h, scratch, counter = ((e.qkv,) * 3 if s.is_moe
                            else (e.h, e.down_scratch, e.down_counter))
-    clock = None
-    if os.environ.get("ONELAUNCH_PERSIST_CLOCK") == "1":    # a measurement: clock_phases
-        LP = importlib.import_module("onelaunch.kernels.layer_persistent")
-        P = LP.grid_size(e.device, cfgs["layer_persistent"])
-        slots = 2 * (LP.LAST_PHASE + 1 + s.is_moe)
-        clock = e.buf("layer_clock", (s.layers, P, slots), torch.int64)[li]
+    clock = layer_clock(e, li, cfgs)        # None but in a clock measurement
     run = lambda: K.layer_persistent(
         e.x, L, e.qkv, e.q, e.attn, h, kc, vc, e.cos, e.sin, e.pos, po, pm, pl,
         scratch, counter, bar, s.heads, s.kv_heads, s.head_dim, s.rms_eps,
         e.chunk, cfgs, use_pdl=e.pdl, live_cap=e.live_cap, moe=moe, clock=clock)
     return [Launch("layer_persistent", li, run, sum(u.weight_bytes for u in unfused),
                    sum(u.kv_bytes_per_ctx for u in unfused))]
+
+
+def layer_clock(e, li: int, cfgs: dict):
+    """With ``ONELAUNCH_PERSIST_CLOCK=1`` (a measurement, ``ci/persistent_check.py``):
+    layer ``li``'s rows of the int64 buffer [layers, grid, 2 x phases] where each program
+    of the persistent layer stamps its phases' start and end (``clock_phases``)."""
+    if os.environ.get("ONELAUNCH_PERSIST_CLOCK") != "1":
+        return None
+    LP = importlib.import_module("onelaunch.kernels.layer_persistent")
+    s = e.spec
+    P = LP.grid_size(e.device, cfgs["layer_persistent"])
+    slots = 2 * (LP.LAST_PHASE + 1 + s.is_moe)
+    return e.buf("layer_clock", (s.layers, P, slots), torch.int64)[li]
 
 
 def persistent_cfgs(e, li: int = 0) -> dict:
