@@ -365,7 +365,8 @@ def launch_kwargs(opts: dict, c_p: dict) -> dict:
     ``launch_options``), and on a GPU a register cap, ``maxnreg``, from the entry's
     MAXNREG or ``ONELAUNCH_PERSIST_MAXNREG``. One program holds every phase's registers
     (214-230 a thread at 4 warps), so two programs fill an SM's register file; a cap of
-    168 (some spills) leaves room for three, 128 for four, and more bytes in flight."""
+    168 (some spills) leaves room for three, and more bytes in flight. (Four do not fit
+    in shared memory: 70 KB a program, for the attention phase's tiles.)"""
     kw = {}
     if opts["pdl"]:
         kw["launch_pdl"] = True
