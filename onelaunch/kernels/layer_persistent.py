@@ -366,7 +366,7 @@ def launch_kwargs(opts: dict, c_p: dict) -> dict:
     MAXNREG or ``ONELAUNCH_PERSIST_MAXNREG``. One program holds every phase's registers
     (214-230 a thread at 4 warps), so two programs fill an SM's register file; a cap of
     168 (some spills) leaves room for three, and more bytes in flight. (Four do not fit
-    in shared memory: 70 KB a program, for the attention phase's tiles.)"""
+    in shared memory: 70 KB a program at 2 to 4 stages.)"""
     kw = {}
     if opts["pdl"]:
         kw["launch_pdl"] = True
