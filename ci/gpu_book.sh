@@ -14,12 +14,15 @@
 # and `ci/notebooks.py gpu` writes notebooks/NN_*.ipynb and results/<gpu>/*.json.
 # Set ONELAUNCH_COMMIT to the commit being run (the copied tree has no .git); it is
 # recorded in each notebook and, where results say "unknown", in the results files.
-# Back on this machine: tar xzf book-gpu.tar.gz, check, commit notebooks/ and results/.
+# Back on this machine: python ci/unpack_book.py book-gpu.tar.gz (it refuses an archive
+# whose call started before the last one was unpacked), check, commit notebooks/ and
+# results/. A run in several calls: unpack each call before starting the next.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 ARCHIVE=${1:-${OUT:?set OUT or give the archive path}/book-gpu.tar.gz}
 shift || true
+set -- $(echo "$@" | tr ',' ' ')          # chapters as "a b" or "a,b"
 PY=${PY:-python3}
 [ -d .whl ] || { echo "[gpu_book] no .whl/: run ci/fetch_wheels.sh and carry .whl"; exit 2; }
 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
