@@ -43,6 +43,7 @@ MOE = [FAST, "-k", "moe"]               # its MoE tests: seconds
 TP = "tests/test_tp_kernels.py"                 # tensor parallelism's kernel modes: ~10 s
 SPLITK = ["tests/test_splitk.py"]       # split-K attention, PDL emulated: ~40 s
 STREAM = ["tests/test_persistent.py", "-k", "streamed or one_launch_of"]  # the streamed layer
+PERSIST_OPTS = ["tests/test_persistent.py", "-k", "groups or pdl_from or clock or kwargs"]
 
 
 @dataclass
@@ -100,6 +101,14 @@ MUTANTS = [
     Mutant("streamed GEMV: accumulator kept across row tiles", "_common.py",
            "            acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)\n",
            "            acc = acc * 1.0\n", STREAM),
+    Mutant("persistent layer: phase groups that skip a phase accepted", "layer_persistent.py",
+           "if [p for a, b in ranges for p in range(a, b + 1)] != list(range(last + 1)):",
+           "if False:", PERSIST_OPTS),
+    Mutant("persistent layer: the table's PDL=0 ignored", "layer_persistent.py",
+           'pdl = _env_int("ONELAUNCH_PERSIST_PDL", (c_p or {}).get("PDL", 1))',
+           'pdl = _env_int("ONELAUNCH_PERSIST_PDL", 1)', PERSIST_OPTS),
+    Mutant("persistent layer's clock: release from the first arrival", "layer_persistent.py",
+           "rel = nxt - en.amax(1)", "rel = nxt - en.amin(1)", PERSIST_OPTS),
 ]
 
 
