@@ -198,6 +198,19 @@ def test_clock_refused_in_the_interpreter(w, monkeypatch):
         eng.generate(torch.tensor([1, 2, 3]), 1)
 
 
+def test_attention_tile_of_its_own(w, monkeypatch):
+    """ATTN_BLOCK_T (entry or ONELAUNCH_PERSIST_ATTN_BLOCK_T): the attention phase at 32
+    positions a tile (less shared memory a program), the reference engine at the same
+    tile, bit for bit across the split boundary."""
+    monkeypatch.setenv("ONELAUNCH_PERSIST_ATTN_BLOCK_T", "32")
+    eng = Engine(SPEC, w, max_ctx=MAX_CTX, persistent=True)
+    cfgs = plan.persistent_cfgs(eng)
+    assert cfgs["attn_split"]["BLOCK_T"] == 32 and cfgs["layer_persistent"]["ATTN_BLOCK_T"] == 32
+    ref = Engine(SPEC, w, max_ctx=MAX_CTX, cfgs=cfgs)
+    near_the_split((ref, eng))
+    run_both(ref, eng, 3)
+
+
 def test_generate_same_tokens(w):
     """The default persistent engine (streamed) and the unfused one at its tiles."""
     eng = Engine(SPEC, w, max_ctx=MAX_CTX, persistent=True)

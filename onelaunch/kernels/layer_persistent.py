@@ -336,9 +336,15 @@ def entry(c_p: dict) -> dict:
     ``ONELAUNCH_PERSIST_STAGES`` (0: each GEMV phase walks its tiles with a register ring,
     as the unfused kernels; N > 0: one flat loop streamed through shared memory, N - 1
     tiles ahead, ``stream_gemv``) and ``ONELAUNCH_PERSIST_TILE`` (``BNxBK``: the streamed
-    phases' row tile, for all four GEMVs; ``own`` or none: each op's own tile)."""
+    phases' row tile, for all four GEMVs; ``own`` or none: each op's own tile) and
+    ``ONELAUNCH_PERSIST_ATTN_BLOCK_T`` (the attention phase's positions a tile: its K/V
+    tiles set the kernel's shared memory, 70 KB a program at 64 and 4 stages on sm_90
+    against 55 KB at 32, and with it how many programs fit on an SM)."""
     c = dict(c_p)
     c["STAGES"] = _env_int("ONELAUNCH_PERSIST_STAGES", c.get("STAGES", 0))
+    bt = _env_int("ONELAUNCH_PERSIST_ATTN_BLOCK_T", c.get("ATTN_BLOCK_T"))
+    if bt:
+        c["ATTN_BLOCK_T"] = int(bt)
     tile = os.environ.get("ONELAUNCH_PERSIST_TILE") or c.get("TILE")
     c.pop("TILE", None)
     if tile and tile != "own":
