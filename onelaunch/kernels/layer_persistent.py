@@ -371,8 +371,9 @@ def launch_kwargs(opts: dict, c_p: dict) -> dict:
     ``launch_options``), and on a GPU a register cap, ``maxnreg``, from the entry's
     MAXNREG or ``ONELAUNCH_PERSIST_MAXNREG``. One program holds every phase's registers
     (214-230 a thread at 4 warps), so two programs fill an SM's register file; a cap of
-    168 (some spills) leaves room for three, and more bytes in flight. (Four do not fit
-    in shared memory: 70 KB a program at 2 to 4 stages.)"""
+    168 (some spills) leaves room for three, 128 for four, and more bytes in flight. Four
+    fit the shared memory only with the attention phase at 32 positions a tile
+    (ATTN_BLOCK_T, ``entry``): 55 KB a program at 4 stages, against 70 KB at 64."""
     kw = {}
     if opts["pdl"]:
         kw["launch_pdl"] = True
