@@ -35,7 +35,7 @@ def end_time(path: Path) -> str:
 
 def main(argv: list[str], root: Path = ROOT) -> int:
     if len(argv) != 1:
-        print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
+        print("usage: python ci/unpack_book.py ARCHIVE", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory() as d:
         with tarfile.open(argv[0]) as t:
