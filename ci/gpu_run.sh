@@ -31,9 +31,6 @@
 #              and the one-kernel attention's bit-identity tests compiled on the GPU
 #     stream   Qwen: the persistent layer with its GEMV phases streamed through shared memory
 #              (stream_gemv), several stages/tiles/grids, each bit-checked then timed
-#     regs     the persistent layer with a register cap (maxnreg), attention tiles of 32
-#              positions (less shared memory) and 3-4 programs per SM: more bytes in flight
-#              at the price of spills (Qwen 4 variants, OLMoE 2; about 4 minutes)
 #     clock    both models: the persistent layer's per-phase clock (ONELAUNCH_PERSIST_CLOCK=1,
 #              ci/persistent_check.py: span, work, skew and release of every phase), with the
 #              table's PDL setting and with PDL forced on (about 4 minutes)
@@ -98,8 +95,6 @@ has attn && run attn_maxctx 300 python3 -m onelaunch.bench --model qwen2.5-1.5b 
 has attn && run attn_sweep 400 python3 -m onelaunch.bench --model qwen2.5-1.5b --what sweep --json work/attn_sweep.json
 has attn && run attn_tests 300 python3 -m pytest -q tests/test_attention_onekernel.py
 has stream && run stream 560 python3 ci/persistent_check.py work/persistent_stream.json --timeout 110 --variants "${STREAM_VARIANTS:-4:4:8x512:2,4:6:8x512:2,8:8:8x512:1,4:3:16x512:2,8:4:16x512:1}"
-has regs && run regs_qwen 330 python3 ci/persistent_check.py work/regs_qwen.json --timeout 80 --variants "${REGS_VARIANTS:-4:4::2:168,4:4::3:168:32,4:4::4:128:32,4:3::4:128:32}"
-has regs && run regs_olmoe 200 python3 ci/persistent_check.py work/regs_olmoe.json --model olmoe-1b-7b --timeout 80 --variants "4:4::3:168:32,4:4::4:128:32"
 for m in qwen2.5-1.5b olmoe-1b-7b; do   # the phases' clock, with the table's PDL and with PDL on
   has clock && run clock_${m%%-*} 120 env ONELAUNCH_PERSIST_CLOCK=1 python3 ci/persistent_check.py work/clock_$m.json --model $m --timeout 100 --variants 4:4::2
   has clock && run clock_${m%%-*}_pdl 120 env ONELAUNCH_PERSIST_CLOCK=1 ONELAUNCH_PERSIST_PDL=1 python3 ci/persistent_check.py work/clock_${m}_pdl.json --model $m --timeout 100 --variants 4:4::2

@@ -27,18 +27,16 @@ that ends it with os._exit), so the check always ends. A child:
     ``n_spills``), the grid, and whether the launch was cooperative and PDL.
 
 ``--variants``: one child each, in place of ``--warps``:
-``warps:stages:tile:per_sm[:maxnreg[:attn_block_t]]``
+``warps:stages:tile:per_sm``
 (stages 0: the register ring; N > 0: the GEMV phases streamed through shared memory,
 ``stream_gemv``; tile ``BNxBK``, ``own`` for the ops' own tiles, or empty for the
-table's TILE; maxnreg: a register cap, ``layer_persistent.launch_kwargs``; attn_block_t:
-the attention phase's tile, ``layer_persistent.entry``).
+table's TILE).
 
 Environment (read by ``kernels/layer_persistent.py`` at each launch):
 ONELAUNCH_PERSIST_GRID (programs), ONELAUNCH_PERSIST_PER_SM, ONELAUNCH_PERSIST_COOP=0
 (plain launch), ONELAUNCH_PERSIST_PDL=0 (no PDL on the layer kernel),
 ONELAUNCH_PERSIST_SPLIT=1 (one launch per phase, no barrier: isolates a barrier bug),
 ONELAUNCH_PERSIST_STAGES, ONELAUNCH_PERSIST_TILE (``layer_persistent.entry``),
-ONELAUNCH_PERSIST_MAXNREG (a register cap, ``layer_persistent.launch_kwargs``),
 ONELAUNCH_PERSIST_SPLIT=0-4,5-7 (those groups of phases, one launch each),
 ONELAUNCH_PERSIST_CLOCK=1 (each program stamps %globaltimer at every phase's start and
 end; ``clock_us`` in the report: per phase, its span, the median program's work, the
@@ -69,7 +67,7 @@ def parent(a) -> int:
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     report = {"model": a.model, "ctx": a.ctx, "children": []}
     t0 = time.time()
-    runs = ([dict(zip(("warps", "stages", "tile", "per_sm", "maxnreg", "attn_block_t"),
+    runs = ([dict(zip(("warps", "stages", "tile", "per_sm"),
                       v.split(":")))
              for v in a.variants.split(",")] if a.variants
             else [{"warps": v} for v in a.warps.split(",")])
@@ -81,7 +79,7 @@ def parent(a) -> int:
         child_out = f"{out}.{i}.part"
         cmd += [child_out]
         env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        for k in ("stages", "tile", "per_sm", "maxnreg", "attn_block_t"):
+        for k in ("stages", "tile", "per_sm"):
             if var.get(k):
                 env[f"ONELAUNCH_PERSIST_{k.upper()}"] = var[k]
         t = time.time()
@@ -271,7 +269,7 @@ def main() -> int:
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--warps", default="4,8", help="num_warps of the persistent kernel, one child each")
     ap.add_argument("--grids", default="1,2,0.5", help="programs per SM to try (1: the default)")
-    ap.add_argument("--variants", default="", help="warps:stages:tile:per_sm[:maxnreg[:attn_block_t]], one child each")
+    ap.add_argument("--variants", default="", help="warps:stages:tile:per_sm, one child each")
     ap.add_argument("--timeout", type=int, default=150, help="seconds a child may take")
     ap.add_argument("--model", default=MODEL)
     ap.add_argument("--steps", type=int, default=STEPS, help="lockstep steps compared bit for bit")

@@ -186,7 +186,7 @@ def persistent_cfgs(e, li: int = 0) -> dict:
 def persistent_tiles(c_p: dict, ops: dict) -> dict:
     """The unfused ops' configs ``ops`` as the persistent kernel ``c_p`` runs them: at its
     num_warps; streamed (STAGES > 0), the GEMVs at its TILE (``BNxBK``, else their own)
-    with whole rows for down (SPLIT_K 1); attention at its ATTN_BLOCK_T if it has one."""
+    with whole rows for down (SPLIT_K 1)."""
     out = {"layer_persistent": c_p}
     for op, c in ops.items():
         out[op] = dict(c, num_warps=c_p["num_warps"])
@@ -196,8 +196,6 @@ def persistent_tiles(c_p: dict, ops: dict) -> dict:
             if op == "down":
                 out[op]["SPLIT_K"] = 1
     out["attn_split"]["reduce_warps"] = c_p["num_warps"]          # the merge too
-    if c_p.get("ATTN_BLOCK_T"):          # its own attention tile: the kernel's shared memory
-        out["attn_split"]["BLOCK_T"] = int(c_p["ATTN_BLOCK_T"])
     return out
 
 

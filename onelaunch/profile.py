@@ -427,6 +427,132 @@ def profile_rows(spec_name, weights, device="cuda", ctx: int = 512, rungs=PROFIL
     return rows
 
 
+def phase_rows(spec_name, weights, device="cuda", ctx: int = 512, tokens: int = 12,
+               replays: int = 20, read_tbps: float | None = None, seed: int = 0,
+               ref=None) -> list[dict]:
+    """One launch a layer from the inside. The ``+ persistent layer`` rung is built with
+    the phases' clock (``ONELAUNCH_PERSIST_CLOCK=1``: every program stamps the GPU's
+    global clock at each phase's start and end), checked against the oracle as the
+    ladder checks it, then replayed ``replays`` times from position ``ctx``. One row per
+    phase (``layer_persistent.clock_phases``: the last replay, median over layers), in
+    us: the time the phase's bytes need at ``read_tbps`` (the chain's launch for the same
+    phase says how many bytes), the median program's work beyond them, the wait for the
+    slowest program (``span - work``) and the barrier's release after the last arrival.
+    Per phase, ``span + release`` is the time from its first start to the next phase's,
+    so the rows add up to one layer. A failed check is one row with ``refused``. ``ref``:
+    the oracle's tokens for the ladder's prompt at ``ctx`` (``bench.oracle_tokens``),
+    computed here when not given."""
+    import importlib
+    from . import bench
+    from .specs import get_spec
+    from .timing import read_bandwidth
+    LP = importlib.import_module("onelaunch.kernels.layer_persistent")
+    spec = get_spec(spec_name)
+    dev = torch.device(device)
+    _require_cuda(dev)
+    read_tbps = read_tbps or read_bandwidth(dev)
+    prompt, _, max_ctx = bench.ladder_prompt(spec, ctx, tokens, replays + 16, seed)
+    if ref is None:
+        ref = bench.oracle_tokens(spec, weights, prompt, tokens, max_ctx)
+    rung = "+ persistent layer"
+    was = os.environ.get("ONELAUNCH_PERSIST_CLOCK")
+    os.environ["ONELAUNCH_PERSIST_CLOCK"] = "1"     # read once, when the plan is built
+    try:
+        e = bench.rung_engine(spec, weights, rung, max_ctx)
+    finally:
+        if was is None:
+            del os.environ["ONELAUNCH_PERSIST_CLOCK"]
+        else:
+            os.environ["ONELAUNCH_PERSIST_CLOCK"] = was
+    base = {"model": spec.name, "rung": rung, "ctx": ctx}
+    j = bench.judge(e, prompt, ref, graph=True)
+    if not j["ok"]:
+        return [{**base, "phase": None, "refused": bench.refusal(j["flips"])}]
+    chain = bench.rung_engine(spec, weights, "+ PDL", max_ctx)
+    ops = [L for L in chain.plan if L.layer == 0]
+    names = LP.MOE_PHASES if spec.is_moe else LP.PHASES
+    if len(ops) != len(names):
+        raise ProfileError(f"the chain has {len(ops)} launches a layer, the persistent layer "
+                           f"{len(names)} phases: cannot pair their bytes")
+    e.prompt_len.fill_(1 << 30)                     # every step "forced": no token written
+    e.pos.fill_(ctx)
+    for _ in range(replays):
+        e.step(True)
+    torch.cuda.synchronize(dev)
+    rows = []
+    for L, ph in zip(ops, LP.clock_phases(e.buffers["layer_clock"], names)):
+        need = L.bytes_at(ctx) / (read_tbps * 1e6)            # us
+        rows.append({**base, "phase": ph["phase"], "op": L.op, "bytes": L.bytes_at(ctx),
+                     "bytes_us": min(need, ph["work"]), "need_us": need,
+                     "beyond_us": max(ph["work"] - need, 0.0),
+                     "wait_us": ph["span"] - ph["work"], "release_us": ph["release"],
+                     "work_us": ph["work"], "span_us": ph["span"], "skew_us": ph["skew"],
+                     "layers": spec.layers, "read_tbps": read_tbps})
+    del e, chain
+    torch.cuda.empty_cache()
+    return rows
+
+
+PHASE_PARTS = (("bytes_us", "its bytes at the measured bandwidth"),
+               ("beyond_us", "work beyond the bytes (median program)"),
+               ("wait_us", "waiting for the slowest program"),
+               ("release_us", "the barrier's release"))
+
+
+def draw_phases(rows: list[dict]):
+    """One panel per model (:func:`phase_rows`): a horizontal bar per phase of one layer,
+    stacked from the left as :data:`PHASE_PARTS`. Returns the matplotlib Figure."""
+    import matplotlib.pyplot as plt
+    rows = [r for r in rows if r.get("phase")]
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    if not models:
+        raise ValueError("draw_phases: no rows")
+    n = [sum(r["model"] == m for r in rows) for m in models]
+    fig, axes = plt.subplots(len(models), 1, figsize=(FIG_W, 1.2 + 0.32 * sum(n) + 0.6 * len(models)),
+                             dpi=DPI, squeeze=False, gridspec_kw={"height_ratios": n})
+    colors = ("#1f77b4", "#aec7e8", "#ff7f0e", "#d62728")
+    for ax, m in zip(axes[:, 0], models):
+        mine = [r for r in rows if r["model"] == m][::-1]          # first phase on top
+        left = [0.0] * len(mine)
+        for (key, label), c in zip(PHASE_PARTS, colors):
+            vals = [max(r[key], 0.0) for r in mine]
+            ax.barh(range(len(mine)), vals, left=left, color=c, label=label, height=0.7)
+            left = [a + b for a, b in zip(left, vals)]
+        ax.set_yticks(range(len(mine)), [r["phase"] for r in mine], fontsize=FONT)
+        total = sum(r["span_us"] + r["release_us"] for r in mine)
+        ax.set_title(f"{m}: one layer, {total:.3g} us", fontsize=FONT + 1, loc="left")
+        ax.tick_params(axis="x", labelsize=FONT)
+        ax.set_xlabel("us", fontsize=FONT)
+    axes[0, 0].legend(fontsize=FONT, loc="lower right", frameon=False)
+    fig.tight_layout()
+    return fig
+
+
+def phase_caption(rows: list[dict]) -> str:
+    """What :func:`draw_phases` shows, from the same rows: per model, one layer's time,
+    what its bytes need, and the time spent waiting and releasing."""
+    out = []
+    for m in dict.fromkeys(r["model"] for r in rows if r.get("phase")):
+        mine = [r for r in rows if r["model"] == m and r.get("phase")]
+        total = sum(r["span_us"] + r["release_us"] for r in mine)
+        need = sum(r["need_us"] for r in mine)
+        beyond = sum(r["beyond_us"] for r in mine)
+        wait = sum(r["wait_us"] for r in mine)
+        rel = sum(r["release_us"] for r in mine)
+        worst = max(mine, key=lambda r: r["wait_us"])
+        light = [r for r in mine if r["need_us"] < 0.01 * need]       # (almost) no bytes
+        lt = sum(r["span_us"] + r["release_us"] for r in light)
+        out.append(f"{m}: one layer takes {total:.3g} us, of which its bytes need {need:.3g} "
+                   f"({need / total:.0%}); the median program works {beyond:.3g} us beyond "
+                   f"them, programs wait {wait:.3g} us for the slowest one (most in "
+                   f"{worst['phase']}, {worst['wait_us']:.2g} us), and the {len(mine)} "
+                   f"releases take {rel:.2g} us; over {mine[0]['layers']} layers that is "
+                   f"{total * mine[0]['layers'] / 1e3:.3g} ms."
+                   + (f" The phases with almost no bytes ({', '.join(r['phase'] for r in light)}) "
+                      f"take {lt:.3g} us of the layer ({lt / total:.0%})." if light else ""))
+    return " ".join(out)
+
+
 def _slug(s: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in s).strip("_") or "rung"
 

@@ -159,20 +159,6 @@ def test_pdl_from_the_table_and_the_environment(monkeypatch):
     assert config.TABLE["sm_90"]["layer_persistent"]["PDL"] == 0
 
 
-def test_launch_kwargs_register_cap(monkeypatch):
-    """PDL and the cooperative grid as asked; the register cap from the entry or the
-    environment, and never in the interpreter (Triton's launch there takes no maxnreg)."""
-    LP = __import__("importlib").import_module("onelaunch.kernels.layer_persistent")
-    monkeypatch.delenv("ONELAUNCH_PERSIST_MAXNREG", raising=False)
-    opts = dict(pdl=True, cooperative=True)
-    assert LP.launch_kwargs(opts, {"MAXNREG": 168}) == dict(launch_pdl=True,
-                                                              launch_cooperative_grid=True)
-    monkeypatch.setattr(config, "interpreting", lambda: False)
-    assert LP.launch_kwargs(opts, {"MAXNREG": 168})["maxnreg"] == 168
-    monkeypatch.setenv("ONELAUNCH_PERSIST_MAXNREG", "128")
-    assert LP.launch_kwargs(dict(pdl=False, cooperative=False), {}) == {"maxnreg": 128}
-
-
 def test_clock_phases_reads_the_stamps():
     """Two layers, two programs, two phases (stamps in ns): each phase's span, median
     work, skew and the release after its last arrival; the last phase's release is the
@@ -196,19 +182,6 @@ def test_clock_refused_in_the_interpreter(w, monkeypatch):
     eng = Engine(SPEC, w, max_ctx=MAX_CTX, persistent=True)
     with pytest.raises(ValueError, match="globaltimer"):
         eng.generate(torch.tensor([1, 2, 3]), 1)
-
-
-def test_attention_tile_of_its_own(w, monkeypatch):
-    """ATTN_BLOCK_T (entry or ONELAUNCH_PERSIST_ATTN_BLOCK_T): the attention phase at 32
-    positions a tile (less shared memory a program), the reference engine at the same
-    tile, bit for bit across the split boundary."""
-    monkeypatch.setenv("ONELAUNCH_PERSIST_ATTN_BLOCK_T", "32")
-    eng = Engine(SPEC, w, max_ctx=MAX_CTX, persistent=True)
-    cfgs = plan.persistent_cfgs(eng)
-    assert cfgs["attn_split"]["BLOCK_T"] == 32 and cfgs["layer_persistent"]["ATTN_BLOCK_T"] == 32
-    ref = Engine(SPEC, w, max_ctx=MAX_CTX, cfgs=cfgs)
-    near_the_split((ref, eng))
-    run_both(ref, eng, 3)
 
 
 def test_generate_same_tokens(w):

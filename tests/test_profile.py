@@ -405,3 +405,59 @@ def test_lead_in_leaves_out_a_sessions_lost_or_corrupt_head():
     broken[-3] = ("_embed_kernel", *broken[-3][1:])
     with pytest.raises(ProfileError, match="kernel 3 from the last .* should be launch"):
         attribute(broken, plan, replays=5, lead_in=2)
+
+
+def clock_rows():
+    """Phase rows as ``phase_rows`` makes them: Qwen's clock of session 9 (us), the
+    bytes at 4 TB/s."""
+    lp = __import__("importlib").import_module("onelaunch.kernels.layer_persistent")
+    clock = [(4.5, 4.0, 0.75, 6.3e6), (2.5, 0.75, 0.75, 0), (4.25, 0.25, 0.75, 5.2e5),
+             (3.0, 0.25, 0.75, 0), (3.5, 2.75, 0.75, 4.7e6), (16.75, 14.5, 0.75, 5.5e7),
+             (9.5, 8.25, 1.5, 2.75e7)]
+    rows = []
+    for ph, (span, work, rel, b) in zip(lp.PHASES, clock):
+        need = b / 4e6
+        rows.append({"model": "qwen2.5-1.5b", "phase": ph, "span_us": span, "work_us": work,
+                     "release_us": rel, "need_us": need, "bytes_us": min(need, work),
+                     "beyond_us": max(work - need, 0.0), "wait_us": span - work,
+                     "skew_us": 0.0, "layers": 28})
+    return rows
+
+
+def test_phase_rows_needs_a_cuda_gpu():
+    with pytest.raises(ProfileError, match="needs a CUDA GPU"):
+        profile.phase_rows("tiny-qwen2", {}, "cpu", ctx=4)
+
+
+@pytest.mark.parametrize("name", ["tiny-qwen2", "tiny-olmoe"])
+def test_the_chains_launches_pair_with_the_phases(name):
+    """phase_rows takes each phase's bytes from the chain's launch in the same place."""
+    lp = __import__("importlib").import_module("onelaunch.kernels.layer_persistent")
+    spec = get_spec(name)
+    chain = bench.rung_engine(spec, random_weights(spec, 0), "+ PDL", 32)
+    ops = [L.op for L in chain.plan if L.layer == 0]
+    phases = lp.MOE_PHASES if spec.is_moe else lp.PHASES
+    assert len(ops) == len(phases)
+    assert ops[:5] == list(phases[:5])
+
+
+def test_draw_phases_and_its_caption_add_up():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows = clock_rows() + [{"model": "olmoe-1b-7b", "phase": None, "error": "x"}]
+    fig = profile.draw_phases(rows)
+    assert fig.get_size_inches()[0] == pytest.approx(6.5)
+    texts = [t for t in fig.findobj(matplotlib.text.Text) if t.get_text().strip()]
+    words = " ".join(t.get_text() for t in texts)
+    total = sum(r["span_us"] + r["release_us"] for r in clock_rows())
+    assert f"one layer, {total:.3g} us" in words and "rope_kv_write" in words
+    assert "waiting for the slowest program" in words
+    assert min(t.get_fontsize() for t in texts) >= 10
+    plt.close(fig)
+    cap = profile.phase_caption(rows)
+    assert cap.startswith(f"qwen2.5-1.5b: one layer takes {total:.3g} us")
+    assert "(rope_kv_write, attention_partial, attention_reduce)" in cap and "most in attention_partial" in cap
+    assert f"{total * 28 / 1e3:.3g} ms" in cap and "olmoe" not in cap
+    with pytest.raises(ValueError, match="no rows"):
+        profile.draw_phases([{"model": "m", "phase": None}])

@@ -336,15 +336,9 @@ def entry(c_p: dict) -> dict:
     ``ONELAUNCH_PERSIST_STAGES`` (0: each GEMV phase walks its tiles with a register ring,
     as the unfused kernels; N > 0: one flat loop streamed through shared memory, N - 1
     tiles ahead, ``stream_gemv``) and ``ONELAUNCH_PERSIST_TILE`` (``BNxBK``: the streamed
-    phases' row tile, for all four GEMVs; ``own`` or none: each op's own tile) and
-    ``ONELAUNCH_PERSIST_ATTN_BLOCK_T`` (the attention phase's positions a tile: its K/V
-    tiles set the kernel's shared memory, 70 KB a program at 64 and 4 stages on sm_90
-    against 55 KB at 32, and with it how many programs fit on an SM)."""
+    phases' row tile, for all four GEMVs; ``own`` or none: each op's own tile)."""
     c = dict(c_p)
     c["STAGES"] = _env_int("ONELAUNCH_PERSIST_STAGES", c.get("STAGES", 0))
-    bt = _env_int("ONELAUNCH_PERSIST_ATTN_BLOCK_T", c.get("ATTN_BLOCK_T"))
-    if bt:
-        c["ATTN_BLOCK_T"] = int(bt)
     tile = os.environ.get("ONELAUNCH_PERSIST_TILE") or c.get("TILE")
     c.pop("TILE", None)
     if tile and tile != "own":
@@ -364,25 +358,6 @@ def launch_options(device, use_pdl: bool, c_p: dict | None = None) -> dict:
     return dict(cooperative=gpu and bool(_env_int("ONELAUNCH_PERSIST_COOP", 1)),
                 pdl=bool(use_pdl) and bool(pdl), split=not gpu or split != "0",
                 groups=None if split in ("0", "1") else split)
-
-
-def launch_kwargs(opts: dict, c_p: dict) -> dict:
-    """Triton's launch options for the layer kernel: PDL and the cooperative grid (from
-    ``launch_options``), and on a GPU a register cap, ``maxnreg``, from the entry's
-    MAXNREG or ``ONELAUNCH_PERSIST_MAXNREG``. One program holds every phase's registers
-    (214-230 a thread at 4 warps), so two programs fill an SM's register file; a cap of
-    168 (some spills) leaves room for three, 128 for four, and more bytes in flight. Four
-    fit the shared memory only with the attention phase at 32 positions a tile
-    (ATTN_BLOCK_T, ``entry``): 55 KB a program at 4 stages, against 70 KB at 64."""
-    kw = {}
-    if opts["pdl"]:
-        kw["launch_pdl"] = True
-    if opts["cooperative"]:
-        kw["launch_cooperative_grid"] = True
-    maxnreg = _env_int("ONELAUNCH_PERSIST_MAXNREG", c_p.get("MAXNREG"))
-    if maxnreg and not config.interpreting():
-        kw["maxnreg"] = int(maxnreg)
-    return kw
 
 
 def phase_ranges(opts: dict, grid: int, last: int) -> list:
@@ -455,7 +430,11 @@ def layer_persistent(x, L: dict, qkv, q, attn, h, k_cache, v_cache, cos, sin, po
     qn, kn = L.get("q_norm"), L.get("k_norm")
     opts = opts or launch_options(x.device, use_pdl, c_p)
     P = grid or grid_size(x.device, c_p)
-    kw = launch_kwargs(opts, c_p)
+    kw = {}
+    if opts["pdl"]:
+        kw["launch_pdl"] = True
+    if opts["cooperative"]:
+        kw["launch_cooperative_grid"] = True
     last = LAST_PHASE + (moe is not None)                 # MoE: router, experts' gate/up, down
     ranges = phase_ranges(opts, P, last)
     slots = 2 * (last + 1)
