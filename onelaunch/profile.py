@@ -493,8 +493,8 @@ def phase_rows(spec_name, weights, device="cuda", ctx: int = 512, tokens: int = 
     return rows
 
 
-PHASE_PARTS = (("bytes_us", "its bytes at the measured bandwidth"),
-               ("beyond_us", "work beyond the bytes (median program)"),
+PHASE_PARTS = (("bytes_us", "its bytes at the read bandwidth"),
+               ("beyond_us", "work beyond the bytes"),
                ("wait_us", "waiting for the slowest program"),
                ("release_us", "the barrier's release"))
 
@@ -508,7 +508,7 @@ def draw_phases(rows: list[dict]):
     if not models:
         raise ValueError("draw_phases: no rows")
     n = [sum(r["model"] == m for r in rows) for m in models]
-    fig, axes = plt.subplots(len(models), 1, figsize=(FIG_W, 1.2 + 0.32 * sum(n) + 0.6 * len(models)),
+    fig, axes = plt.subplots(len(models), 1, figsize=(FIG_W, 1.6 + 0.32 * sum(n) + 0.6 * len(models)),
                              dpi=DPI, squeeze=False, gridspec_kw={"height_ratios": n})
     colors = ("#1f77b4", "#aec7e8", "#ff7f0e", "#d62728")
     for ax, m in zip(axes[:, 0], models):
@@ -523,8 +523,9 @@ def draw_phases(rows: list[dict]):
         ax.set_title(f"{m}: one layer, {total:.3g} us", fontsize=FONT + 1, loc="left")
         ax.tick_params(axis="x", labelsize=FONT)
         ax.set_xlabel("us", fontsize=FONT)
-    axes[0, 0].legend(fontsize=FONT, loc="lower right", frameon=False)
-    fig.tight_layout()
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=FONT, loc="lower center", ncol=2, frameon=False)
+    fig.tight_layout(rect=(0, 0.55 / fig.get_size_inches()[1], 1, 1))   # the legend below
     return fig
 
 
