@@ -498,10 +498,11 @@ def fast_decode_rows(spec_name, ctx: int = 512, device="cuda", iters: int = 50,
     tuned = contextlib.nullcontext()
     if cuda:
         icfg = torch._inductor.config
-        quiet = "max_autotune_report_choices_stats"
+        quiet = {k: v for k, v in (("max_autotune_report_choices_stats", False),
+                                   ("autotune_num_choices_displayed", 0))
+                 if hasattr(icfg, k)}
         tuned = icfg.patch(coordinate_descent_tuning=True,
-                           **{"triton.unique_kernel_names": True},
-                           **({quiet: False} if hasattr(icfg, quiet) else {}))
+                           **{"triton.unique_kernel_names": True}, **quiet)
     with tuned, warnings.catch_warnings():   # compiling happens at the first call: inside
         warnings.filterwarnings("ignore", message="TypedStorage is deprecated")
         for mode in modes:
