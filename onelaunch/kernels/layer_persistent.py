@@ -482,17 +482,17 @@ def layer_persistent(x, L: dict, qkv, q, attn, h, k_cache, v_cache, cos, sin, po
 
 
 def clock_phases(clock: torch.Tensor, phases=None) -> list[dict]:
-    """What the programs' stamps say, per phase, from ``clock`` int64 [layers, P, 2 x
-    phases] (slot 2k: program p starts phase k, after the barrier or the launch's PDL wait;
-    2k + 1: it ends, arriving at the next barrier or leaving the kernel), in us, the median
-    over layers:
+    """What the programs' stamps say, per phase, from ``clock`` int64 [layers, P,
+    2 x phases] (slot 2k: program p starts phase k, after the barrier or the launch's
+    PDL wait; 2k + 1: it ends, arriving at the next barrier or leaving the kernel), in
+    us, the median over layers:
 
     * ``span``: first start to last end (the phase's wall time, all programs);
     * ``work``: the median program's end - start (torch's median: of two, the lower);
     * ``skew``: last end - median end (what the slowest programs keep the rest waiting);
-    * ``release``: the last arrival to the first start of the next phase (what the barrier
-      or the launch boundary costs once everyone is there); for the last phase, to the
-      next layer's first start (the launch boundary between layers).
+    * ``release``: the last arrival to the first start of the next phase (what the
+      barrier or the launch boundary costs once everyone is there); for the last phase,
+      to the next layer's first start (the launch boundary between layers).
 
     Slots a launch did not stamp (zero) are left out."""
     c = clock.to(torch.float64).cpu() / 1e3                         # us
@@ -512,6 +512,6 @@ def clock_phases(clock: torch.Tensor, phases=None) -> list[dict]:
                          span=(en.amax(1) - st.amin(1)).median().item(),
                          work=(en - st).median(1).values.median().item(),
                          skew=(en.amax(1) - en.median(1).values).median().item(),
-                         release=rel[~rel.isnan()].median().item() if (~rel.isnan()).any()
-                         else float("nan")))
+                         release=(rel[~rel.isnan()].median().item()
+                                  if (~rel.isnan()).any() else float("nan"))))
     return rows
