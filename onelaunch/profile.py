@@ -479,8 +479,14 @@ def phase_rows(spec_name, weights, device="cuda", ctx: int = 512, tokens: int = 
     for _ in range(replays):
         e.step(True)
     torch.cuda.synchronize(dev)
+    by = {ph["phase"]: ph for ph in LP.clock_phases(e.buffers["layer_clock"], names)}
+    missing = [n for n in names if n not in by]
+    if missing:
+        raise ProfileError(f"phases {missing} left no clock stamps (clock_phases): "
+                           f"their bytes cannot be paired with a time")
     rows = []
-    for L, ph in zip(ops, LP.clock_phases(e.buffers["layer_clock"], names)):
+    for L, name in zip(ops, names):
+        ph = by[name]
         need = L.bytes_at(ctx) / (read_tbps * 1e6)            # us
         rows.append({**base, "phase": ph["phase"], "op": L.op, "bytes": L.bytes_at(ctx),
                      "bytes_us": min(need, ph["work"]), "need_us": need,
@@ -508,8 +514,9 @@ def draw_phases(rows: list[dict]):
     if not models:
         raise ValueError("draw_phases: no rows")
     n = [sum(r["model"] == m for r in rows) for m in models]
-    fig, axes = plt.subplots(len(models), 1, figsize=(FIG_W, 1.6 + 0.32 * sum(n) + 0.6 * len(models)),
-                             dpi=DPI, squeeze=False, gridspec_kw={"height_ratios": n})
+    height = 1.6 + 0.32 * sum(n) + 0.6 * len(models)                # inches
+    fig, axes = plt.subplots(len(models), 1, figsize=(FIG_W, height), dpi=DPI,
+                             squeeze=False, gridspec_kw={"height_ratios": n})
     colors = ("#1f77b4", "#aec7e8", "#ff7f0e", "#d62728")
     for ax, m in zip(axes[:, 0], models):
         mine = [r for r in rows if r["model"] == m][::-1]          # first phase on top
