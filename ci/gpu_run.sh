@@ -34,6 +34,9 @@
 #     clock    both models: the persistent layer's per-phase clock (ONELAUNCH_PERSIST_CLOCK=1,
 #              ci/persistent_check.py: span, work, skew and release of every phase), with the
 #              table's PDL setting and with PDL forced on (about 4 minutes)
+#     fold     Qwen: the persistent layer with RoPE folded into its attention phase
+#              (ONELAUNCH_PERSIST_FOLD_ROPE=1) against the table's, each with the phases'
+#              clock, bit-checked then timed (about 2 minutes)
 #     book     every chapter through papermill with the GPU parameters (ci/gpu_book.sh)
 #     profile  both models: each rung's step under torch.profiler, per op: the time its
 #              bytes need and the time beyond (ci/profile_check.sh; rows and figures in $OUT/profile)
@@ -98,6 +101,9 @@ has stream && run stream 560 python3 ci/persistent_check.py work/persistent_stre
 for m in qwen2.5-1.5b olmoe-1b-7b; do   # the phases' clock, with the table's PDL and with PDL on
   has clock && run clock_${m%%-*} 120 env ONELAUNCH_PERSIST_CLOCK=1 python3 ci/persistent_check.py work/clock_$m.json --model $m --timeout 100 --variants 4:4::2
   has clock && run clock_${m%%-*}_pdl 120 env ONELAUNCH_PERSIST_CLOCK=1 ONELAUNCH_PERSIST_PDL=1 python3 ci/persistent_check.py work/clock_${m}_pdl.json --model $m --timeout 100 --variants 4:4::2
+done
+for f in 0 1; do   # RoPE in its own phase (the table) and folded into attention
+  has fold && run fold_qwen_$f 150 env ONELAUNCH_PERSIST_FOLD_ROPE=$f ONELAUNCH_PERSIST_CLOCK=1 python3 ci/persistent_check.py work/fold_qwen_$f.json --timeout 110 --variants 4:4::2
 done
 has book && run book 560 bash ci/gpu_book.sh "$OUT/book-gpu.tar.gz"
 cp "$LOG" "$OUT/" 2>/dev/null

@@ -290,18 +290,19 @@ def _ptxas():
     return p if os.path.exists(p) else shutil.which("ptxas")
 
 
-@pytest.mark.parametrize("stages", [0, 4])
-def test_one_launch_kernel_compiles_for_hopper(stages):
+@pytest.mark.parametrize("stages,fold", [(0, 0), (4, 0), (4, 1)])
+def test_one_launch_kernel_compiles_for_hopper(stages, fold):
     """All seven phases with their six grid barriers, compiled for sm_90 at Qwen2.5-1.5B's
     tiles (the tuned table's), PDL on: Triton lowers the barrier's atomics and ptxas
     assembles it. (The interpreter never runs the barrier; this is its CPU check.) With
     STAGES 4 the GEMV phases' weight loads become asynchronous copies into shared memory
-    (Triton's pipeliner took the loops); with 0 there are none."""
+    (Triton's pipeliner took the loops); with 0 there are none. ``fold``: RoPE inside the
+    attention phase (FOLD_ROPE), one barrier fewer."""
     if _ptxas() is None:
         pytest.skip("no ptxas")
     code = AOT.format(repo=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", code, str(stages)], capture_output=True,
+    r = subprocess.run([sys.executable, "-c", code, str(stages), str(fold)], capture_output=True,
                        text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "registers" in r.stdout, r.stdout
@@ -320,7 +321,8 @@ ce = dict(HAS_BIAS=True, QK_NORM=False, D=128, BLOCK_D=128, BLOCK_R=1024, GROUP=
           BN_DN=2, BK_DN=1024, PF_DN=2, SPLIT_K=1, FIRST=0, LAST=6, NEXT=True, USE_PDL=True,
           FENCE=True, STAGES=int(sys.argv[1]), MOE=False, TOP_K=1, TOP_KP=1, BLOCK_E=1,
           BN_R=8, BK_R=512, BN_EGU=8, BK_EGU=512, BN_EDN=8, BK_EDN=512,
-          CLOCK=int(sys.argv[1]) == 0, SLOTS=14)   # the ring build also stamps the clock
+          CLOCK=int(sys.argv[1]) == 0, SLOTS=14,   # the ring build also stamps the clock
+          FOLD=sys.argv[2] == "1", SKIP=int(sys.argv[2]))
 bf16 = set("x gin w_qkv b_qkv qkv q k_cache v_cache cos sin qn kn attn w_o gpost w_gu h w_dn "
            "w_r w_egu w_edn eh".split())
 f32 = set("part_o part_m part_l scratch logits wts".split())
@@ -365,3 +367,32 @@ def test_ladder_rung_is_judged_then_timed(w):
     split, pers = rows
     assert pers["rung"] == "+ persistent layer" and pers["launches"] == get_spec(SPEC).layers + 2
     assert pers["same_tokens_as_previous_rung"] and pers["ms_per_token"] is not None
+
+
+@pytest.mark.parametrize("grid", [1, 3])
+def test_rope_folded_into_attention(w, monkeypatch, grid):
+    """``ONELAUNCH_PERSIST_FOLD_ROPE=1``: RoPE and the KV write inside the attention phase
+    (``attention_onekernel.rope_partial``), one barrier fewer: bit for bit the unfused
+    reference across the split boundary, in one launch (grid 1: the barriers' targets one
+    fewer after the missing one, the counters reset) and one launch per phase (grid 3).
+    A group of phases ending at the missing barrier is refused in one line."""
+    LP = __import__("importlib").import_module("onelaunch.kernels.layer_persistent")
+    launches = spy_launches(monkeypatch)
+    monkeypatch.setenv("ONELAUNCH_PERSIST_FOLD_ROPE", "1")
+    eng = Engine(SPEC, w, max_ctx=MAX_CTX, persistent=True,
+                 cfgs={"layer_persistent": {"GRID": grid}})
+    cfgs = plan.persistent_cfgs(eng)
+    assert cfgs["layer_persistent"]["FOLD_ROPE"] == 1
+    ref = Engine(SPEC, w, max_ctx=MAX_CTX, cfgs=cfgs)
+    near_the_split((ref, eng), pos=63)
+    run_both(ref, eng, 2)
+    assert torch.equal(ref.k_cache, eng.k_cache) and torch.equal(ref.v_cache, eng.v_cache)
+    assert not eng.layer_barrier.any()
+    assert {(first, last) for _, first, last in launches} == (
+        {(0, 6)} if grid == 1 else {(p, p) for p in range(7)})
+    if grid == 1:
+        monkeypatch.setenv("ONELAUNCH_PERSIST_SPLIT", "0-2,3-6")
+        bad = Engine(SPEC, w, max_ctx=MAX_CTX, persistent=True,
+                     cfgs={"layer_persistent": {"GRID": 1}})
+        with pytest.raises(ValueError, match="cannot end at phase 2"):
+            bad.step(False)

@@ -278,7 +278,8 @@ def case_layer_persistent(spec):
     """The persistent layer, all phases in one launch, with the sm_89 table's first
     configuration of every op at the persistent kernel's warps (plan.persistent_tiles):
     streamed at the table's STAGES and TILE; dense models also with the register ring, its
-    next-phase tiles requested ahead or not (the MoE layer always streams)."""
+    next-phase tiles requested ahead or not (the MoE layer always streams), and streamed
+    with RoPE folded into the attention phase."""
     from onelaunch import kernels as K
     from onelaunch.kernels import config
     from onelaunch.plan import persistent_tiles
@@ -304,9 +305,11 @@ def case_layer_persistent(spec):
     n = K.n_splits_for(C, chunk)
     entry = config.TABLE["sm_89"].get("layer_persistent",
                                       config.TABLE["default"]["layer_persistent"])
-    variants = ((1, entry.get("STAGES", 0)),) + (() if moe else ((1, 0), (0, 0)))
-    for nxt, stages in variants:
-        c_p = dict(entry, NEXT=nxt, STAGES=stages)
+    streamed = (1, entry.get("STAGES", 0), 0)
+    # dense: also the register ring, and RoPE folded into attention (FOLD_ROPE)
+    variants = (streamed,) + (() if moe else ((1, 0, 0), (0, 0, 0), streamed[:2] + (1,)))
+    for nxt, stages, fold in variants:
+        c_p = dict(entry, NEXT=nxt, STAGES=stages, FOLD_ROPE=fold)
         cfgs = persistent_tiles(c_p, {op: _sm89_configs(op)[0] for op in ops})
         K.layer_persistent(_t(H), L, _t(spec.qkv_size), _t(spec.q_size), _t(spec.q_size), _t(I),
                            _t(spec.kv_heads, C, D), _t(spec.kv_heads, C, D), _t(C, D), _t(C, D),
@@ -315,7 +318,8 @@ def case_layer_persistent(spec):
                            _t(16 * H, dtype="f32"), _t(H, dtype="i32"), _t(2, dtype="i32"),
                            spec.heads, spec.kv_heads, D, 1e-6, chunk, cfgs, grid=128,
                            opts={"pdl": False, "cooperative": False, "split": False}, moe=moe)
-        yield {"NEXT": nxt, "STAGES": stages, "num_warps": c_p["num_warps"], "moe": bool(moe)}
+        yield {"NEXT": nxt, "STAGES": stages, "FOLD_ROPE": fold, "num_warps": c_p["num_warps"],
+               "moe": bool(moe)}
 
 
 CASES = [case_embed, case_rms_qkv, case_rope_kv, case_attention, case_attention_splitk,

@@ -89,6 +89,66 @@ from .attention_splitk import (BLOCK_S, NEW_T, attention_reduce, block_m, live_s
 from .rope_kv import _rope_pair
 
 @triton.jit
+def rope_partial(qkv_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, part_o_ptr, part_m_ptr,
+                 part_l_ptr, pos, kh, split, start, end, k0, v0, tm0, stride_c_h, stride_c_t,
+                 n_splits, scale, HQ, HKV, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
+                 D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr,
+                 DOT_F32: tl.constexpr):
+    """Steps 1-3 above for the live share [start, end) of kv head ``kh`` (split
+    ``split``), after the wait: the GROUP query heads rotated in registers, the new token
+    (where the share holds it) rotated, written to the cache at pos and folded in from
+    registers, then the split-K partial from the early tile (k0, v0, tm0) on. Also the
+    persistent layer's attention phase with RoPE folded in (``layer_persistent``)."""
+    HALF: tl.constexpr = D // 2
+    d = tl.arange(0, BLOCK_D)
+    dm = d < D
+    base = kh * stride_c_h
+    length = pos + 1
+    # ---- RoPE, as rope_kv_write: rotate_half as a gather with a sign -----------------
+    partner = tl.where(d < HALF, d + HALF, d - HALF)
+    sign = tl.where(d < HALF, -1.0, 1.0)
+    cos_row = cos_ptr + pos * D
+    sin_row = sin_ptr + pos * D
+    holds_pos = end == length                        # this share holds the new token
+    # the new token as a tile whose only valid row is row 0: what _attn_partial_kernel
+    # loads from slot pos (zeros elsewhere), built from registers
+    r = tl.arange(0, NEW_T)
+    row0 = (r == 0)[:, None] & dm[None, :]
+    kn = tl.zeros([NEW_T, BLOCK_D], tl.float32).to(k_cache_ptr.dtype.element_ty)
+    vn = kn
+    if holds_pos:
+        y = _rope_pair(qkv_ptr + (HQ + kh) * D, cos_row, sin_row, d, partner, sign, dm,
+                       qkv_ptr, 1.0, False)
+        k_new = bf16_round(y)                        # the bf16 value rope_kv_write stores
+        v_new = tl.load(qkv_ptr + (HQ + HKV + kh) * D + d, mask=dm, other=0.0)
+        slot = base + pos * stride_c_t
+        tl.store(k_cache_ptr + slot + d, k_new.to(k_cache_ptr.dtype.element_ty), mask=dm)
+        tl.store(v_cache_ptr + slot + d, v_new, mask=dm)
+        kn = tl.where(row0, k_new[None, :], 0.0).to(k_cache_ptr.dtype.element_ty)
+        vn = tl.where(row0, v_new.to(tl.float32)[None, :], 0.0).to(v_cache_ptr.dtype.element_ty)
+    tmn = (r == 0) & holds_pos
+    # the GROUP query heads of this kv head, rotated in registers ([GROUP_PAD, BLOCK_D];
+    # element-wise the same arithmetic as rope_kv_write's, so the same bits)
+    g = tl.arange(0, GROUP_PAD)
+    gm = g < GROUP
+    heads = kh * GROUP + g
+    qm = gm[:, None] & dm[None, :]
+    q = _rope_pair(qkv_ptr + heads[:, None] * D, cos_row, sin_row, d[None, :],
+                   partner[None, :], sign[None, :], qm, qkv_ptr, 1.0, False)
+    q = bf16_round(q)                                # the bf16 value rope_kv_write stores
+    if DOT_F32:
+        q = q.to(tl.float32)
+    else:
+        q = q.to(k_cache_ptr.dtype.element_ty)       # exact: q is already a bf16 value
+    # ---- split-K partial: the helpers _attn_partial_kernel uses ----------------------
+    m_i, l_i, acc = split_partial(q, k_cache_ptr, v_cache_ptr, base, start, end, pos,
+                                  stride_c_t, d, dm, scale, k0, v0, tm0, kn, vn, tmn,
+                                  GROUP_PAD, BLOCK_D, BLOCK_T, DOT_F32)
+    store_partials(part_o_ptr, part_m_ptr, part_l_ptr, heads, gm, split, n_splits, m_i, l_i,
+                   acc, d, dm, D)
+
+
+@triton.jit
 def _attn_onekernel_kernel(qkv_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, pos_ptr, out_ptr,
                            part_o_ptr, part_m_ptr, part_l_ptr, counter_ptr,
                            stride_c_h, stride_c_t, n_splits, n_share, scale, HQ, HKV,
@@ -101,9 +161,7 @@ def _attn_onekernel_kernel(qkv_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, 
     split = tl.program_id(1)
     # ---- before the wait: pos (the previous step's) and the first tile older than pos ----
     pos = tl.load(pos_ptr)
-    length = pos + 1
     start, end = split_range(pos, split, n_share, CHUNK)
-    HALF: tl.constexpr = D // 2
     d = tl.arange(0, BLOCK_D)
     dm = d < D
     if start < end:                                      # else: past the live length, exit
@@ -111,48 +169,10 @@ def _attn_onekernel_kernel(qkv_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, 
         k0, v0, tm0 = load_kv_tile(k_cache_ptr, v_cache_ptr, base, start, tl.minimum(end, pos),
                                    stride_c_t, d, dm, BLOCK_T)
         pdl_wait(USE_PDL)
-        # ---- RoPE, as rope_kv_write: rotate_half as a gather with a sign -----------------
-        partner = tl.where(d < HALF, d + HALF, d - HALF)
-        sign = tl.where(d < HALF, -1.0, 1.0)
-        cos_row = cos_ptr + pos * D
-        sin_row = sin_ptr + pos * D
-        holds_pos = end == length                        # this share holds the new token
-        # the new token as a tile whose only valid row is row 0: what _attn_partial_kernel
-        # loads from slot pos (zeros elsewhere), built from registers
-        r = tl.arange(0, NEW_T)
-        row0 = (r == 0)[:, None] & dm[None, :]
-        kn = tl.zeros([NEW_T, BLOCK_D], tl.float32).to(k_cache_ptr.dtype.element_ty)
-        vn = kn
-        if holds_pos:
-            y = _rope_pair(qkv_ptr + (HQ + kh) * D, cos_row, sin_row, d, partner, sign, dm,
-                           qkv_ptr, 1.0, False)
-            k_new = bf16_round(y)                        # the bf16 value rope_kv_write stores
-            v_new = tl.load(qkv_ptr + (HQ + HKV + kh) * D + d, mask=dm, other=0.0)
-            slot = base + pos * stride_c_t
-            tl.store(k_cache_ptr + slot + d, k_new.to(k_cache_ptr.dtype.element_ty), mask=dm)
-            tl.store(v_cache_ptr + slot + d, v_new, mask=dm)
-            kn = tl.where(row0, k_new[None, :], 0.0).to(k_cache_ptr.dtype.element_ty)
-            vn = tl.where(row0, v_new.to(tl.float32)[None, :], 0.0).to(v_cache_ptr.dtype.element_ty)
-        tmn = (r == 0) & holds_pos
-        # the GROUP query heads of this kv head, rotated in registers ([GROUP_PAD, BLOCK_D];
-        # element-wise the same arithmetic as rope_kv_write's, so the same bits)
-        g = tl.arange(0, GROUP_PAD)
-        gm = g < GROUP
-        heads = kh * GROUP + g
-        qm = gm[:, None] & dm[None, :]
-        q = _rope_pair(qkv_ptr + heads[:, None] * D, cos_row, sin_row, d[None, :],
-                       partner[None, :], sign[None, :], qm, qkv_ptr, 1.0, False)
-        q = bf16_round(q)                                # the bf16 value rope_kv_write stores
-        if DOT_F32:
-            q = q.to(tl.float32)
-        else:
-            q = q.to(k_cache_ptr.dtype.element_ty)       # exact: q is already a bf16 value
-        # ---- split-K partial: the helpers _attn_partial_kernel uses ----------------------
-        m_i, l_i, acc = split_partial(q, k_cache_ptr, v_cache_ptr, base, start, end, pos,
-                                      stride_c_t, d, dm, scale, k0, v0, tm0, kn, vn, tmn,
-                                      GROUP_PAD, BLOCK_D, BLOCK_T, DOT_F32)
-        store_partials(part_o_ptr, part_m_ptr, part_l_ptr, heads, gm, split, n_splits, m_i, l_i,
-                       acc, d, dm, D)
+        rope_partial(qkv_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, part_o_ptr,
+                     part_m_ptr, part_l_ptr, pos, kh, split, start, end, k0, v0, tm0,
+                     stride_c_h, stride_c_t, n_splits, scale, HQ, HKV, GROUP, GROUP_PAD, D,
+                     BLOCK_D, BLOCK_T, DOT_F32)
         if LAST_ARRIVAL:
             # ---- the last of the live programs of kv head kh merges its GROUP heads ------
             # Every program reads the same pos, so all agree on how many splits are live; a

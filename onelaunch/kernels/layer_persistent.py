@@ -57,6 +57,7 @@ from . import config
 from ._common import pdl_wait, rms_rstd, row_tiles, stream_gemv, thread_fence
 from .attention_splitk import (BLOCK_S, block_m, live_share, live_splits, partial_early,
                                partial_rest, reduce_head, split_range)
+from .attention_onekernel import rope_partial
 from .down_residual import down_first, down_split, down_tile
 from .moe_experts import stream_experts_down, stream_experts_gate_up
 from .moe_router import route
@@ -142,7 +143,8 @@ def _layer_kernel(
         FENCE: tl.constexpr, STAGES: tl.constexpr, MOE: tl.constexpr, TOP_K: tl.constexpr,
         TOP_KP: tl.constexpr, BLOCK_E: tl.constexpr, BN_R: tl.constexpr, BK_R: tl.constexpr,
         BN_EGU: tl.constexpr, BK_EGU: tl.constexpr, BN_EDN: tl.constexpr,
-        BK_EDN: tl.constexpr, CLOCK: tl.constexpr, SLOTS: tl.constexpr):
+        BK_EDN: tl.constexpr, CLOCK: tl.constexpr, SLOTS: tl.constexpr,
+        FOLD: tl.constexpr, SKIP: tl.constexpr):
     pid = tl.program_id(0)
     P = tl.num_programs(0)
     clk = clock_ptr + pid * SLOTS      # slot 2k: phase k starts here, 2k + 1: it ends
@@ -191,15 +193,26 @@ def _layer_kernel(
                 a0, a1, a2, a3 = row_tiles(w_qkv_ptr, stride_qkv, N_QKV, t + P, 0, H, BN_QKV, BK_QKV,
                                            PF_QKV)
     if FIRST <= 0 and LAST >= 1:       # RoPE reads no weights: nothing to request early
+        if FOLD and NEXT and LAST >= 2:  # (folded: attention's keys and values older than pos)
+            start, end = split_range(pos, pid // HKV, n_share, CHUNK)
+            k0, v0, tm0 = partial_early(k_cache_ptr, v_cache_ptr, pos, pid % HKV, start, end,
+                                        stride_c_h, stride_c_t, D, BLOCK_DA, BLOCK_T)
         grid_barrier(bar_ptr, (1 - FIRST) * P, P, LAST == 1, FENCE, clk, 1, CLOCK)
 
-    # ---- phase 1: RoPE + KV write ----------------------------------------------------------
-    if FIRST <= 1 and LAST >= 1:
+    # ---- phase 1: RoPE + KV write (FOLD: inside phase 2, no barrier between) ---------------
+    if FIRST <= 1 and LAST >= 1 and not FOLD:
         for t in range(pid, HQ + HKV, P):
             rope_kv_head(t, pos, qkv_ptr, q_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr,
                          qn_ptr, kn_ptr, qkv_ptr, eps, 0, 0, stride_c_h, stride_c_t, HQ, HKV, D,
                          BLOCK_D, QK_NORM, False, BLOCK_R)
-    if FIRST <= 1 and LAST >= 2:       # keys and values older than pos: safe before the barrier
+    if FOLD and FIRST <= 1 and LAST >= 2:
+        stamp(clk, 3, CLOCK)           # (phase 1 is empty: it ends where it starts)
+        stamp(clk, 4, CLOCK)
+        if not NEXT or FIRST == 1:
+            start, end = split_range(pos, pid // HKV, n_share, CHUNK)
+            k0, v0, tm0 = partial_early(k_cache_ptr, v_cache_ptr, pos, pid % HKV, start, end,
+                                        stride_c_h, stride_c_t, D, BLOCK_DA, BLOCK_T)
+    if not FOLD and FIRST <= 1 and LAST >= 2:   # keys and values older than pos: early
         if NEXT:
             start, end = split_range(pos, pid // HKV, n_share, CHUNK)
             k0, v0, tm0 = partial_early(k_cache_ptr, v_cache_ptr, pos, pid % HKV, start, end,
@@ -213,7 +226,12 @@ def _layer_kernel(
     # ---- phase 2: split-K attention partials -------------------------------------------------
     if FIRST <= 2 and LAST >= 2:
         for t in range(pid, n_attn, P):
-            if start < end:
+            if start < end and FOLD:
+                rope_partial(qkv_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, part_o_ptr,
+                             part_m_ptr, part_l_ptr, pos, t % HKV, t // HKV, start, end, k0, v0,
+                             tm0, stride_c_h, stride_c_t, n_splits, scale, HQ, HKV, GROUP,
+                             GROUP_PAD, D, BLOCK_DA, BLOCK_T, DOT_F32)
+            if start < end and not FOLD:
                 partial_rest(q_ptr, k_cache_ptr, v_cache_ptr, part_o_ptr, part_m_ptr, part_l_ptr, pos,
                              t % HKV, t // HKV, start, end, k0, v0, tm0, stride_c_h, stride_c_t,
                              n_splits, scale, GROUP, GROUP_PAD, D, BLOCK_DA, BLOCK_T, DOT_F32)
@@ -223,7 +241,7 @@ def _layer_kernel(
     if FIRST <= 2 and LAST >= 3:       # the merge is short: W_o's tiles are requested here
         if AHEAD:
             o0, o1, o2, o3 = row_tiles(w_o_ptr, stride_o, H, pid, 0, K_O, BN_O, BK_O, PF_O)
-        grid_barrier(bar_ptr, (3 - FIRST) * P, P, LAST == 3, FENCE, clk, 3, CLOCK)
+        grid_barrier(bar_ptr, (3 - FIRST - SKIP) * P, P, LAST == 3, FENCE, clk, 3, CLOCK)
 
     # ---- phase 3: merge of the splits ------------------------------------------------------------
     if FIRST <= 3 and LAST >= 3:
@@ -234,7 +252,7 @@ def _layer_kernel(
     if FIRST <= 3 and LAST >= 4:
         if FIRST == 3 and AHEAD:
             o0, o1, o2, o3 = row_tiles(w_o_ptr, stride_o, H, pid, 0, K_O, BN_O, BK_O, PF_O)
-        grid_barrier(bar_ptr, (4 - FIRST) * P, P, LAST == 4, FENCE, clk, 4, CLOCK)
+        grid_barrier(bar_ptr, (4 - FIRST - SKIP) * P, P, LAST == 4, FENCE, clk, 4, CLOCK)
         if not NEXT and RING:
             o0, o1, o2, o3 = row_tiles(w_o_ptr, stride_o, H, pid, 0, K_O, BN_O, BK_O, PF_O)
 
@@ -252,7 +270,7 @@ def _layer_kernel(
         if AHEAD:
             g0, g1, g2, g3, u0, u1, u2, u3 = gate_up_first(w_gu_ptr, stride_gu, I, H, pid, BN_GU,
                                                            BK_GU, PF_GU)
-        grid_barrier(bar_ptr, (5 - FIRST) * P, P, LAST == 5, FENCE, clk, 5, CLOCK)
+        grid_barrier(bar_ptr, (5 - FIRST - SKIP) * P, P, LAST == 5, FENCE, clk, 5, CLOCK)
         if not NEXT and RING:
             g0, g1, g2, g3, u0, u1, u2, u3 = gate_up_first(w_gu_ptr, stride_gu, I, H, pid, BN_GU,
                                                            BK_GU, PF_GU)
@@ -277,7 +295,7 @@ def _layer_kernel(
         if AHEAD:
             d0, d1, d2, d3 = down_first(w_dn_ptr, stride_dn, H, I, k_per_split, pid % n_dn_rows,
                                         pid // n_dn_rows, BN_DN, BK_DN, PF_DN)
-        grid_barrier(bar_ptr, (6 - FIRST) * P, P, LAST == 6, FENCE, clk, 6, CLOCK)
+        grid_barrier(bar_ptr, (6 - FIRST - SKIP) * P, P, LAST == 6, FENCE, clk, 6, CLOCK)
         if not NEXT and RING:
             d0, d1, d2, d3 = down_first(w_dn_ptr, stride_dn, H, I, k_per_split, pid % n_dn_rows,
                                         pid // n_dn_rows, BN_DN, BK_DN, PF_DN)
@@ -292,7 +310,7 @@ def _layer_kernel(
                                gpost_ptr, rstd_r, eh_ptr, pid, P, TOP_K, TOP_KP, BN_EGU,
                                BK_EGU, STAGES)
     if MOE and FIRST <= 6 and LAST >= 7:
-        grid_barrier(bar_ptr, (7 - FIRST) * P, P, LAST == 7, FENCE, clk, 7, CLOCK)
+        grid_barrier(bar_ptr, (7 - FIRST - SKIP) * P, P, LAST == 7, FENCE, clk, 7, CLOCK)
     # ---- phase 7 (MoE): the experts' down, routing weights, residual -------------------------
     if MOE and FIRST <= 7 and LAST >= 7:
         stream_experts_down(w_edn_ptr, stride_edn_e, stride_edn_n, ids_ptr, wts_ptr, H, I_E,
@@ -335,10 +353,16 @@ def entry(c_p: dict) -> dict:
     """The persistent kernel's table entry with the environment's overrides:
     ``ONELAUNCH_PERSIST_STAGES`` (0: each GEMV phase walks its tiles with a register ring,
     as the unfused kernels; N > 0: one flat loop streamed through shared memory, N - 1
-    tiles ahead, ``stream_gemv``) and ``ONELAUNCH_PERSIST_TILE`` (``BNxBK``: the streamed
-    phases' row tile, for all four GEMVs; ``own`` or none: each op's own tile)."""
+    tiles ahead, ``stream_gemv``), ``ONELAUNCH_PERSIST_TILE`` (``BNxBK``: the streamed
+    phases' row tile, for all four GEMVs; ``own`` or none: each op's own tile) and
+    ``ONELAUNCH_PERSIST_FOLD_ROPE=1`` (RoPE and the KV write inside the attention phase,
+    one barrier fewer a layer; a layer with q/k norms keeps its RoPE phase)."""
     c = dict(c_p)
     c["STAGES"] = _env_int("ONELAUNCH_PERSIST_STAGES", c.get("STAGES", 0))
+    if _env_int("ONELAUNCH_PERSIST_FOLD_ROPE", c.get("FOLD_ROPE", 0)):
+        c["FOLD_ROPE"] = 1
+    else:
+        c.pop("FOLD_ROPE", None)
     tile = os.environ.get("ONELAUNCH_PERSIST_TILE") or c.get("TILE")
     c.pop("TILE", None)
     if tile and tile != "own":
@@ -443,6 +467,12 @@ def layer_persistent(x, L: dict, qkv, q, attn, h, k_cache, v_cache, cos, sin, po
             raise ValueError("the layer's clock reads %globaltimer: a GPU measurement, not "
                              "for Triton's interpreter (leave ONELAUNCH_PERSIST_CLOCK unset)")
         assert clock.dtype == torch.int64 and clock.numel() >= P * slots, "clock too small"
+    # RoPE folded into the attention phase (``attention_onekernel.rope_partial``): one
+    # barrier fewer a layer; not where q and k are normed over all heads (OLMoE)
+    fold = bool(c_p.get("FOLD_ROPE")) and qn is None
+    if fold and any(a <= 1 and z == 2 for a, z in ranges):
+        raise ValueError("with RoPE folded into attention a launch cannot end at phase 2 "
+                         "(it has no barrier there): group phases 1-2 with 3")
     b = L["b_qkv"]
     compiled = []
     for first, final in ranges:
@@ -477,6 +507,7 @@ def layer_persistent(x, L: dict, qkv, q, attn, h, k_cache, v_cache, cos, sin, po
             BLOCK_E=triton.next_power_of_2(E), BN_R=c_r["BLOCK_N"], BK_R=c_r["BLOCK_K"],
             BN_EGU=c_egu["BLOCK_N"], BK_EGU=c_egu["BLOCK_K"], BN_EDN=c_edn["BLOCK_N"],
             BK_EDN=c_edn["BLOCK_K"], CLOCK=clock is not None, SLOTS=slots,
+            FOLD=fold, SKIP=int(fold and first <= 1 and final >= 2),
             num_warps=c_p["num_warps"], **kw))
     return compiled
 
