@@ -275,3 +275,83 @@ def test_maxctx_bench_checks_each_engine_then_times_it(monkeypatch):
     assert big["same_as_first"] is True and small["live_splits"] == big["live_splits"] == 1
     assert summary["ratio"] == pytest.approx(1.256 / 1.032)
     assert not bench.gate_failures(rows)
+
+
+def o_proj_pair(length, few, stages=3):
+    """x after the O projection + residual at ``length``: through the reduce kernel and
+    ``attn`` (the reference), and with MERGE (the reduce told ``few``, the O projection
+    merging the partials itself up to ``few`` live splits). Returns (ref, merged, attn
+    after the few-reduce)."""
+    q, kc, vc, po, pm, pl = setup()
+    N = 40
+    w_o = rnd(N, Hq * D, seed=6)
+    x0 = rnd(N, seed=7)
+    pos = torch.tensor([length - 1], dtype=torch.int32)
+    K.attention_partial(q, kc, vc, pos, po, pm, pl, Hq, Hkv, D, CHUNK, dict(BLOCK_T=8, num_warps=4))
+    c = dict(BLOCK_N=8, BLOCK_K=8 * D, PREFETCH=1, num_warps=4)
+    attn = torch.full((Hq * D,), float("nan"), dtype=torch.bfloat16)
+    K.attention_reduce(po, pm, pl, attn, pos, D, CHUNK)
+    ref = x0.clone()
+    K.o_proj_residual(attn, w_o, ref, cfg=c)
+    attn_few = torch.full((Hq * D,), float("nan"), dtype=torch.bfloat16)
+    K.attention_reduce(po, pm, pl, attn_few, pos, D, CHUNK, few=few)
+    got = x0.clone()
+    K.o_proj_residual(attn_few, w_o, got, cfg=dict(c, MERGE=1, MERGE_STAGES=stages),
+                      merge=(po, pm, pl, pos, CHUNK, None, few))
+    return ref, got, attn_few
+
+
+@pytest.mark.parametrize("length", LENGTHS)
+def test_o_projection_merges_the_partials_itself(length):
+    """MERGE: the O projection reads the split-K partials and merges them in its prologue;
+    the reduce kernel, told that few splits are left to it, writes nothing. The result is
+    the reduce-then-project path's within rounding (the splits are summed in another
+    order), and bit for bit it whenever the reduce did the merge."""
+    n_live = K.live_splits_host(length, CHUNK, K.n_splits_for(MAX, CHUNK))
+    ref, got, attn = o_proj_pair(length, few=8)
+    assert torch.isnan(attn.float()).all()                # n_live <= 8: the reduce left it
+    assert rel(got, ref) < TOL and n_live <= 8
+    ref, got, attn = o_proj_pair(length, few=2)           # past 2 live splits: the reduce
+    assert torch.isnan(attn.float()).all() == (n_live <= 2)
+    if n_live > 2:
+        assert torch.equal(got.view(torch.int16), ref.view(torch.int16))
+    else:
+        assert rel(got, ref) < TOL
+
+
+def test_o_merge_in_the_plan(monkeypatch):
+    """The plan drops the reduce launch when the O projection merges every live split
+    (the engine's live splits never exceed its ``few``), keeps it (told ``few``) when
+    they may, and the tokens are the oracle's either way; a config whose K tile is not
+    the merged [heads, D] tile does not merge."""
+    from onelaunch import plan
+    from onelaunch.engine import Engine
+    from onelaunch.oracle import Oracle
+    from onelaunch.specs import get_spec
+    from onelaunch.weights import random_weights
+    spec = get_spec("tiny-qwen2")
+    w = random_weights(spec, 0)
+    monkeypatch.setattr(K, "chunk_for", lambda max_ctx: 4)    # 16 splits of 4 positions
+    c = dict(BLOCK_N=8, BLOCK_K=triton_pow2(spec.heads) * spec.head_dim, PREFETCH=1,
+             num_warps=4, MERGE=16)
+    prompt = torch.randint(0, spec.vocab, (5,), generator=torch.Generator().manual_seed(7))
+    ref = Oracle(spec, w, max_ctx=64).generate(prompt, 4).cpu()
+    e = Engine(spec, w, max_ctx=64, cfgs={"o_proj": c})
+    ops = [L.op for L in e.plan]
+    assert "attention_reduce" not in ops and plan.o_merge(e, c) == (1, 16)
+    assert e.generate(prompt, 4, graph=False).tolist() == ref.tolist()
+    c2 = dict(c, MERGE=2)                          # 16 splits > 2: the reduce stays
+    e2 = Engine(spec, w, max_ctx=64, cfgs={"o_proj": c2})
+    assert plan.o_merge(e2, c2) == (2, 2) and "attention_reduce" in [L.op for L in e2.plan]
+    assert e2.generate(prompt, 4, graph=False).tolist() == ref.tolist()
+    monkeypatch.setenv("ONELAUNCH_O_MERGE", "0")
+    assert plan.o_merge(e, c) == (0, 0)
+    monkeypatch.setenv("ONELAUNCH_O_MERGE", "3")
+    with pytest.raises(ValueError, match="power of two"):
+        plan.o_merge(e, c)
+    monkeypatch.delenv("ONELAUNCH_O_MERGE")
+    assert plan.o_merge(e, dict(c, BLOCK_K=2 * c["BLOCK_K"])) == (0, 0)
+
+
+def triton_pow2(n):
+    return 1 << (n - 1).bit_length()
