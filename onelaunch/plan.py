@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
-import triton
 
 from . import kernels as K
 from .kernels import config
@@ -98,38 +97,15 @@ def attention(e, li: int) -> list[Launch]:
             out.append(Launch("attention_partial", li, lambda: K.attention_partial(
                 q, kc, vc, e.pos, po, pm, pl, s.heads, s.kv_heads, s.head_dim, e.chunk, c,
                 use_pdl=pdl, live_cap=e.live_cap), 0, kv_ctx))
-    merge = None
     if e.attention == "splitk":
         pm, pl, po = e.partials()
-        how, few = o_merge(e, c_o)
-        merge = (po, pm, pl, e.pos, e.chunk, e.live_cap, few) if how else None
         rw = e.cfg("attn_split").get("reduce_warps", 4)
-        if how != 1:                          # 1: the O projection merges every live split
-            out.append(Launch("attention_reduce", li, lambda: K.attention_reduce(
-                po, pm, pl, attn, e.pos, s.head_dim, e.chunk, use_pdl=pdl, num_warps=rw,
-                live_cap=e.live_cap, few=few), 0))
+        out.append(Launch("attention_reduce", li, lambda: K.attention_reduce(
+            po, pm, pl, attn, e.pos, s.head_dim, e.chunk, use_pdl=pdl, num_warps=rw,
+            live_cap=e.live_cap), 0))
     out += into_residual(e, "o_proj_residual", li, _nbytes(L["w_o"]), lambda **tp: K.o_proj_residual(
-        attn, L["w_o"], e.x, use_pdl=pdl, cfg=c_o, merge=merge, **tp))
+        attn, L["w_o"], e.x, use_pdl=pdl, cfg=c_o, **tp))
     return out
-
-
-def o_merge(e, c_o: dict) -> tuple[int, int]:
-    """How the O projection gets its input (``o_proj_residual``'s MERGE), and up to how
-    many live splits it merges them itself (``few``): 0 it reads ``attn`` (the reduce
-    kernel merges the split-K partials); 1 it merges every live split itself (the engine
-    never has more than ``few`` live: no reduce launch); 2 it merges them up to ``few``
-    live splits and reads ``attn`` past that (the reduce runs, told ``few``). ``few`` is
-    the o_proj entry's MERGE (0: off; a power of two), or ONELAUNCH_O_MERGE's over it.
-    Needs the whole of K in one tile of next_pow2(heads) * head_dim."""
-    env = os.environ.get("ONELAUNCH_O_MERGE")
-    few = int(env) if env and env.isdigit() else int(c_o.get("MERGE", 0))
-    s = e.spec
-    if few <= 0 or c_o["BLOCK_K"] != triton.next_power_of_2(s.heads) * s.head_dim:
-        return 0, 0
-    if few & (few - 1):
-        raise ValueError(f"MERGE / ONELAUNCH_O_MERGE={few}: use a power of two (or 0: off)")
-    n_share = K.live_share(K.n_splits_for(e.max_ctx, e.chunk), e.live_cap)
-    return (1 if n_share <= few else 2), few
 
 
 def dense_mlp(e, li: int) -> list[Launch]:

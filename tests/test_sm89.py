@@ -155,18 +155,6 @@ def case_o_proj(spec):
     for c in _sm89_configs("o_proj"):
         K.o_proj_residual(_t(spec.q_size), _t(spec.hidden, spec.q_size), _t(spec.hidden), cfg=c)
         yield c
-    # MERGE: the split-K partials merged in the prologue (one K tile of next_pow2(Hq) * D),
-    # and the reduce kernel that leaves ``few`` splits to it
-    D = spec.head_dim
-    import triton
-    c = dict(_sm89_configs("o_proj")[0], BLOCK_K=triton.next_power_of_2(spec.heads) * D, PREFETCH=1)
-    for few in (16, 32):
-        _, parts = _splitk_buffers(spec, 64)
-        pos = _t(1, dtype="i32")
-        K.o_proj_residual(_t(spec.q_size), _t(spec.hidden, spec.q_size), _t(spec.hidden),
-                          cfg=dict(c, MERGE=few), merge=(*parts, pos, 64, None, few))
-        K.attention_reduce(*parts, _t(spec.q_size), pos, D, 64, few=few)
-        yield {**c, "MERGE": few}
 
 
 def case_gate_up(spec):

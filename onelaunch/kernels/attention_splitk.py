@@ -174,36 +174,6 @@ def merge_head(part_o_ptr, part_m_ptr, part_l_ptr, h, n_splits, n_valid, d, dm,
 
 
 @triton.jit
-def merge_heads(part_o_ptr, part_m_ptr, part_l_ptr, n_splits, n_valid, HEADS: tl.constexpr,
-                H_PAD: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                BLOCK_M: tl.constexpr, STAGES: tl.constexpr):
-    """Every query head's output at once from its first n_valid <= BLOCK_M split
-    partials (fp32 [H_PAD, BLOCK_D], zero rows past HEADS): what a GEMV that reads the
-    whole attention vector computes in its prologue instead of reading the reduce
-    kernel's output (``o_proj_residual``'s MERGE). The maxima and the sums of exp come in
-    one load each ([H_PAD, BLOCK_M]); the outputs in one [H_PAD, BLOCK_D] tile a split,
-    STAGES - 1 splits in flight. Same formula as :func:`merge_head`, summed over splits
-    in order (not in blocks), so the last bits may differ from the reduce kernel's."""
-    h = tl.arange(0, H_PAD)
-    hm = h < HEADS
-    sa = tl.arange(0, BLOCK_M)
-    ms = hm[:, None] & (sa[None, :] < n_valid)
-    idx = h[:, None] * n_splits + sa[None, :]
-    m = tl.load(part_m_ptr + idx, mask=ms, other=float("-inf"))
-    M = tl.where(hm, tl.max(m, axis=1), 0.0)
-    w = tl.where(ms, tl.exp(m - M[:, None]), 0.0)                    # [H_PAD, BLOCK_M]
-    den = tl.sum(w * tl.load(part_l_ptr + idx, mask=ms, other=0.0), axis=1)
-    d = tl.arange(0, BLOCK_D)
-    om = hm[:, None] & (d[None, :] < D)
-    acc = tl.zeros([H_PAD, BLOCK_D], tl.float32)
-    for s in tl.range(0, n_valid, num_stages=STAGES):
-        o = tl.load(part_o_ptr + (h[:, None] * n_splits + s) * D + d[None, :], mask=om,
-                    other=0.0)
-        acc += tl.sum(tl.where(sa[None, :] == s, w, 0.0), axis=1)[:, None] * o
-    return tl.where(om, acc / tl.where(hm, den, 1.0)[:, None], 0.0)
-
-
-@triton.jit
 def partial_early(k_cache_ptr, v_cache_ptr, pos, kh, start, end, stride_c_h, stride_c_t,
                   D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr):
     """What a split of kv head ``kh`` with range [start, end) (``split_range``) may read
@@ -286,20 +256,13 @@ def reduce_head(part_o_ptr, part_m_ptr, part_l_ptr, out_ptr, h, n_splits, n_vali
 def _attn_reduce_kernel(part_o_ptr, part_m_ptr, part_l_ptr, out_ptr, pos_ptr, n_splits,
                         n_share, D: tl.constexpr, BLOCK_D: tl.constexpr,
                         CHUNK: tl.constexpr, BLOCK_S: tl.constexpr,
-                        BLOCK_M: tl.constexpr, USE_PDL: tl.constexpr, FEW: tl.constexpr = 0):
+                        BLOCK_M: tl.constexpr, USE_PDL: tl.constexpr):
     h = tl.program_id(0)
     # before the wait: pos is old
     n_valid = live_splits(tl.load(pos_ptr), n_share, CHUNK)
-    if n_valid > FEW:
-        pdl_wait(USE_PDL)
-        reduce_head(part_o_ptr, part_m_ptr, part_l_ptr, out_ptr, h, n_splits, n_valid, D,
-                    BLOCK_D, BLOCK_S, BLOCK_M, False)
-    elif h == 0:
-        # the next kernel merges this few splits itself (o_proj_residual's MERGE); one
-        # program still waits, so that kernel's wait still covers the partials' writes
-        if USE_PDL:
-            tl.extra.cuda.gdc_launch_dependents()
-            tl.extra.cuda.gdc_wait()
+    pdl_wait(USE_PDL)
+    reduce_head(part_o_ptr, part_m_ptr, part_l_ptr, out_ptr, h, n_splits, n_valid, D,
+                BLOCK_D, BLOCK_S, BLOCK_M, False)
 
 
 BLOCK_S = 32      # splits merged per block by the reduce (and by any last-arrival merge)
@@ -376,17 +339,15 @@ def attention_partial(q, k_cache, v_cache, pos, part_o, part_m, part_l, heads, k
 
 
 def attention_reduce(part_o, part_m, part_l, out, pos, head_dim, chunk, use_pdl=False,
-                     num_warps=4, live_cap=None, few=0):
+                     num_warps=4, live_cap=None):
     """Stage 2: merge the live splits of each query head into out [Hq D]; grid (Hq,).
-    (``num_warps``: the persistent layer's reference runs the merge at its warps.)
-    ``few``: at n_live <= few leave ``out`` alone (the next kernel merges: o_proj_residual's
-    MERGE)."""
+    (``num_warps``: the persistent layer's reference runs the merge at its warps.)"""
     heads, n_splits = part_m.shape
     kw = {"launch_pdl": True} if use_pdl else {}
     _attn_reduce_kernel[(heads,)](
         part_o, part_m, part_l, out, pos, n_splits, live_share(n_splits, live_cap), D=head_dim,
         BLOCK_D=triton.next_power_of_2(head_dim), CHUNK=chunk, BLOCK_S=BLOCK_S,
-        BLOCK_M=block_m(n_splits), USE_PDL=use_pdl, FEW=few, num_warps=num_warps, **kw)
+        BLOCK_M=block_m(n_splits), USE_PDL=use_pdl, num_warps=num_warps, **kw)
 
 
 def attention_splitk(q, k_cache, v_cache, out, pos, part_o, part_m, part_l, heads, kv_heads,
