@@ -484,11 +484,18 @@ def phase_rows(spec_name, weights, device="cuda", ctx: int = 512, tokens: int = 
     if missing:
         raise ProfileError(f"phases {missing} left no clock stamps (clock_phases): "
                            f"their bytes cannot be paired with a time")
+    # RoPE folded into the attention phase (FOLD_ROPE; not under a q/k norm): its stamps
+    # mark no phase of its own and no barrier follows it
+    from . import plan
+    folded = bool(plan.persistent_cfgs(e)["layer_persistent"].get("FOLD_ROPE")
+                  and not spec.qk_norm)
     rows = []
     for L, name in zip(ops, names):
         ph = by[name]
         need = L.bytes_at(ctx) / (read_tbps * 1e6)            # us
-        rows.append({**base, "phase": ph["phase"], "op": L.op, "bytes": L.bytes_at(ctx),
+        inside = names[names.index(name) + 1] if folded and name == "rope_kv_write" else None
+        rows.append({**base, "phase": ph["phase"], "inside": inside, "op": L.op,
+                     "bytes": L.bytes_at(ctx),
                      "bytes_us": min(need, ph["work"]), "need_us": need,
                      "beyond_us": max(ph["work"] - need, 0.0),
                      "wait_us": ph["span"] - ph["work"], "release_us": ph["release"],
@@ -525,7 +532,8 @@ def draw_phases(rows: list[dict]):
             vals = [max(r[key], 0.0) for r in mine]
             ax.barh(range(len(mine)), vals, left=left, color=c, label=label, height=0.7)
             left = [a + b for a, b in zip(left, vals)]
-        ax.set_yticks(range(len(mine)), [r["phase"] for r in mine], fontsize=FONT)
+        labels = [r["phase"] + (" (in the next)" if r.get("inside") else "") for r in mine]
+        ax.set_yticks(range(len(mine)), labels, fontsize=FONT)
         total = sum(r["span_us"] + r["release_us"] for r in mine)
         ax.set_title(f"{m}: one layer, {total:.3g} us", fontsize=FONT + 1, loc="left")
         ax.tick_params(axis="x", labelsize=FONT)
@@ -546,16 +554,19 @@ def phase_caption(rows: list[dict]) -> str:
         need = sum(r["need_us"] for r in mine)
         beyond = sum(r["beyond_us"] for r in mine)
         wait = sum(r["wait_us"] for r in mine)
-        rel = sum(r["release_us"] for r in mine)
+        barriers = [r for r in mine if not r.get("inside")]
+        rel = sum(r["release_us"] for r in barriers)
         worst = max(mine, key=lambda r: r["wait_us"])
+        inside = "".join(f" ({r['phase']} runs inside {r['inside']}: no barrier of its own)"
+                         for r in mine if r.get("inside"))
         light = [r for r in mine if r["need_us"] < 0.01 * need]       # (almost) no bytes
         lt = sum(r["span_us"] + r["release_us"] for r in light)
         out.append(f"{m}: one layer takes {total:.3g} us, of which its bytes need {need:.3g} "
                    f"({need / total:.0%}); the median program works {beyond:.3g} us beyond "
                    f"them, programs wait {wait:.3g} us for the slowest one (most in "
-                   f"{worst['phase']}, {worst['wait_us']:.2g} us), and the {len(mine)} "
-                   f"releases take {rel:.2g} us; over {mine[0]['layers']} layers that is "
-                   f"{total * mine[0]['layers'] / 1e3:.3g} ms."
+                   f"{worst['phase']}, {worst['wait_us']:.2g} us), and the {len(barriers)} "
+                   f"releases take {rel:.2g} us{inside}; over {mine[0]['layers']} layers "
+                   f"that is {total * mine[0]['layers'] / 1e3:.3g} ms."
                    + (f" The phases with almost no bytes ({', '.join(r['phase'] for r in light)}) "
                       f"take {lt:.3g} us of the layer ({lt / total:.0%})." if light else ""))
     return " ".join(out)

@@ -461,3 +461,22 @@ def test_draw_phases_and_its_caption_add_up():
     assert f"{total * 28 / 1e3:.3g} ms" in cap and "olmoe" not in cap
     with pytest.raises(ValueError, match="no rows"):
         profile.draw_phases([{"model": "m", "phase": None}])
+
+
+def test_a_folded_phase_has_no_barrier_of_its_own():
+    """RoPE folded into attention (FOLD_ROPE): its row stays (its stamps' time counts in
+    the layer), labelled as inside the next phase, and the caption counts one release
+    fewer, without the folded row's."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows = clock_rows()
+    rows[1].update(span_us=0.25, work_us=0.0, wait_us=0.25, release_us=-0.25,
+                   inside="attention_partial")
+    cap = profile.phase_caption(rows)
+    rel = sum(r["release_us"] for i, r in enumerate(rows) if i != 1)
+    assert f"the 6 releases take {rel:.2g} us (rope_kv_write runs inside attention_partial" in cap
+    fig = profile.draw_phases(rows)
+    words = " ".join(t.get_text() for t in fig.findobj(matplotlib.text.Text))
+    assert "rope_kv_write (in the next)" in words
+    plt.close(fig)
