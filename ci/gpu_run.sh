@@ -37,9 +37,6 @@
 #     fold     Qwen: the persistent layer with RoPE folded into its attention phase
 #              (ONELAUNCH_PERSIST_FOLD_ROPE=1) against the table's, each with the phases'
 #              clock, bit-checked then timed (about 2 minutes)
-#     l2p      Qwen: the persistent layer's programs asking the L2 for their first gate/up
-#              row tiles after attention (ONELAUNCH_PERSIST_L2_AHEAD=0,2,1,4,0), each
-#              bit-checked then timed; the last with the phases' clock (about 3 minutes)
 #     book     every chapter through papermill with the GPU parameters (ci/gpu_book.sh)
 #     profile  both models: each rung's step under torch.profiler, per op: the time its
 #              bytes need and the time beyond (ci/profile_check.sh; rows and figures in $OUT/profile)
@@ -108,10 +105,6 @@ done
 for f in 0 1; do   # RoPE in its own phase (the table) and folded into attention
   has fold && run fold_qwen_$f 150 env ONELAUNCH_PERSIST_FOLD_ROPE=$f ONELAUNCH_PERSIST_CLOCK=1 python3 ci/persistent_check.py work/fold_qwen_$f.json --timeout 110 --variants 4:4::2
 done
-for a in 0a 2 1 4 0b; do   # gate/up row tiles a program asks of the L2 after attention
-  has l2p && run l2p_$a 120 env ONELAUNCH_PERSIST_L2_AHEAD=${a%[ab]} python3 ci/persistent_check.py work/l2p_$a.json --timeout 100 --variants 4:4::2
-done
-has l2p && run l2p_clock 120 env ONELAUNCH_PERSIST_L2_AHEAD=2 ONELAUNCH_PERSIST_CLOCK=1 python3 ci/persistent_check.py work/l2p_clock.json --timeout 100 --variants 4:4::2
 has book && run book 560 bash ci/gpu_book.sh "$OUT/book-gpu.tar.gz"
 cp "$LOG" "$OUT/" 2>/dev/null
 tar czf "$OUT/gpu-run.tar.gz" work results 2>/dev/null

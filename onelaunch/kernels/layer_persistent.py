@@ -83,20 +83,6 @@ def stamp(clk_ptr, slot, CLOCK: tl.constexpr):
 
 
 @triton.jit
-def l2_rows(w_ptr, stride_w, row0, N, K, ROWS: tl.constexpr, BLOCK: tl.constexpr):
-    """Ask the L2 for rows [row0, row0 + ROWS) of W [N, K] (bf16), one 128-byte line an
-    instruction (``prefetch.global.L2::evict_last``); nothing waits for the lines."""
-    lpr = tl.cdiv(K, 64)                               # lines a row: 64 bf16 values each
-    for i0 in range(0, ROWS * lpr, BLOCK):
-        i = i0 + tl.arange(0, BLOCK)
-        r = tl.minimum(row0 + i // lpr, N - 1)
-        c = tl.minimum((i % lpr) * 64, K - 1)
-        tl.inline_asm_elementwise("prefetch.global.L2::evict_last [$1]; mov.u32 $0, 0;",
-                                  "=r,l", [w_ptr + r.to(tl.int64) * stride_w + c],
-                                  dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def grid_barrier(bar_ptr, target, n_progs, RESET: tl.constexpr, FENCE: tl.constexpr,
                  clk_ptr, PHASE: tl.constexpr, CLOCK: tl.constexpr):
     """Wait until ``target`` arrivals (every program's, at this and earlier barriers of
@@ -158,7 +144,7 @@ def _layer_kernel(
         TOP_KP: tl.constexpr, BLOCK_E: tl.constexpr, BN_R: tl.constexpr, BK_R: tl.constexpr,
         BN_EGU: tl.constexpr, BK_EGU: tl.constexpr, BN_EDN: tl.constexpr,
         BK_EDN: tl.constexpr, CLOCK: tl.constexpr, SLOTS: tl.constexpr,
-        FOLD: tl.constexpr, SKIP: tl.constexpr, L2A: tl.constexpr):
+        FOLD: tl.constexpr, SKIP: tl.constexpr):
     pid = tl.program_id(0)
     P = tl.num_programs(0)
     clk = clock_ptr + pid * SLOTS      # slot 2k: phase k starts here, 2k + 1: it ends
@@ -252,14 +238,6 @@ def _layer_kernel(
             start, end = split_range(pos, (t + P) // HKV, n_share, CHUNK)
             k0, v0, tm0 = partial_early(k_cache_ptr, v_cache_ptr, pos, (t + P) % HKV, start, end,
                                         stride_c_h, stride_c_t, D, BLOCK_DA, BLOCK_T)
-    if L2A > 0 and not MOE and FIRST <= 2 and LAST >= 5:
-        # L2A: this program's first L2A gate/up row tiles asked of the L2 now, while the
-        # attention, the merge and O read few bytes (an idle program gets here first)
-        for j in range(0, L2A):
-            if pid + j * P < n_gu:
-                l2_rows(w_gu_ptr, stride_gu, (pid + j * P) * BN_GU, I, H, BN_GU, 128)
-                l2_rows(w_gu_ptr + I * stride_gu, stride_gu, (pid + j * P) * BN_GU, I, H,
-                        BN_GU, 128)
     if FIRST <= 2 and LAST >= 3:       # the merge is short: W_o's tiles are requested here
         if AHEAD:
             o0, o1, o2, o3 = row_tiles(w_o_ptr, stride_o, H, pid, 0, K_O, BN_O, BK_O, PF_O)
@@ -378,12 +356,9 @@ def entry(c_p: dict) -> dict:
     tiles ahead, ``stream_gemv``), ``ONELAUNCH_PERSIST_TILE`` (``BNxBK``: the streamed
     phases' row tile, for all four GEMVs; ``own`` or none: each op's own tile) and
     ``ONELAUNCH_PERSIST_FOLD_ROPE=1`` (RoPE and the KV write inside the attention phase,
-    one barrier fewer a layer; a layer with q/k norms keeps its RoPE phase) and
-    ``ONELAUNCH_PERSIST_L2_AHEAD=N`` (a dense layer's programs ask the L2 for their first
-    N gate/up row tiles when their attention work is done; on a GPU only)."""
+    one barrier fewer a layer; a layer with q/k norms keeps its RoPE phase)."""
     c = dict(c_p)
     c["STAGES"] = _env_int("ONELAUNCH_PERSIST_STAGES", c.get("STAGES", 0))
-    c["L2_AHEAD"] = _env_int("ONELAUNCH_PERSIST_L2_AHEAD", c.get("L2_AHEAD", 0))
     if _env_int("ONELAUNCH_PERSIST_FOLD_ROPE", c.get("FOLD_ROPE", 0)):
         c["FOLD_ROPE"] = 1
     else:
@@ -533,7 +508,6 @@ def layer_persistent(x, L: dict, qkv, q, attn, h, k_cache, v_cache, cos, sin, po
             BN_EGU=c_egu["BLOCK_N"], BK_EGU=c_egu["BLOCK_K"], BN_EDN=c_edn["BLOCK_N"],
             BK_EDN=c_edn["BLOCK_K"], CLOCK=clock is not None, SLOTS=slots,
             FOLD=fold, SKIP=int(fold and first <= 1 and final >= 2),
-            L2A=0 if config.interpreting() else int(c_p.get("L2_AHEAD", 0)),
             num_warps=c_p["num_warps"], **kw))
     return compiled
 
