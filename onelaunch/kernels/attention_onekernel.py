@@ -88,6 +88,7 @@ from .attention_splitk import (BLOCK_S, NEW_T, attention_reduce, block_m, live_s
                               split_range, store_partials)
 from .rope_kv import _rope_pair
 
+
 @triton.jit
 def rope_partial(qkv_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, part_o_ptr, part_m_ptr,
                  part_l_ptr, pos, kh, split, start, end, k0, v0, tm0, stride_c_h, stride_c_t,
