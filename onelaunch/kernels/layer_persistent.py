@@ -84,6 +84,19 @@ def stamp(clk_ptr, slot, CLOCK: tl.constexpr):
 
 
 @triton.jit
+def share_early(k_cache_ptr, v_cache_ptr, pos, t, n_share, stride_c_h, stride_c_t,
+                HKV: tl.constexpr, CHUNK: tl.constexpr, D: tl.constexpr,
+                BLOCK_DA: tl.constexpr, BLOCK_T: tl.constexpr):
+    """Attention work item ``t`` (kv head t % HKV, split t // HKV): its live share
+    [start, end) and its first tile of keys and values older than pos, which may be
+    requested before any barrier (``partial_early``)."""
+    start, end = split_range(pos, t // HKV, n_share, CHUNK)
+    k0, v0, tm0 = partial_early(k_cache_ptr, v_cache_ptr, pos, t % HKV, start, end,
+                                stride_c_h, stride_c_t, D, BLOCK_DA, BLOCK_T)
+    return start, end, k0, v0, tm0
+
+
+@triton.jit
 def grid_barrier(bar_ptr, target, n_progs, RESET: tl.constexpr, FENCE: tl.constexpr,
                  clk_ptr, PHASE: tl.constexpr, CLOCK: tl.constexpr):
     """Wait until ``target`` arrivals (every program's, at this and earlier barriers of
@@ -167,9 +180,9 @@ def _layer_kernel(
     if FIRST == 0 and RING:
         a0, a1, a2, a3 = row_tiles(w_qkv_ptr, stride_qkv, N_QKV, pid, 0, H, BN_QKV, BK_QKV, PF_QKV)
     if FIRST == 2:
-        start, end = split_range(pos, pid // HKV, n_share, CHUNK)
-        k0, v0, tm0 = partial_early(k_cache_ptr, v_cache_ptr, pos, pid % HKV, start, end,
-                                    stride_c_h, stride_c_t, D, BLOCK_DA, BLOCK_T)
+        start, end, k0, v0, tm0 = share_early(k_cache_ptr, v_cache_ptr, pos, pid,
+                                              n_share, stride_c_h, stride_c_t, HKV,
+                                              CHUNK, D, BLOCK_DA, BLOCK_T)
     if FIRST == 4 and RING:
         o0, o1, o2, o3 = row_tiles(w_o_ptr, stride_o, H, pid, 0, K_O, BN_O, BK_O, PF_O)
     if FIRST == 5 and RING:
@@ -195,9 +208,9 @@ def _layer_kernel(
                                            PF_QKV)
     if FIRST <= 0 and LAST >= 1:       # RoPE reads no weights: nothing to request early
         if FOLD and NEXT and LAST >= 2:  # (folded: attention's keys and values older than pos)
-            start, end = split_range(pos, pid // HKV, n_share, CHUNK)
-            k0, v0, tm0 = partial_early(k_cache_ptr, v_cache_ptr, pos, pid % HKV, start, end,
-                                        stride_c_h, stride_c_t, D, BLOCK_DA, BLOCK_T)
+            start, end, k0, v0, tm0 = share_early(k_cache_ptr, v_cache_ptr, pos, pid,
+                                                  n_share, stride_c_h, stride_c_t, HKV,
+                                                  CHUNK, D, BLOCK_DA, BLOCK_T)
         grid_barrier(bar_ptr, (1 - FIRST) * P, P, LAST == 1, FENCE, clk, 1, CLOCK)
 
     # ---- phase 1: RoPE + KV write (FOLD: inside phase 2, no barrier between) ---------------
@@ -210,19 +223,19 @@ def _layer_kernel(
         stamp(clk, 3, CLOCK)           # (phase 1 is empty: it ends where it starts)
         stamp(clk, 4, CLOCK)
         if not NEXT or FIRST == 1:
-            start, end = split_range(pos, pid // HKV, n_share, CHUNK)
-            k0, v0, tm0 = partial_early(k_cache_ptr, v_cache_ptr, pos, pid % HKV, start, end,
-                                        stride_c_h, stride_c_t, D, BLOCK_DA, BLOCK_T)
+            start, end, k0, v0, tm0 = share_early(k_cache_ptr, v_cache_ptr, pos, pid,
+                                                  n_share, stride_c_h, stride_c_t, HKV,
+                                                  CHUNK, D, BLOCK_DA, BLOCK_T)
     if not FOLD and FIRST <= 1 and LAST >= 2:   # keys and values older than pos: early
         if NEXT:
-            start, end = split_range(pos, pid // HKV, n_share, CHUNK)
-            k0, v0, tm0 = partial_early(k_cache_ptr, v_cache_ptr, pos, pid % HKV, start, end,
-                                        stride_c_h, stride_c_t, D, BLOCK_DA, BLOCK_T)
+            start, end, k0, v0, tm0 = share_early(k_cache_ptr, v_cache_ptr, pos, pid,
+                                                  n_share, stride_c_h, stride_c_t, HKV,
+                                                  CHUNK, D, BLOCK_DA, BLOCK_T)
         grid_barrier(bar_ptr, (2 - FIRST) * P, P, LAST == 2, FENCE, clk, 2, CLOCK)
         if not NEXT:
-            start, end = split_range(pos, pid // HKV, n_share, CHUNK)
-            k0, v0, tm0 = partial_early(k_cache_ptr, v_cache_ptr, pos, pid % HKV, start, end,
-                                        stride_c_h, stride_c_t, D, BLOCK_DA, BLOCK_T)
+            start, end, k0, v0, tm0 = share_early(k_cache_ptr, v_cache_ptr, pos, pid,
+                                                  n_share, stride_c_h, stride_c_t, HKV,
+                                                  CHUNK, D, BLOCK_DA, BLOCK_T)
 
     # ---- phase 2: split-K attention partials -------------------------------------------------
     if FIRST <= 2 and LAST >= 2:
@@ -236,9 +249,9 @@ def _layer_kernel(
                 partial_rest(q_ptr, k_cache_ptr, v_cache_ptr, part_o_ptr, part_m_ptr, part_l_ptr, pos,
                              t % HKV, t // HKV, start, end, k0, v0, tm0, stride_c_h, stride_c_t,
                              n_splits, scale, GROUP, GROUP_PAD, D, BLOCK_DA, BLOCK_T, DOT_F32)
-            start, end = split_range(pos, (t + P) // HKV, n_share, CHUNK)
-            k0, v0, tm0 = partial_early(k_cache_ptr, v_cache_ptr, pos, (t + P) % HKV, start, end,
-                                        stride_c_h, stride_c_t, D, BLOCK_DA, BLOCK_T)
+            start, end, k0, v0, tm0 = share_early(k_cache_ptr, v_cache_ptr, pos, t + P,
+                                                  n_share, stride_c_h, stride_c_t, HKV,
+                                                  CHUNK, D, BLOCK_DA, BLOCK_T)
     if L2A > 0 and not MOE and FIRST <= 2 and LAST >= 5:
         # L2A (Hopper; NOTES.md 21): this program's first L2A gate/up row tiles handed to
         # the copy engine's L2 prefetch now, one instruction a tile and half (gate, up),
