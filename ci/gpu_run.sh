@@ -40,9 +40,6 @@
 #     l2       Qwen: the gate/up weights requested into the L2 during attention by the
 #              copy engine's bulk prefetch (ONELAUNCH_L2_AHEAD_MB) against none, each
 #              setting checked then timed (ci/l2_check.py, about 2 minutes)
-#     l2pb     Qwen: the persistent layer's programs handing their first gate/up row tiles
-#              to the copy engine's L2 prefetch after attention (ONELAUNCH_PERSIST_L2_AHEAD
-#              =0,2,4,0), each bit-checked then timed; then 2 with the clock (about 3 min)
 #     book     every chapter through papermill with the GPU parameters (ci/gpu_book.sh)
 #     profile  both models: each rung's step under torch.profiler, per op: the time its
 #              bytes need and the time beyond (ci/profile_check.sh; rows and figures in $OUT/profile)
@@ -112,10 +109,6 @@ for f in 0 1; do   # RoPE in its own phase (the table) and folded into attention
   has fold && run fold_qwen_$f 150 env ONELAUNCH_PERSIST_FOLD_ROPE=$f ONELAUNCH_PERSIST_CLOCK=1 python3 ci/persistent_check.py work/fold_qwen_$f.json --timeout 110 --variants 4:4::2
 done
 has l2 && run l2 300 python3 ci/l2_check.py work/l2.json
-for a in 0a 2 4 0b; do   # gate/up row tiles a program hands to the L2 prefetch
-  has l2pb && run l2pb_$a 120 env ONELAUNCH_PERSIST_L2_AHEAD=${a%[ab]} python3 ci/persistent_check.py work/l2pb_$a.json --timeout 100 --variants 4:4::2
-done
-has l2pb && run l2pb_clock 120 env ONELAUNCH_PERSIST_L2_AHEAD=2 ONELAUNCH_PERSIST_CLOCK=1 python3 ci/persistent_check.py work/l2pb_clock.json --timeout 100 --variants 4:4::2
 has book && run book 560 bash ci/gpu_book.sh "$OUT/book-gpu.tar.gz"
 cp "$LOG" "$OUT/" 2>/dev/null
 tar czf "$OUT/gpu-run.tar.gz" work results 2>/dev/null

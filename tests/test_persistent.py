@@ -297,8 +297,7 @@ def test_one_launch_kernel_compiles_for_hopper(stages, fold):
     assembles it. (The interpreter never runs the barrier; this is its CPU check.) With
     STAGES 4 the GEMV phases' weight loads become asynchronous copies into shared memory
     (Triton's pipeliner took the loops); with 0 there are none. ``fold``: RoPE inside the
-    attention phase (FOLD_ROPE), one barrier fewer, and (L2_AHEAD) the gate/up row tiles
-    handed to the copy engine's L2 prefetch after attention."""
+    attention phase (FOLD_ROPE), one barrier fewer."""
     if _ptxas() is None:
         pytest.skip("no ptxas")
     code = AOT.format(repo=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -323,8 +322,7 @@ ce = dict(HAS_BIAS=True, QK_NORM=False, D=128, BLOCK_D=128, BLOCK_R=1024, GROUP=
           FENCE=True, STAGES=int(sys.argv[1]), MOE=False, TOP_K=1, TOP_KP=1, BLOCK_E=1,
           BN_R=8, BK_R=512, BN_EGU=8, BK_EGU=512, BN_EDN=8, BK_EDN=512,
           CLOCK=int(sys.argv[1]) == 0, SLOTS=14,   # the ring build also stamps the clock
-          FOLD=sys.argv[2] == "1", SKIP=int(sys.argv[2]),
-          L2A=2 * int(sys.argv[2]))   # (with the fold: gate/up handed to the L2 prefetch too)
+          FOLD=sys.argv[2] == "1", SKIP=int(sys.argv[2]))
 bf16 = set("x gin w_qkv b_qkv qkv q k_cache v_cache cos sin qn kn attn w_o gpost w_gu h w_dn "
            "w_r w_egu w_edn eh".split())
 f32 = set("part_o part_m part_l scratch logits wts".split())
@@ -350,7 +348,6 @@ if ce["STAGES"]:   # the four GEMV loops' weight and input loads, on top of the 
     assert copies >= ring + 4 * ce["STAGES"], f"async copies: {{copies}} streamed, {{ring}} ring"
 assert "atom" in c.asm["ptx"] and "griddepcontrol.wait" in c.asm["ptx"]
 assert ("%globaltimer" in c.asm["ptx"]) == ce["CLOCK"], "the clock stamps, only with CLOCK"
-assert ("cp.async.bulk.prefetch.L2" in c.asm["ptx"]) == bool(ce["L2A"]), "L2A"
 d = tempfile.mkdtemp()
 open(os.path.join(d, "k.ptx"), "w").write(c.asm["ptx"])
 ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")

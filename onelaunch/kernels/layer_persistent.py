@@ -59,7 +59,6 @@ from .attention_splitk import (BLOCK_S, block_m, live_share, live_splits, partia
                                partial_rest, reduce_head, split_range)
 from .attention_onekernel import rope_partial
 from .down_residual import down_first, down_split, down_tile
-from .l2_prefetch import prefetch_chunks
 from .moe_experts import stream_experts_down, stream_experts_gate_up
 from .moe_router import route
 from .o_proj_residual import o_proj_tile
@@ -158,7 +157,7 @@ def _layer_kernel(
         TOP_KP: tl.constexpr, BLOCK_E: tl.constexpr, BN_R: tl.constexpr, BK_R: tl.constexpr,
         BN_EGU: tl.constexpr, BK_EGU: tl.constexpr, BN_EDN: tl.constexpr,
         BK_EDN: tl.constexpr, CLOCK: tl.constexpr, SLOTS: tl.constexpr,
-        FOLD: tl.constexpr, SKIP: tl.constexpr, L2A: tl.constexpr):
+        FOLD: tl.constexpr, SKIP: tl.constexpr):
     pid = tl.program_id(0)
     P = tl.num_programs(0)
     clk = clock_ptr + pid * SLOTS      # slot 2k: phase k starts here, 2k + 1: it ends
@@ -252,17 +251,6 @@ def _layer_kernel(
             start, end, k0, v0, tm0 = share_early(k_cache_ptr, v_cache_ptr, pos, t + P,
                                                   n_share, stride_c_h, stride_c_t, HKV,
                                                   CHUNK, D, BLOCK_DA, BLOCK_T)
-    if L2A > 0 and not MOE and FIRST <= 2 and LAST >= 5:
-        # L2A (Hopper; NOTES.md 21): this program's first L2A gate/up row tiles handed to
-        # the copy engine's L2 prefetch now, one instruction a tile and half (gate, up),
-        # while the attention, the merge and O read few bytes; nothing waits for them
-        w8 = w_gu_ptr.to(tl.pointer_type(tl.uint8), bitcast=True)
-        row_b = stride_gu * 2                            # bytes a row (bf16, rows packed)
-        for j in range(0, L2A):
-            r0 = (pid + j * P) * BN_GU
-            n = tl.minimum(BN_GU, tl.maximum(I - r0, 0)) * row_b
-            prefetch_chunks(w8 + r0.to(tl.int64) * row_b, 0, n, 128, 65536)
-            prefetch_chunks(w8 + (I + r0).to(tl.int64) * row_b, 0, n, 128, 65536)
     if FIRST <= 2 and LAST >= 3:       # the merge is short: W_o's tiles are requested here
         if AHEAD:
             o0, o1, o2, o3 = row_tiles(w_o_ptr, stride_o, H, pid, 0, K_O, BN_O, BK_O, PF_O)
@@ -381,12 +369,9 @@ def entry(c_p: dict) -> dict:
     tiles ahead, ``stream_gemv``), ``ONELAUNCH_PERSIST_TILE`` (``BNxBK``: the streamed
     phases' row tile, for all four GEMVs; ``own`` or none: each op's own tile) and
     ``ONELAUNCH_PERSIST_FOLD_ROPE=1`` (RoPE and the KV write inside the attention phase,
-    one barrier fewer a layer; a layer with q/k norms keeps its RoPE phase) and
-    ``ONELAUNCH_PERSIST_L2_AHEAD=N`` (a dense layer's programs hand their first N gate/up
-    row tiles to the L2 prefetch when their attention work is done; Hopper only)."""
+    one barrier fewer a layer; a layer with q/k norms keeps its RoPE phase)."""
     c = dict(c_p)
     c["STAGES"] = _env_int("ONELAUNCH_PERSIST_STAGES", c.get("STAGES", 0))
-    c["L2_AHEAD"] = _env_int("ONELAUNCH_PERSIST_L2_AHEAD", c.get("L2_AHEAD", 0))
     if _env_int("ONELAUNCH_PERSIST_FOLD_ROPE", c.get("FOLD_ROPE", 0)):
         c["FOLD_ROPE"] = 1
     else:
@@ -396,16 +381,6 @@ def entry(c_p: dict) -> dict:
     if tile and tile != "own":
         c["TILE"] = str(tile)
     return c
-
-
-def l2a_tiles(c_p: dict, w_gu: torch.Tensor, device) -> int:
-    """The gate/up row tiles a program hands to the L2 prefetch after attention (the
-    entry's L2_AHEAD): a Hopper GPU's copy engine only, rows packed; else 0."""
-    n = int(c_p.get("L2_AHEAD", 0))
-    if (n <= 0 or config.interpreting() or torch.device(device).type != "cuda"
-            or torch.cuda.get_device_capability(torch.device(device))[0] < 9):
-        return 0
-    return n if w_gu.stride(0) == w_gu.shape[1] and w_gu.stride(1) == 1 else 0
 
 
 def launch_options(device, use_pdl: bool, c_p: dict | None = None) -> dict:
@@ -546,7 +521,7 @@ def layer_persistent(x, L: dict, qkv, q, attn, h, k_cache, v_cache, cos, sin, po
             BN_EGU=c_egu["BLOCK_N"], BK_EGU=c_egu["BLOCK_K"], BN_EDN=c_edn["BLOCK_N"],
             BK_EDN=c_edn["BLOCK_K"], CLOCK=clock is not None, SLOTS=slots,
             FOLD=fold, SKIP=int(fold and first <= 1 and final >= 2),
-            L2A=l2a_tiles(c_p, w_gu, x.device), num_warps=c_p["num_warps"], **kw))
+            num_warps=c_p["num_warps"], **kw))
     return compiled
 
 
