@@ -37,9 +37,6 @@
 #     fold     Qwen: the persistent layer with RoPE folded into its attention phase
 #              (ONELAUNCH_PERSIST_FOLD_ROPE=1) against the table's, each with the phases'
 #              clock, bit-checked then timed (about 2 minutes)
-#     l2       Qwen: the gate/up weights requested into the L2 during attention by the
-#              copy engine's bulk prefetch (ONELAUNCH_L2_AHEAD_MB) against none, each
-#              setting checked then timed (ci/l2_check.py, about 2 minutes)
 #     book     every chapter through papermill with the GPU parameters (ci/gpu_book.sh)
 #     profile  both models: each rung's step under torch.profiler, per op: the time its
 #              bytes need and the time beyond (ci/profile_check.sh; rows and figures in $OUT/profile)
@@ -108,7 +105,6 @@ done
 for f in 0 1; do   # RoPE in its own phase (the table) and folded into attention
   has fold && run fold_qwen_$f 150 env ONELAUNCH_PERSIST_FOLD_ROPE=$f ONELAUNCH_PERSIST_CLOCK=1 python3 ci/persistent_check.py work/fold_qwen_$f.json --timeout 110 --variants 4:4::2
 done
-has l2 && run l2 300 python3 ci/l2_check.py work/l2.json
 has book && run book 560 bash ci/gpu_book.sh "$OUT/book-gpu.tar.gz"
 cp "$LOG" "$OUT/" 2>/dev/null
 tar czf "$OUT/gpu-run.tar.gz" work results 2>/dev/null

@@ -67,7 +67,6 @@ def attention(e, li: int) -> list[Launch]:
     out = [Launch("rms_qkv", li, lambda: K.rms_qkv(e.x, L["input_norm"], L["w_qkv"], L["b_qkv"], qkv,
                                                    s.rms_eps, use_pdl=pdl, cfg=c_qkv),
                   _nbytes(L["input_norm"], L["w_qkv"], L["b_qkv"]))]
-    out += l2_ahead(e, li)
     if e.fuse_rope:       # RoPE + KV write inside the split-K partial kernel (no rung)
         c = e.cfg("attn_split")
         pm, pl, po = e.partials()
@@ -107,25 +106,6 @@ def attention(e, li: int) -> list[Launch]:
     out += into_residual(e, "o_proj_residual", li, _nbytes(L["w_o"]), lambda **tp: K.o_proj_residual(
         attn, L["w_o"], e.x, use_pdl=pdl, cfg=c_o, **tp))
     return out
-
-
-def l2_ahead(e, li: int) -> list[Launch]:
-    """The layer's gate/up weights requested into the L2 while attention runs (dense
-    layers; ``kernels/l2_prefetch.py``): MB MiB in all, the first half of it from the
-    gate rows and half from the up rows; MB from the l2_prefetch entry or
-    ONELAUNCH_L2_AHEAD_MB over it (0: no launch). Its bytes are the gate/up launch's, so
-    it counts none."""
-    c = e.cfg("l2_prefetch")
-    env = os.environ.get("ONELAUNCH_L2_AHEAD_MB")
-    mb = float(env) if env else float(c.get("MB", 0))
-    L = e.W["layers"][li]
-    if mb <= 0 or "w_gate_up" not in L:
-        return []
-    half = L["w_gate_up"].shape[0] // 2
-    gate, up = L["w_gate_up"][:half], L["w_gate_up"][half:]
-    n = min(int(mb * 2 ** 20) // 2, gate.numel() * gate.element_size())
-    return [Launch("l2_prefetch", li, lambda: K.l2_prefetch(
-        gate, up, n, use_pdl=e.pdl, programs=c["programs"], num_warps=c["num_warps"]), 0)]
 
 
 def dense_mlp(e, li: int) -> list[Launch]:

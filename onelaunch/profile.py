@@ -469,7 +469,7 @@ def phase_rows(spec_name, weights, device="cuda", ctx: int = 512, tokens: int = 
     if not j["ok"]:
         return [{**base, "phase": None, "refused": bench.refusal(j["flips"])}]
     chain = bench.rung_engine(spec, weights, "+ PDL", max_ctx)
-    ops = [L for L in chain.plan if L.layer == 0 and L.op != "l2_prefetch"]   # no phase
+    ops = [L for L in chain.plan if L.layer == 0]
     names = LP.MOE_PHASES if spec.is_moe else LP.PHASES
     if len(ops) != len(names):
         raise ProfileError(f"the chain has {len(ops)} launches a layer, the persistent layer "

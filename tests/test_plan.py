@@ -40,30 +40,3 @@ def test_buffers_follow_the_plan():
     m = Engine("tiny-olmoe", random_weights("tiny-olmoe", 0), max_ctx=32)
     assert "part_o" in m.buffers and "expert_ids" in m.buffers
     assert "down_scratch" not in m.buffers and "h" not in m.buffers
-
-
-def test_l2_prefetch_is_one_more_launch_that_counts_no_bytes(monkeypatch):
-    """ONELAUNCH_L2_AHEAD_MB (or the l2_prefetch entry's MB): a dense layer gets one launch
-    right after its QKV projection that asks the L2 for the first megabytes of its gate
-    and up rows. It claims no bytes (the gate/up launch reads them), the step's results
-    do not change (on the CPU it launches nothing), and a MoE layer gets none (its
-    experts are known only after the router)."""
-    from onelaunch import plan
-    spec = get_spec("tiny-qwen2")
-    w = random_weights(spec, 0)
-    off = Engine(spec, w, max_ctx=32)
-    monkeypatch.setenv("ONELAUNCH_L2_AHEAD_MB", "0.01")
-    on = Engine(spec, w, max_ctx=32)
-    ops = [L.op for L in on.plan if L.layer == 0]
-    assert ops[:2] == ["rms_qkv", "l2_prefetch"] and len(on.plan) == len(off.plan) + spec.layers
-    assert plan.bytes_per_step(on.plan, 16) == plan.bytes_per_step(off.plan, 16)
-    for e in (off, on):
-        e.adopt_cache(*(torch.zeros(spec.layers, spec.kv_heads, 32, spec.head_dim,
-                                    dtype=torch.bfloat16) for _ in range(2)), 3,
-                      torch.arange(4))
-        e.step(False)
-    assert torch.equal(off.logits, on.logits)
-    m = get_spec("tiny-olmoe")
-    assert "l2_prefetch" not in [L.op for L in Engine(m, random_weights(m, 0), max_ctx=32).plan]
-    monkeypatch.setenv("ONELAUNCH_L2_AHEAD_MB", "0")
-    assert "l2_prefetch" not in [L.op for L in Engine(spec, w, max_ctx=32).plan]

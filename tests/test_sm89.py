@@ -322,17 +322,7 @@ def case_layer_persistent(spec):
                "moe": bool(moe)}
 
 
-def case_l2_prefetch(spec):
-    from onelaunch import kernels as K
-    if spec.is_moe:
-        return
-    w = _t(2 * spec.intermediate, spec.hidden)
-    half = spec.intermediate
-    K.l2_prefetch(w[:half], w[half:], 16 << 20)
-    yield {"MB": 32}
-
-
-CASES = [case_embed, case_l2_prefetch, case_rms_qkv, case_rope_kv, case_attention, case_attention_splitk,
+CASES = [case_embed, case_rms_qkv, case_rope_kv, case_attention, case_attention_splitk,
          case_attention_onekernel, case_o_proj, case_gate_up, case_down, case_lm_head, case_moe,
          case_tp, case_layer_persistent]
 

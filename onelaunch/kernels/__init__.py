@@ -12,7 +12,6 @@ from .rms_gate_up_swiglu import rms_gate_up_swiglu  # noqa: F401
 from .down_residual import down_residual  # noqa: F401
 from .layer_persistent import entry as layer_persistent_entry  # noqa: F401
 from .layer_persistent import layer_persistent  # noqa: F401
-from .l2_prefetch import l2_prefetch  # noqa: F401
 from .lm_head_argmax import lm_head_argmax, programs_for  # noqa: F401
 from .moe_router import moe_router  # noqa: F401
 from .moe_experts import moe_down_residual, moe_gate_up_swiglu  # noqa: F401

@@ -38,10 +38,6 @@ _DEFAULT = {
     # (2 x 16 KB for gate/up here: well inside a 4090's 99 KB); 0: the unfused ops' tiles
     # with a register ring
     "layer_persistent": dict(num_warps=4, NEXT=1, STAGES=3, TILE="8x512"),
-    # gate/up weights requested into the L2 during attention (kernels/l2_prefetch.py):
-    # MB of them a layer (0: off), over at most `programs` programs. One a line measured
-    # slower on the H200 (NOTES.md 19); the bulk prefetch of sm_90 is not measured yet
-    "l2_prefetch": dict(MB=0, programs=132, num_warps=4),
 }
 
 TABLE: dict[str, dict[str, dict]] = {
