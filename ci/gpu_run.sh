@@ -37,6 +37,9 @@
 #     fold     Qwen: the persistent layer with RoPE folded into its attention phase
 #              (ONELAUNCH_PERSIST_FOLD_ROPE=1) against the table's, each with the phases'
 #              clock, bit-checked then timed (about 2 minutes)
+#     hold     Gluon probe: weight tiles held in shared memory through an idle stretch,
+#              against the same tiles requested after it; each checked, then timed
+#              (ci/hold_probe.py, under a minute)
 #     book     every chapter through papermill with the GPU parameters (ci/gpu_book.sh)
 #     profile  both models: each rung's step under torch.profiler, per op: the time its
 #              bytes need and the time beyond (ci/profile_check.sh; rows and figures in $OUT/profile)
@@ -105,6 +108,7 @@ done
 for f in 0 1; do   # RoPE in its own phase (the table) and folded into attention
   has fold && run fold_qwen_$f 150 env ONELAUNCH_PERSIST_FOLD_ROPE=$f ONELAUNCH_PERSIST_CLOCK=1 python3 ci/persistent_check.py work/fold_qwen_$f.json --timeout 110 --variants 4:4::2
 done
+has hold && run hold 240 python3 ci/hold_probe.py work/hold.json
 has book && run book 560 bash ci/gpu_book.sh "$OUT/book-gpu.tar.gz"
 cp "$LOG" "$OUT/" 2>/dev/null
 tar czf "$OUT/gpu-run.tar.gz" work results 2>/dev/null
