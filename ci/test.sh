@@ -6,6 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash ci/setup.sh
 export TRITON_INTERPRET=1
+# one thread a process: two pytest workers and the chapters' kernel already fill the two
+# cores, and torch's own thread pool in each would oversubscribe them
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 # two workers (both cores), a test file's tests in order in one of them: the CPU run of
 # the chapters (tests/test_book.py, about 10 minutes) beside everything else
 # --no-loadscope-reorder: files in name order, so the long chapter run (test_book.py, the
