@@ -106,8 +106,9 @@ def aot() -> None:
             target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
         ptx = k.asm["ptx"]
         assert "cp.async" in ptx and "%globaltimer" in ptx, "async copies and the clock"
-        print(f"[hold_probe] sm_90 BUF {buf} HOLD {hold}: {ptx.count('cp.async.ca') + ptx.count('cp.async.cg')} "
-              f"cp.async, shared {k.metadata.shared} B")
+        copies = ptx.count("cp.async.ca") + ptx.count("cp.async.cg")
+        print(f"[hold_probe] sm_90 BUF {buf} HOLD {hold}: {copies} cp.async, "
+              f"shared {k.metadata.shared} B")
 
 
 def main() -> None:
@@ -146,9 +147,9 @@ def main() -> None:
                 torch.cuda.synchronize()
                 err = (out - ref).abs().max().item()
                 ok = torch.allclose(out, ref, rtol=1e-3, atol=1e-3)
-                row = {"spin_ns": spin, "buf": buf, "hold": hold, "check": "pass" if ok
-                       else f"FAIL max err {err:.3g}", "held_kb_per_sm": (buf - 1) * BN * BK * 2 / 1024
-                       * hold, "mb": mb}
+                row = {"spin_ns": spin, "buf": buf, "hold": hold,
+                       "check": "pass" if ok else f"FAIL max err {err:.3g}",
+                       "held_kb_per_sm": hold * (buf - 1) * BN * BK * 2 / 1024, "mb": mb}
                 if ok:             # time only what was checked: 20 launches in one graph
                     row["us"] = _graph_time(
                         lambda: [run_one(w, x, out, spin, buf, hold) for _ in range(20)],
