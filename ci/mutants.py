@@ -49,7 +49,8 @@ PERSIST_OPTS = ["tests/test_persistent.py", "-k", "groups or pdl_from or clock o
 @dataclass
 class Mutant:
     name: str
-    file: str                             # under onelaunch/kernels/
+    file: str                             # under onelaunch/kernels/, or from the root
+                                          # when it starts with "onelaunch/" or "ci/"
     old: str                              # exact text; its first occurrence is replaced
     new: str
     tests: list[str] = field(default_factory=lambda: [FAST])
@@ -115,15 +116,20 @@ MUTANTS = [
 def scratch_copy(dst: Path) -> None:
     """The package, the tests and the pytest configuration, without build outputs."""
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
-    for d in ("onelaunch", "tests"):
+    for d in ("onelaunch", "tests", "ci"):
         shutil.copytree(ROOT / d, dst / d, ignore=ignore)
     for f in ("pyproject.toml", "pytest.ini", "setup.cfg", "conftest.py"):
         if (ROOT / f).exists():
             shutil.copy2(ROOT / f, dst / f)
 
 
+def rel_path(m: Mutant) -> str:
+    """The mutated file's path from the repository root."""
+    return m.file if m.file.startswith(("onelaunch/", "ci/")) else KERNELS + m.file
+
+
 def run(m: Mutant, python: str) -> dict:
-    path = ROOT / KERNELS / m.file
+    path = ROOT / rel_path(m)
     if not path.exists():
         return {"mutant": m.name, "status": "absent", "caught_by": [], "seconds": 0.0}
     text = path.read_text()
@@ -133,7 +139,7 @@ def run(m: Mutant, python: str) -> dict:
     with tempfile.TemporaryDirectory(prefix="mutant-") as tmp:
         tmp = Path(tmp)
         scratch_copy(tmp)
-        (tmp / KERNELS / m.file).write_text(text.replace(m.old, m.new, 1))
+        (tmp / rel_path(m)).write_text(text.replace(m.old, m.new, 1))
         env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(tmp),
                    PYTHONDONTWRITEBYTECODE="1")
         p = subprocess.run([python, "-m", "pytest", "-q", "-rf", "-p", "no:cacheprovider",
