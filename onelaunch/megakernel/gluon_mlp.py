@@ -41,11 +41,21 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from . import isa
 
 TN, TK = 4, 256            # a weight tile: 4 rows x 256 columns of bf16, 2 KB
+KB = 8                     # K tiles a TMA box: [KB, TN, TK], 16 KB; past K it reads zeros
 ERR = 4                    # err[pid] = (instruction + 1, counter, value seen, target)
 
 
 def smem_layout():
-    return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
+    """A TMA box of [K tiles, TN rows, TK columns], unswizzled: tile b of a box is rows x
+    TK contiguous, so a [TN, TK] register tile reads 512-byte rows without conflicts."""
+    return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=3)
+
+
+def box_view(w2d: torch.Tensor) -> torch.Tensor:
+    """[rows, K] as [K / TK, rows, TK] (strides TK, K, 1): a box of [k tiles, TN, TK]
+    brings TN rows over several K tiles in one TMA copy."""
+    rows, K = w2d.shape
+    return w2d.view(rows, K // TK, TK).permute(1, 0, 2)
 
 
 # ---- the schedule ----------------------------------------------------------------------
@@ -110,42 +120,28 @@ def _wait_counter(ctr_ptr, target, timeout_ns, failed, err_ptr, instr):
 
 
 @gluon.jit
-def _fill(desc, ring, ready, empty, t, r, kt0, SUB: gl.constexpr, SLOT: gl.constexpr,
+def _fill(desc, slots, ready, empty, t, r, kt0, n_halves: gl.constexpr, I,
           STAGES: gl.constexpr):
-    """Stage t % STAGES <- SUB tiles (rows r.., K tiles kt0..kt0 + SUB - 1), one barrier."""
-    TK_: gl.constexpr = desc.block_type.shape[1]
+    """Stage t % STAGES <- rows r.. over the K tiles kt0.. of the 3-d box ``desc``, one TMA
+    copy a half (gate, then up at rows r + I: n_halves 2; down: 1), one barrier."""
+    KB: gl.constexpr = desc.block_type.shape[0]            # K tiles a copy
     s = t % STAGES
     mbarrier.wait(empty.index(s), ((t // STAGES) & 1) ^ 1)
-    mbarrier.expect(ready.index(s), SUB * desc.block_type.nbytes)
-    for b in gl.static_range(SUB):
-        tma.async_copy_global_to_shared(desc, [r, (kt0 + b) * TK_], ready.index(s),
-                                        ring.index(s * SLOT + b))
+    mbarrier.expect(ready.index(s), n_halves * desc.block_type.nbytes)
+    for half in gl.static_range(n_halves):
+        tma.async_copy_global_to_shared(desc, [kt0, r + half * I, 0], ready.index(s),
+                                        slots.index(s).slice(half * KB, KB))
     return t + 1
 
 
 @gluon.jit
-def _fill_gate_up(desc, ring, ready, empty, t, r, I, KT: gl.constexpr, SLOT: gl.constexpr,
-                  STAGES: gl.constexpr):
-    """Stage t % STAGES <- a row block's gate rows (tiles 0..KT-1) and up rows (KT..)."""
-    TK_: gl.constexpr = desc.block_type.shape[1]
-    s = t % STAGES
-    mbarrier.wait(empty.index(s), ((t // STAGES) & 1) ^ 1)
-    mbarrier.expect(ready.index(s), 2 * KT * desc.block_type.nbytes)
-    for half in gl.static_range(2):
-        for b in gl.static_range(KT):
-            tma.async_copy_global_to_shared(desc, [r + half * I, b * TK_], ready.index(s),
-                                            ring.index(s * SLOT + half * KT + b))
-    return t + 1
-
-
-@gluon.jit
-def _loader(prog_ptr, n_instr, wgu_desc, wdn_desc, ring, ready, empty, I, H,
+def _loader(prog_ptr, n_instr, wgu_desc, wdn_desc, slots, ready, empty, I, H,
             KT_GU: gl.constexpr, KT_DN: gl.constexpr, SUB_DN: gl.constexpr,
             SLOT: gl.constexpr, STAGES: gl.constexpr, WIDTH: gl.constexpr):
     """Every weight tile of this SM's list, in the order the compute partition eats them;
     the only wait is for a free stage. A stage is one row block's gate (or up) rows over
     all of K (gate and up), or SUB_DN K tiles of its down rows."""
-    TN_: gl.constexpr = wgu_desc.block_type.shape[0]
+    TN_: gl.constexpr = wgu_desc.block_type.shape[1]
     base = prog_ptr + gl.program_id(0) * n_instr * WIDTH
     t = 0
     for i in range(n_instr):
@@ -156,13 +152,12 @@ def _loader(prog_ptr, n_instr, wgu_desc, wdn_desc, ring, ready, empty, I, H,
         if op == 6:                                   # OP_GATE_UP: gate and up rows, one stage
             for rb in range(rows // TN_):
                 r = layer * 2 * I + row0 + rb * TN_
-                t = _fill_gate_up(wgu_desc, ring, ready, empty, t, r, I, KT_GU, SLOT, STAGES)
+                t = _fill(wgu_desc, slots, ready, empty, t, r, 0, 2, I, STAGES)
         elif op == 7:                                 # OP_DOWN
             for rb in range(rows // TN_):
                 r = layer * H + row0 + rb * TN_
-                for j in range(KT_DN // SUB_DN):
-                    t = _fill(wdn_desc, ring, ready, empty, t, r, j * SUB_DN, SUB_DN, SLOT,
-                              STAGES)
+                for j in range((KT_DN + SUB_DN - 1) // SUB_DN):
+                    t = _fill(wdn_desc, slots, ready, empty, t, r, j * SUB_DN, 1, I, STAGES)
 
 
 @gluon.jit
@@ -197,7 +192,8 @@ def _compute(prog_ptr, n_instr, ring, ready, empty, vec, x_ptr, g_ptr, h_ptr, ct
              err_ptr, I, H, eps, timeout_ns,
              KT_GU: gl.constexpr, KT_DN: gl.constexpr, SUB_DN: gl.constexpr,
              SLOT: gl.constexpr, STAGES: gl.constexpr, WIDTH: gl.constexpr,
-             TN_: gl.constexpr, TK_: gl.constexpr, WAITS: gl.constexpr, MATH: gl.constexpr,
+             TN_: gl.constexpr, TK_: gl.constexpr, KT_VEC: gl.constexpr, WAITS: gl.constexpr,
+             MATH: gl.constexpr,
              num_warps: gl.constexpr):
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [num_warps, 1], [1, 0])
     rl: gl.constexpr = gl.SliceLayout(1, layout)
@@ -237,7 +233,7 @@ def _compute(prog_ptr, n_instr, ring, ready, empty, vec, x_ptr, g_ptr, h_ptr, ct
                 zero = gl.zeros([TN_, TK_], gl.float32, layout)
                 s = _stage_ready(ready, t, STAGES)
                 acc_g = _dot_tiles(ring, s * SLOT, vec, 0, zero, KT_GU, MATH, layout)
-                acc_u = _dot_tiles(ring, s * SLOT + KT_GU, vec, 0, zero, KT_GU, MATH, layout)
+                acc_u = _dot_tiles(ring, s * SLOT + SUB_DN, vec, 0, zero, KT_GU, MATH, layout)
                 _stage_free(empty, s)
                 t += 1
                 g = gl.sum(acc_g, axis=1)
@@ -245,13 +241,14 @@ def _compute(prog_ptr, n_instr, ring, ready, empty, vec, x_ptr, g_ptr, h_ptr, ct
                 hv = g / (1.0 + gl.exp(-g)) * u
                 gl.store(h_ptr + row0 + rb * TN_ + rows_, hv.to(gl.bfloat16))
         elif op == 7:                                 # OP_DOWN
-            for kt in range(KT_DN):                   # h into shared memory
-                hv = gl.load(h_ptr + kt * TK_ + cols, cache_modifier=".cg")
+            for kt in range(KT_VEC):                  # h into shared memory, zeros past I
+                m = kt * TK_ + cols < I
+                hv = gl.load(h_ptr + kt * TK_ + cols, mask=m, other=0.0, cache_modifier=".cg")
                 vec.index(kt).store(hv)
             x_out = x_ptr + ((layer + 1) % 2) * H
             for rb in range(rows // TN_):
                 acc = gl.zeros([TN_, TK_], gl.float32, layout)
-                for j in range(KT_DN // SUB_DN):
+                for j in range(KT_VEC // SUB_DN):
                     s = _stage_ready(ready, t, STAGES)
                     acc = _dot_tiles(ring, s * SLOT, vec, j * SUB_DN, acc, SUB_DN, MATH, layout)
                     _stage_free(empty, s)
@@ -271,13 +268,17 @@ def mlp_stream_kernel(prog_ptr, n_instr, wgu_desc, wdn_desc, x_ptr, g_ptr, h_ptr
                       KT_GU: gl.constexpr, KT_DN: gl.constexpr, SUB_DN: gl.constexpr,
                       STAGES: gl.constexpr, WIDTH: gl.constexpr, CTR_BLOCK: gl.constexpr,
                       WAITS: gl.constexpr, MATH: gl.constexpr, num_warps: gl.constexpr):
-    TN_: gl.constexpr = wgu_desc.block_type.shape[0]
-    TK_: gl.constexpr = wgu_desc.block_type.shape[1]
-    SLOT: gl.constexpr = 2 * KT_GU if 2 * KT_GU > SUB_DN else SUB_DN      # tiles a stage
-    ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES * SLOT, TN_, TK_], wgu_desc.layout)
+    TN_: gl.constexpr = wgu_desc.block_type.shape[1]
+    TK_: gl.constexpr = wgu_desc.block_type.shape[2]
+    SLOT: gl.constexpr = 2 * SUB_DN                  # tiles a stage: two boxes
+    tile: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16,
+                                              rank=2)
+    ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES * SLOT, TN_, TK_], tile)
+    # the same bytes as [STAGES][SLOT][TN][TK] for the TMA engine's 3-d boxes
+    slots = ring._reinterpret(gl.bfloat16, [STAGES, SLOT, TN_, TK_], wgu_desc.layout)
     vl: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
-    KT_MAX: gl.constexpr = KT_GU if KT_GU > KT_DN else KT_DN
-    vec = gl.allocate_shared_memory(gl.bfloat16, [KT_MAX, TK_], vl)
+    KT_VEC: gl.constexpr = (KT_DN + SUB_DN - 1) // SUB_DN * SUB_DN     # whole boxes of h
+    vec = gl.allocate_shared_memory(gl.bfloat16, [KT_VEC, TK_], vl)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
@@ -286,8 +287,8 @@ def mlp_stream_kernel(prog_ptr, n_instr, wgu_desc, wdn_desc, x_ptr, g_ptr, h_ptr
     gl.warp_specialize([
         (_compute, (prog_ptr, n_instr, ring, ready, empty, vec, x_ptr, g_ptr, h_ptr, ctr_ptr,
                     err_ptr, I, H, eps, timeout_ns, KT_GU, KT_DN, SUB_DN, SLOT, STAGES,
-                    WIDTH, TN_, TK_, WAITS, MATH, num_warps)),
-        (_loader, (prog_ptr, n_instr, wgu_desc, wdn_desc, ring, ready, empty, I, H,
+                    WIDTH, TN_, TK_, KT_VEC, WAITS, MATH, num_warps)),
+        (_loader, (prog_ptr, n_instr, wgu_desc, wdn_desc, slots, ready, empty, I, H,
                    KT_GU, KT_DN, SUB_DN, SLOT, STAGES, WIDTH)),
     ], [1], [48])
     # the last CTA out sets the counters back to zero for the next launch
@@ -305,7 +306,7 @@ class MLPStream:
     """The stacked weights of ``layers`` dense MLPs, their schedule, counters and buffers;
     ``run()`` is one launch (x[0] in, x[layers % 2] out)."""
 
-    def __init__(self, w_gu, w_dn, g, P, stages=8, num_warps=4, timeout_ns=200_000_000,
+    def __init__(self, w_gu, w_dn, g, P, stages=6, num_warps=4, timeout_ns=200_000_000,
                  waits=True, math=True):
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
         L, two_i, H = w_gu.shape
@@ -321,11 +322,13 @@ class MLPStream:
         self.x = torch.zeros(2, H, dtype=torch.bfloat16, device=dev)
         self.h = torch.zeros(self.I, dtype=torch.bfloat16, device=dev)
         lay = smem_layout()
-        self.d_gu = TensorDescriptor.from_tensor(w_gu.view(L * two_i, H), [TN, TK], lay)
-        self.d_dn = TensorDescriptor.from_tensor(w_dn.view(L * H, self.I), [TN, TK], lay)
-        self.P, self.stages, self.num_warps, self.timeout_ns = P, stages, num_warps, timeout_ns
         self.kt_gu, self.kt_dn = H // TK, self.I // TK
-        self.sub_dn = sub_tiles(self.kt_dn, 2 * self.kt_gu)
+        self.sub_dn = KB                          # boxes are KB K tiles (a power of 2)
+        self.d_gu = TensorDescriptor.from_tensor(box_view(w_gu.view(L * two_i, H)),
+                                                 [KB, TN, TK], lay)
+        self.d_dn = TensorDescriptor.from_tensor(box_view(w_dn.view(L * H, self.I)),
+                                                 [KB, TN, TK], lay)
+        self.P, self.stages, self.num_warps, self.timeout_ns = P, stages, num_warps, timeout_ns
         self.waits, self.math = waits, math        # False only in the diagnostics
 
     def run(self):
@@ -347,11 +350,6 @@ class MLPStream:
                                f"counter {c} (saw {v}, needs {t}); {len(bad)} SMs stalled")
 
 
-def sub_tiles(kt: int, most: int) -> int:
-    """The largest divisor of ``kt`` K tiles that is at most ``most``: a down stage."""
-    return max(d for d in range(1, most + 1) if kt % d == 0)
-
-
 def reference(w_gu, w_dn, g, x0, eps=1e-6):
     """The same MLP stack in torch, with the kernel's rounding points."""
     x = x0.float()
@@ -365,19 +363,21 @@ def reference(w_gu, w_dn, g, x0, eps=1e-6):
     return x
 
 
-def aot(stages=8, num_warps=4) -> dict:
+def aot(stages=6, num_warps=4) -> dict:
     """Compile for sm_90 on any machine (no GPU): the layouts, TMA and barriers hold."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
-    desc = f"tensordesc<bf16[{TN},{TK}],{smem_layout()!r}>"
-    sig = {"prog_ptr": "*i32", "n_instr": "i32", "wgu_desc": desc, "wdn_desc": desc,
+    lay = smem_layout()
+    sig = {"prog_ptr": "*i32", "n_instr": "i32",
+           "wgu_desc": f"tensordesc<bf16[{KB},{TN},{TK}],{lay!r}>",
+           "wdn_desc": f"tensordesc<bf16[{KB},{TN},{TK}],{lay!r}>",
            "x_ptr": "*bf16", "g_ptr": "*bf16", "h_ptr": "*bf16", "ctr_ptr": "*i32",
            "err_ptr": "*i32", "I": "i32", "H": "i32", "eps": "fp32", "timeout_ns": "i64",
            "n_ctr": "i32", "KT_GU": "constexpr", "KT_DN": "constexpr", "SUB_DN": "constexpr",
            "STAGES": "constexpr", "WIDTH": "constexpr", "CTR_BLOCK": "constexpr",
            "WAITS": "constexpr", "MATH": "constexpr",
            "num_warps": "constexpr"}
-    consts = dict(KT_GU=6, KT_DN=35, SUB_DN=7, STAGES=stages, WIDTH=isa.WIDTH, WAITS=1, MATH=1,
+    consts = dict(KT_GU=6, KT_DN=35, SUB_DN=KB, STAGES=stages, WIDTH=isa.WIDTH, WAITS=1, MATH=1,
                   CTR_BLOCK=64, num_warps=num_warps)
     attrs = {(i,): [["tt.divisibility", 16]] for i in (0, 4, 5, 6, 7, 8)}
     k = triton.compile(GluonASTSource(mlp_stream_kernel, sig, constexprs=consts, attrs=attrs),
@@ -438,7 +438,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m onelaunch.megakernel.gluon_mlp")
     ap.add_argument("out", nargs="?")
     ap.add_argument("--aot", action="store_true")
-    ap.add_argument("--stages", default="8,6,4")
+    ap.add_argument("--stages", default="6,4")
     ap.add_argument("--warps", default="4")
     ap.add_argument("--modes", default="full,no-waits,no-math,stream-only")
     ap.add_argument("--layers", type=int, default=28)
@@ -466,7 +466,7 @@ def main(argv=None) -> int:
         for stages in (int(v) for v in a.stages.split(",")):
             for mode in a.modes.split(","):
                 row = {"mode": mode, "stages": stages, "warps": warps,
-                       "ring_kb": stages * 12 * TN * TK * 2 / 1024}
+                       "ring_kb": stages * 2 * KB * TN * TK * 2 / 1024}
                 try:
                     m = MLPStream(w_gu, w_dn, g, P, stages=stages, num_warps=warps,
                                   **MODES[mode])
