@@ -46,16 +46,16 @@ ERR = 4                    # err[pid] = (instruction + 1, counter, value seen, t
 
 
 def smem_layout():
-    """A TMA box of [K tiles, TN rows, TK columns], unswizzled: tile b of a box is rows x
-    TK contiguous, so a [TN, TK] register tile reads 512-byte rows without conflicts."""
+    """A TMA box of [TN rows, KB K tiles, TK columns], unswizzled: a lane's 8 columns are
+    16 contiguous bytes and a warp reads 512-byte runs, without bank conflicts."""
     return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=3)
 
 
 def box_view(w2d: torch.Tensor) -> torch.Tensor:
-    """[rows, K] as [K / TK, rows, TK] (strides TK, K, 1): a box of [k tiles, TN, TK]
-    brings TN rows over several K tiles in one TMA copy."""
+    """[rows, K] as [rows, K / TK, TK]: a box of [TN, KB, TK] brings TN rows over KB K
+    tiles in one TMA copy, each row's KB x TK columns one contiguous run of memory."""
     rows, K = w2d.shape
-    return w2d.view(rows, K // TK, TK).permute(1, 0, 2)
+    return w2d.view(rows, K // TK, TK)
 
 
 # ---- the schedule ----------------------------------------------------------------------
@@ -120,28 +120,28 @@ def _wait_counter(ctr_ptr, target, timeout_ns, failed, err_ptr, instr):
 
 
 @gluon.jit
-def _fill(desc, slots, ready, empty, t, r, kt0, n_halves: gl.constexpr, I,
+def _fill(desc, ring, ready, empty, t, r, kt0, n_halves: gl.constexpr, I,
           STAGES: gl.constexpr):
-    """Stage t % STAGES <- rows r.. over the K tiles kt0.. of the 3-d box ``desc``, one TMA
-    copy a half (gate, then up at rows r + I: n_halves 2; down: 1), one barrier."""
-    KB: gl.constexpr = desc.block_type.shape[0]            # K tiles a copy
+    """Stage t % STAGES <- a box of rows r.. x K tiles kt0.. (``desc``: [TN, KB, TK], each
+    row's KB x TK columns contiguous in memory), one TMA copy a half (gate, then up at rows
+    r + I: n_halves 2; down: 1), one barrier for the stage."""
     s = t % STAGES
     mbarrier.wait(empty.index(s), ((t // STAGES) & 1) ^ 1)
     mbarrier.expect(ready.index(s), n_halves * desc.block_type.nbytes)
     for half in gl.static_range(n_halves):
-        tma.async_copy_global_to_shared(desc, [kt0, r + half * I, 0], ready.index(s),
-                                        slots.index(s).slice(half * KB, KB))
+        tma.async_copy_global_to_shared(desc, [r + half * I, kt0, 0], ready.index(s),
+                                        ring.index(2 * s + half))
     return t + 1
 
 
 @gluon.jit
-def _loader(prog_ptr, n_instr, wgu_desc, wdn_desc, slots, ready, empty, I, H,
-            KT_GU: gl.constexpr, KT_DN: gl.constexpr, SUB_DN: gl.constexpr,
-            SLOT: gl.constexpr, STAGES: gl.constexpr, WIDTH: gl.constexpr):
-    """Every weight tile of this SM's list, in the order the compute partition eats them;
-    the only wait is for a free stage. A stage is one row block's gate (or up) rows over
-    all of K (gate and up), or SUB_DN K tiles of its down rows."""
-    TN_: gl.constexpr = wgu_desc.block_type.shape[1]
+def _loader(prog_ptr, n_instr, wgu_desc, wdn_desc, ring, ready, empty, I, H,
+            KT_VEC: gl.constexpr, STAGES: gl.constexpr, WIDTH: gl.constexpr):
+    """Every weight box of this SM's list, in the order the compute partition eats them;
+    the only wait is for a free stage. A stage is one row block's gate and up rows over
+    all of K, or KB K tiles of its down rows."""
+    TN_: gl.constexpr = wgu_desc.block_type.shape[0]
+    KB_: gl.constexpr = wgu_desc.block_type.shape[1]
     base = prog_ptr + gl.program_id(0) * n_instr * WIDTH
     t = 0
     for i in range(n_instr):
@@ -152,26 +152,21 @@ def _loader(prog_ptr, n_instr, wgu_desc, wdn_desc, slots, ready, empty, I, H,
         if op == 6:                                   # OP_GATE_UP: gate and up rows, one stage
             for rb in range(rows // TN_):
                 r = layer * 2 * I + row0 + rb * TN_
-                t = _fill(wgu_desc, slots, ready, empty, t, r, 0, 2, I, STAGES)
+                t = _fill(wgu_desc, ring, ready, empty, t, r, 0, 2, I, STAGES)
         elif op == 7:                                 # OP_DOWN
             for rb in range(rows // TN_):
                 r = layer * H + row0 + rb * TN_
-                for j in range((KT_DN + SUB_DN - 1) // SUB_DN):
-                    t = _fill(wdn_desc, slots, ready, empty, t, r, j * SUB_DN, 1, I, STAGES)
+                for j in range(KT_VEC // KB_):
+                    t = _fill(wdn_desc, ring, ready, empty, t, r, j * KB_, 1, I, STAGES)
 
 
 @gluon.jit
-def _dot_tiles(ring, first, vec, kt0, acc, SUB: gl.constexpr, MATH: gl.constexpr,
-               layout: gl.constexpr):
-    """acc += ring tiles first .. first + SUB - 1 x vec[kt0 .. kt0 + SUB - 1]."""
-    cl: gl.constexpr = gl.SliceLayout(0, layout)
-    for b in gl.static_range(SUB):
-        w = ring.index(first + b).load(layout)
-        if MATH:
-            acc += w.to(gl.float32) * vec.index(kt0 + b).load(cl).to(gl.float32)[None, :]
-        else:                                         # diagnostic: read the tile only
-            acc += w.to(gl.float32)
-    return acc
+def _dot_box(ring, k, v, acc, MATH: gl.constexpr, l3: gl.constexpr):
+    """acc[TN, TK] += sum over the box's K tiles of ring box k x v[KB, TK]."""
+    w = ring.index(k).load(l3).to(gl.float32)
+    if MATH:
+        return acc + gl.sum(w * v[None, :, :], axis=1)
+    return acc + gl.sum(w, axis=1)                    # diagnostic: read the box only
 
 
 @gluon.jit
@@ -189,19 +184,21 @@ def _stage_free(empty, s):
 
 @gluon.jit
 def _compute(prog_ptr, n_instr, ring, ready, empty, vec, x_ptr, g_ptr, h_ptr, ctr_ptr,
-             err_ptr, I, H, eps, timeout_ns,
-             KT_GU: gl.constexpr, KT_DN: gl.constexpr, SUB_DN: gl.constexpr,
-             SLOT: gl.constexpr, STAGES: gl.constexpr, WIDTH: gl.constexpr,
-             TN_: gl.constexpr, TK_: gl.constexpr, KT_VEC: gl.constexpr, WAITS: gl.constexpr,
-             MATH: gl.constexpr,
-             num_warps: gl.constexpr):
-    layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [num_warps, 1], [1, 0])
-    rl: gl.constexpr = gl.SliceLayout(1, layout)
-    cl: gl.constexpr = gl.SliceLayout(0, layout)
+             err_ptr, I, H, eps, timeout_ns, KT_VEC: gl.constexpr, STAGES: gl.constexpr,
+             WIDTH: gl.constexpr, TN_: gl.constexpr, KB_: gl.constexpr, TK_: gl.constexpr,
+             WAITS: gl.constexpr, MATH: gl.constexpr, num_warps: gl.constexpr):
+    # a box [TN, KB, TK]: rows over warps, K tiles in each thread's registers (summed
+    # there), columns over a warp's lanes, 8 a lane (16-byte shared loads)
+    l3: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 1, 32], [num_warps, 1, 1], [2, 1, 0])
+    vl: gl.constexpr = gl.SliceLayout(0, l3)             # [KB, TK]: a box's vector part
+    al: gl.constexpr = gl.SliceLayout(1, l3)             # [TN, TK]: the accumulator
+    rl: gl.constexpr = gl.SliceLayout(1, al)             # [TN]: a row block's results
     pid = gl.program_id(0)
     base = prog_ptr + pid * n_instr * WIDTH
     err = err_ptr + pid * 4
-    cols = gl.arange(0, TK_, cl)
+    kk = gl.arange(0, KB_, gl.SliceLayout(1, vl))
+    cc = gl.arange(0, TK_, gl.SliceLayout(0, vl))
+    offs = kk[:, None] * TK_ + cc[None, :]               # [KB, TK] offsets of a vector box
     rows_ = gl.arange(0, TN_, rl)
     t = 0
     failed = 0
@@ -218,22 +215,17 @@ def _compute(prog_ptr, n_instr, ring, ready, empty, vec, x_ptr, g_ptr, h_ptr, ct
                 gl.store(err + 1, wait)
             failed = _wait_counter(ctr_ptr + wait, target, timeout_ns, failed, err, i)
         x_in = x_ptr + (layer % 2) * H
-        if op == 6:                                   # OP_GATE_UP
-            ss = gl.zeros([TK_], gl.float32, cl)
-            for kt in range(KT_GU):                   # x into shared memory, its sum of squares
-                xv = gl.load(x_in + kt * TK_ + cols, cache_modifier=".cg").to(gl.float32)
-                ss += xv * xv
-                vec.index(kt).store(xv.to(gl.bfloat16))
-            rstd = 1.0 / gl.sqrt(gl.sum(ss, axis=0) / H + eps)
-            for kt in range(KT_GU):                   # xn = bf16(x * rstd * g)
-                xv = vec.index(kt).load(cl).to(gl.float32)
-                gv = gl.load(g_ptr + layer * H + kt * TK_ + cols).to(gl.float32)
-                vec.index(kt).store((xv * rstd * gv).to(gl.bfloat16))
+        if op == 6:                                   # OP_GATE_UP (H <= KB x TK)
+            m = offs < H
+            xv = gl.load(x_in + offs, mask=m, other=0.0, cache_modifier=".cg").to(gl.float32)
+            rstd = 1.0 / gl.sqrt(gl.sum(gl.sum(xv * xv, axis=1), axis=0) / H + eps)
+            gv = gl.load(g_ptr + layer * H + offs, mask=m, other=0.0).to(gl.float32)
+            xn = (xv * rstd * gv).to(gl.bfloat16).to(gl.float32)     # bf16(x * rstd * g)
             for rb in range(rows // TN_):
-                zero = gl.zeros([TN_, TK_], gl.float32, layout)
+                zero = gl.zeros([TN_, TK_], gl.float32, al)
                 s = _stage_ready(ready, t, STAGES)
-                acc_g = _dot_tiles(ring, s * SLOT, vec, 0, zero, KT_GU, MATH, layout)
-                acc_u = _dot_tiles(ring, s * SLOT + SUB_DN, vec, 0, zero, KT_GU, MATH, layout)
+                acc_g = _dot_box(ring, 2 * s, xn, zero, MATH, l3)
+                acc_u = _dot_box(ring, 2 * s + 1, xn, zero, MATH, l3)
                 _stage_free(empty, s)
                 t += 1
                 g = gl.sum(acc_g, axis=1)
@@ -241,16 +233,17 @@ def _compute(prog_ptr, n_instr, ring, ready, empty, vec, x_ptr, g_ptr, h_ptr, ct
                 hv = g / (1.0 + gl.exp(-g)) * u
                 gl.store(h_ptr + row0 + rb * TN_ + rows_, hv.to(gl.bfloat16))
         elif op == 7:                                 # OP_DOWN
-            for kt in range(KT_VEC):                  # h into shared memory, zeros past I
-                m = kt * TK_ + cols < I
-                hv = gl.load(h_ptr + kt * TK_ + cols, mask=m, other=0.0, cache_modifier=".cg")
-                vec.index(kt).store(hv)
+            for j in range(KT_VEC // KB_):            # h into shared memory, zeros past I
+                hv = gl.load(h_ptr + j * KB_ * TK_ + offs, mask=j * KB_ * TK_ + offs < I,
+                             other=0.0, cache_modifier=".cg")
+                vec.index(j).store(hv)
             x_out = x_ptr + ((layer + 1) % 2) * H
             for rb in range(rows // TN_):
-                acc = gl.zeros([TN_, TK_], gl.float32, layout)
-                for j in range(KT_VEC // SUB_DN):
+                acc = gl.zeros([TN_, TK_], gl.float32, al)
+                for j in range(KT_VEC // KB_):
                     s = _stage_ready(ready, t, STAGES)
-                    acc = _dot_tiles(ring, s * SLOT, vec, j * SUB_DN, acc, SUB_DN, MATH, layout)
+                    acc = _dot_box(ring, 2 * s, vec.index(j).load(vl).to(gl.float32), acc,
+                                   MATH, l3)
                     _stage_free(empty, s)
                     t += 1
                 r = row0 + rb * TN_ + rows_
@@ -265,20 +258,16 @@ def _compute(prog_ptr, n_instr, ring, ready, empty, vec, x_ptr, g_ptr, h_ptr, ct
 @gluon.jit
 def mlp_stream_kernel(prog_ptr, n_instr, wgu_desc, wdn_desc, x_ptr, g_ptr, h_ptr, ctr_ptr,
                       err_ptr, I, H, eps, timeout_ns, n_ctr,
-                      KT_GU: gl.constexpr, KT_DN: gl.constexpr, SUB_DN: gl.constexpr,
-                      STAGES: gl.constexpr, WIDTH: gl.constexpr, CTR_BLOCK: gl.constexpr,
-                      WAITS: gl.constexpr, MATH: gl.constexpr, num_warps: gl.constexpr):
-    TN_: gl.constexpr = wgu_desc.block_type.shape[1]
+                      KT_VEC: gl.constexpr, STAGES: gl.constexpr, WIDTH: gl.constexpr,
+                      CTR_BLOCK: gl.constexpr, WAITS: gl.constexpr, MATH: gl.constexpr,
+                      num_warps: gl.constexpr):
+    TN_: gl.constexpr = wgu_desc.block_type.shape[0]
+    KB_: gl.constexpr = wgu_desc.block_type.shape[1]
     TK_: gl.constexpr = wgu_desc.block_type.shape[2]
-    SLOT: gl.constexpr = 2 * SUB_DN                  # tiles a stage: two boxes
-    tile: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16,
-                                              rank=2)
-    ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES * SLOT, TN_, TK_], tile)
-    # the same bytes as [STAGES][SLOT][TN][TK] for the TMA engine's 3-d boxes
-    slots = ring._reinterpret(gl.bfloat16, [STAGES, SLOT, TN_, TK_], wgu_desc.layout)
-    vl: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
-    KT_VEC: gl.constexpr = (KT_DN + SUB_DN - 1) // SUB_DN * SUB_DN     # whole boxes of h
-    vec = gl.allocate_shared_memory(gl.bfloat16, [KT_VEC, TK_], vl)
+    # two boxes a stage (gate and up; down uses the first)
+    ring = gl.allocate_shared_memory(gl.bfloat16, [2 * STAGES, TN_, KB_, TK_], wgu_desc.layout)
+    vl: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=1, order=[1, 0])
+    vec = gl.allocate_shared_memory(gl.bfloat16, [KT_VEC // KB_, KB_, TK_], vl)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
@@ -286,10 +275,10 @@ def mlp_stream_kernel(prog_ptr, n_instr, wgu_desc, wdn_desc, x_ptr, g_ptr, h_ptr
         mbarrier.init(empty.index(s), count=1)
     gl.warp_specialize([
         (_compute, (prog_ptr, n_instr, ring, ready, empty, vec, x_ptr, g_ptr, h_ptr, ctr_ptr,
-                    err_ptr, I, H, eps, timeout_ns, KT_GU, KT_DN, SUB_DN, SLOT, STAGES,
-                    WIDTH, TN_, TK_, KT_VEC, WAITS, MATH, num_warps)),
-        (_loader, (prog_ptr, n_instr, wgu_desc, wdn_desc, slots, ready, empty, I, H,
-                   KT_GU, KT_DN, SUB_DN, SLOT, STAGES, WIDTH)),
+                    err_ptr, I, H, eps, timeout_ns, KT_VEC, STAGES, WIDTH, TN_, KB_, TK_,
+                    WAITS, MATH, num_warps)),
+        (_loader, (prog_ptr, n_instr, wgu_desc, wdn_desc, ring, ready, empty, I, H,
+                   KT_VEC, STAGES, WIDTH)),
     ], [1], [48])
     # the last CTA out sets the counters back to zero for the next launch
     gl.thread_barrier()
@@ -323,11 +312,11 @@ class MLPStream:
         self.h = torch.zeros(self.I, dtype=torch.bfloat16, device=dev)
         lay = smem_layout()
         self.kt_gu, self.kt_dn = H // TK, self.I // TK
-        self.sub_dn = KB                          # boxes are KB K tiles (a power of 2)
         self.d_gu = TensorDescriptor.from_tensor(box_view(w_gu.view(L * two_i, H)),
-                                                 [KB, TN, TK], lay)
+                                                 [TN, KB, TK], lay)
         self.d_dn = TensorDescriptor.from_tensor(box_view(w_dn.view(L * H, self.I)),
-                                                 [KB, TN, TK], lay)
+                                                 [TN, KB, TK], lay)
+        assert self.kt_gu <= KB, "gate/up: all of K in one box"
         self.P, self.stages, self.num_warps, self.timeout_ns = P, stages, num_warps, timeout_ns
         self.waits, self.math = waits, math        # False only in the diagnostics
 
@@ -335,7 +324,7 @@ class MLPStream:
         mlp_stream_kernel[(self.P,)](
             self.prog, self.n_instr, self.d_gu, self.d_dn, self.x, self.g, self.h, self.ctr,
             self.err, self.I, self.H, 1e-6, self.timeout_ns, self.n_ctr,
-            KT_GU=self.kt_gu, KT_DN=self.kt_dn, SUB_DN=self.sub_dn, STAGES=self.stages, WIDTH=isa.WIDTH,
+            KT_VEC=triton.cdiv(self.kt_dn, KB) * KB, STAGES=self.stages, WIDTH=isa.WIDTH,
             WAITS=self.waits, MATH=self.math,
             CTR_BLOCK=triton.next_power_of_2(self.n_ctr + 1), num_warps=self.num_warps)
 
@@ -369,15 +358,15 @@ def aot(stages=6, num_warps=4) -> dict:
     from triton.experimental.gluon._runtime import GluonASTSource
     lay = smem_layout()
     sig = {"prog_ptr": "*i32", "n_instr": "i32",
-           "wgu_desc": f"tensordesc<bf16[{KB},{TN},{TK}],{lay!r}>",
-           "wdn_desc": f"tensordesc<bf16[{KB},{TN},{TK}],{lay!r}>",
+           "wgu_desc": f"tensordesc<bf16[{TN},{KB},{TK}],{lay!r}>",
+           "wdn_desc": f"tensordesc<bf16[{TN},{KB},{TK}],{lay!r}>",
            "x_ptr": "*bf16", "g_ptr": "*bf16", "h_ptr": "*bf16", "ctr_ptr": "*i32",
            "err_ptr": "*i32", "I": "i32", "H": "i32", "eps": "fp32", "timeout_ns": "i64",
-           "n_ctr": "i32", "KT_GU": "constexpr", "KT_DN": "constexpr", "SUB_DN": "constexpr",
+           "n_ctr": "i32", "KT_VEC": "constexpr",
            "STAGES": "constexpr", "WIDTH": "constexpr", "CTR_BLOCK": "constexpr",
            "WAITS": "constexpr", "MATH": "constexpr",
            "num_warps": "constexpr"}
-    consts = dict(KT_GU=6, KT_DN=35, SUB_DN=KB, STAGES=stages, WIDTH=isa.WIDTH, WAITS=1, MATH=1,
+    consts = dict(KT_VEC=40, STAGES=stages, WIDTH=isa.WIDTH, WAITS=1, MATH=1,
                   CTR_BLOCK=64, num_warps=num_warps)
     attrs = {(i,): [["tt.divisibility", 16]] for i in (0, 4, 5, 6, 7, 8)}
     k = triton.compile(GluonASTSource(mlp_stream_kernel, sig, constexprs=consts, attrs=attrs),
