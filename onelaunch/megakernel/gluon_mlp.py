@@ -162,11 +162,16 @@ def _loader(prog_ptr, n_instr, wgu_desc, wdn_desc, ring, ready, empty, I, H,
 
 @gluon.jit
 def _dot_box(ring, k, v, acc, MATH: gl.constexpr, l3: gl.constexpr):
-    """acc[TN, TK] += sum over the box's K tiles of ring box k x v[KB, TK]."""
+    """acc[TN, KB, TK] += ring box k x v[KB, TK] (summed over K once a row block ends)."""
     w = ring.index(k).load(l3).to(gl.float32)
     if MATH:
-        return acc + gl.sum(w * v[None, :, :], axis=1)
-    return acc + gl.sum(w, axis=1)                    # diagnostic: read the box only
+        return acc + w * v[None, :, :]
+    return acc + w                                    # diagnostic: read the box only
+
+
+@gluon.jit
+def _row_sums(acc):
+    return gl.sum(gl.sum(acc, axis=2), axis=1)
 
 
 @gluon.jit
@@ -187,12 +192,12 @@ def _compute(prog_ptr, n_instr, ring, ready, empty, vec, x_ptr, g_ptr, h_ptr, ct
              err_ptr, I, H, eps, timeout_ns, KT_VEC: gl.constexpr, STAGES: gl.constexpr,
              WIDTH: gl.constexpr, TN_: gl.constexpr, KB_: gl.constexpr, TK_: gl.constexpr,
              WAITS: gl.constexpr, MATH: gl.constexpr, num_warps: gl.constexpr):
-    # a box [TN, KB, TK]: rows over warps, K tiles in each thread's registers (summed
-    # there), columns over a warp's lanes, 8 a lane (16-byte shared loads)
-    l3: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 1, 32], [num_warps, 1, 1], [2, 1, 0])
+    # a box [TN, KB, TK]: rows over 4 warps (K tiles over the warpgroups beyond), columns
+    # over a warp's lanes, 8 a lane (16-byte shared loads)
+    l3: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 1, 32], [TN_, num_warps // TN_, 1],
+                                        [2, 1, 0])
     vl: gl.constexpr = gl.SliceLayout(0, l3)             # [KB, TK]: a box's vector part
-    al: gl.constexpr = gl.SliceLayout(1, l3)             # [TN, TK]: the accumulator
-    rl: gl.constexpr = gl.SliceLayout(1, al)             # [TN]: a row block's results
+    rl: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, l3))   # [TN]: row results
     pid = gl.program_id(0)
     base = prog_ptr + pid * n_instr * WIDTH
     err = err_ptr + pid * 4
@@ -222,14 +227,14 @@ def _compute(prog_ptr, n_instr, ring, ready, empty, vec, x_ptr, g_ptr, h_ptr, ct
             gv = gl.load(g_ptr + layer * H + offs, mask=m, other=0.0).to(gl.float32)
             xn = (xv * rstd * gv).to(gl.bfloat16).to(gl.float32)     # bf16(x * rstd * g)
             for rb in range(rows // TN_):
-                zero = gl.zeros([TN_, TK_], gl.float32, al)
+                zero = gl.zeros([TN_, KB_, TK_], gl.float32, l3)
                 s = _stage_ready(ready, t, STAGES)
                 acc_g = _dot_box(ring, 2 * s, xn, zero, MATH, l3)
                 acc_u = _dot_box(ring, 2 * s + 1, xn, zero, MATH, l3)
                 _stage_free(empty, s)
                 t += 1
-                g = gl.sum(acc_g, axis=1)
-                u = gl.sum(acc_u, axis=1)
+                g = _row_sums(acc_g)
+                u = _row_sums(acc_u)
                 hv = g / (1.0 + gl.exp(-g)) * u
                 gl.store(h_ptr + row0 + rb * TN_ + rows_, hv.to(gl.bfloat16))
         elif op == 7:                                 # OP_DOWN
@@ -239,7 +244,7 @@ def _compute(prog_ptr, n_instr, ring, ready, empty, vec, x_ptr, g_ptr, h_ptr, ct
                 vec.index(j).store(hv)
             x_out = x_ptr + ((layer + 1) % 2) * H
             for rb in range(rows // TN_):
-                acc = gl.zeros([TN_, TK_], gl.float32, al)
+                acc = gl.zeros([TN_, KB_, TK_], gl.float32, l3)
                 for j in range(KT_VEC // KB_):
                     s = _stage_ready(ready, t, STAGES)
                     acc = _dot_box(ring, 2 * s, vec.index(j).load(vl).to(gl.float32), acc,
@@ -247,7 +252,7 @@ def _compute(prog_ptr, n_instr, ring, ready, empty, vec, x_ptr, g_ptr, h_ptr, ct
                     _stage_free(empty, s)
                     t += 1
                 r = row0 + rb * TN_ + rows_
-                y = gl.sum(acc, axis=1).to(gl.bfloat16).to(gl.float32)
+                y = _row_sums(acc).to(gl.bfloat16).to(gl.float32)
                 xr = gl.load(x_in + r, cache_modifier=".cg").to(gl.float32)
                 gl.store(x_out + r, (xr + y).to(gl.bfloat16))
         if bump >= 0:                                 # every thread's stores, then release
@@ -434,8 +439,9 @@ def main(argv=None) -> int:
     ap.add_argument("--iters", type=int, default=50)
     a = ap.parse_args(argv)
     if a.aot:
-        for s in (int(v) for v in a.stages.split(",")):
-            print(f"[gluon_mlp] sm_90 STAGES {s}: {aot(stages=s)}")
+        for w in (int(v) for v in a.warps.split(",")):
+            for s in (int(v) for v in a.stages.split(",")):
+                print(f"[gluon_mlp] sm_90 STAGES {s} warps {w}: {aot(stages=s, num_warps=w)}")
         return 0
     from ..timing import read_bandwidth
     dev = "cuda"
