@@ -29,6 +29,7 @@ consuming every tile so its loader finishes; the host raises with the stalled SM
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 
@@ -135,13 +136,23 @@ def _fill(desc, ring, ready, empty, t, r, kt0, n_halves: gl.constexpr, I,
 
 
 @gluon.jit
-def _loader(prog_ptr, n_instr, wgu_desc, wdn_desc, ring, ready, empty, I, H,
+def _fill_one(desc, slots, ready, empty, t, r, kt0, STAGES: gl.constexpr):
+    """Stage t % STAGES <- one box of rows r.. x K tiles kt0.. (the down projection)."""
+    s = t % STAGES
+    mbarrier.wait(empty.index(s), ((t // STAGES) & 1) ^ 1)
+    mbarrier.expect(ready.index(s), desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(desc, [r, kt0, 0], ready.index(s), slots.index(s))
+    return t + 1
+
+
+@gluon.jit
+def _loader(prog_ptr, n_instr, wgu_desc, wdn_desc, ring, ring_dn, ready, empty, I, H,
             KT_VEC: gl.constexpr, STAGES: gl.constexpr, WIDTH: gl.constexpr):
     """Every weight box of this SM's list, in the order the compute partition eats them;
     the only wait is for a free stage. A stage is one row block's gate and up rows over
-    all of K, or KB K tiles of its down rows."""
+    all of K (two boxes), or one box of 2 KB K tiles of its down rows."""
     TN_: gl.constexpr = wgu_desc.block_type.shape[0]
-    KB_: gl.constexpr = wgu_desc.block_type.shape[1]
+    KD: gl.constexpr = wdn_desc.block_type.shape[1]
     base = prog_ptr + gl.program_id(0) * n_instr * WIDTH
     t = 0
     for i in range(n_instr):
@@ -156,22 +167,18 @@ def _loader(prog_ptr, n_instr, wgu_desc, wdn_desc, ring, ready, empty, I, H,
         elif op == 7:                                 # OP_DOWN
             for rb in range(rows // TN_):
                 r = layer * H + row0 + rb * TN_
-                for j in range(KT_VEC // KB_):
-                    t = _fill(wdn_desc, ring, ready, empty, t, r, j * KB_, 1, I, STAGES)
+                for j in range(KT_VEC // KD):
+                    t = _fill_one(wdn_desc, ring_dn, ready, empty, t, r, j * KD, STAGES)
 
 
 @gluon.jit
 def _dot_box(ring, k, v, acc, MATH: gl.constexpr, l3: gl.constexpr):
-    """acc[TN, KB, TK] += ring box k x v[KB, TK] (summed over K once a row block ends)."""
+    """acc[TN, TK] += ring box k [TN, kb, TK] x v[kb, TK], summed over its K tiles in each
+    thread's registers."""
     w = ring.index(k).load(l3).to(gl.float32)
     if MATH:
-        return acc + w * v[None, :, :]
-    return acc + w                                    # diagnostic: read the box only
-
-
-@gluon.jit
-def _row_sums(acc):
-    return gl.sum(gl.sum(acc, axis=2), axis=1)
+        return acc + gl.sum(w * v[None, :, :], axis=1)
+    return acc + gl.sum(w, axis=1)                    # diagnostic: read the box only
 
 
 @gluon.jit
@@ -188,19 +195,22 @@ def _stage_free(empty, s):
 
 
 @gluon.jit
-def _compute(prog_ptr, n_instr, ring, ready, empty, vec, x_ptr, g_ptr, h_ptr, ctr_ptr,
-             err_ptr, I, H, eps, timeout_ns, KT_VEC: gl.constexpr, STAGES: gl.constexpr,
-             WIDTH: gl.constexpr, TN_: gl.constexpr, KB_: gl.constexpr, TK_: gl.constexpr,
-             WAITS: gl.constexpr, MATH: gl.constexpr, num_warps: gl.constexpr):
-    # a box [TN, KB, TK]: rows over 4 warps (K tiles over the warpgroups beyond), columns
-    # over a warp's lanes, 8 a lane (16-byte shared loads)
-    l3: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 1, 32], [TN_, num_warps // TN_, 1],
-                                        [2, 1, 0])
-    vl: gl.constexpr = gl.SliceLayout(0, l3)             # [KB, TK]: a box's vector part
-    rl: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, l3))   # [TN]: row results
+def _compute(prog_ptr, n_instr, ring, ring_dn, ready, empty, vec, x_ptr, g_ptr, h_ptr, ctr_ptr,
+             err_ptr, clk_ptr, I, H, eps, timeout_ns, KT_VEC: gl.constexpr,
+             STAGES: gl.constexpr, WIDTH: gl.constexpr, TN_: gl.constexpr,
+             KB_: gl.constexpr, TK_: gl.constexpr, WAITS: gl.constexpr, MATH: gl.constexpr,
+             CLOCK: gl.constexpr, num_warps: gl.constexpr):
+    # a box [TN, kb, TK]: rows over the warps, K tiles in each thread's registers (summed
+    # there), columns over a warp's lanes, 8 a lane (16-byte shared loads)
+    l3: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 1, 32], [num_warps, 1, 1], [2, 1, 0])
+    vl: gl.constexpr = gl.SliceLayout(0, l3)             # [kb, TK]: a box's vector part
+    al: gl.constexpr = gl.SliceLayout(1, l3)             # [TN, TK]: the accumulator
+    rl: gl.constexpr = gl.SliceLayout(1, al)             # [TN]: a row block's results
+    KD: gl.constexpr = 2 * KB_                           # K tiles of a down box
     pid = gl.program_id(0)
     base = prog_ptr + pid * n_instr * WIDTH
     err = err_ptr + pid * 4
+    clk = clk_ptr + pid * n_instr * 4                 # [P, N, 4] globaltimer stamps
     kk = gl.arange(0, KB_, gl.SliceLayout(1, vl))
     cc = gl.arange(0, TK_, gl.SliceLayout(0, vl))
     offs = kk[:, None] * TK_ + cc[None, :]               # [KB, TK] offsets of a vector box
@@ -215,10 +225,14 @@ def _compute(prog_ptr, n_instr, ring, ready, empty, vec, x_ptr, g_ptr, h_ptr, ct
         wait = gl.load(base + i * WIDTH + 6)
         target = gl.load(base + i * WIDTH + 7)
         bump = gl.load(base + i * WIDTH + 10)
+        if CLOCK:
+            gl.store(clk + i * 4, _now())
         if (wait >= 0) & WAITS:
             if failed == 0:
                 gl.store(err + 1, wait)
             failed = _wait_counter(ctr_ptr + wait, target, timeout_ns, failed, err, i)
+        if CLOCK:
+            gl.store(clk + i * 4 + 1, _now())
         x_in = x_ptr + (layer % 2) * H
         if op == 6:                                   # OP_GATE_UP (H <= KB x TK)
             m = offs < H
@@ -227,50 +241,56 @@ def _compute(prog_ptr, n_instr, ring, ready, empty, vec, x_ptr, g_ptr, h_ptr, ct
             gv = gl.load(g_ptr + layer * H + offs, mask=m, other=0.0).to(gl.float32)
             xn = (xv * rstd * gv).to(gl.bfloat16).to(gl.float32)     # bf16(x * rstd * g)
             for rb in range(rows // TN_):
-                zero = gl.zeros([TN_, KB_, TK_], gl.float32, l3)
+                zero = gl.zeros([TN_, TK_], gl.float32, al)
                 s = _stage_ready(ready, t, STAGES)
                 acc_g = _dot_box(ring, 2 * s, xn, zero, MATH, l3)
                 acc_u = _dot_box(ring, 2 * s + 1, xn, zero, MATH, l3)
                 _stage_free(empty, s)
                 t += 1
-                g = _row_sums(acc_g)
-                u = _row_sums(acc_u)
+                g = gl.sum(acc_g, axis=1)
+                u = gl.sum(acc_u, axis=1)
                 hv = g / (1.0 + gl.exp(-g)) * u
                 gl.store(h_ptr + row0 + rb * TN_ + rows_, hv.to(gl.bfloat16))
         elif op == 7:                                 # OP_DOWN
-            for j in range(KT_VEC // KB_):            # h into shared memory, zeros past I
-                hv = gl.load(h_ptr + j * KB_ * TK_ + offs, mask=j * KB_ * TK_ + offs < I,
-                             other=0.0, cache_modifier=".cg")
-                vec.index(j).store(hv)
+            for jj in gl.static_range(KT_VEC // KB_):  # h into shared memory, zeros past
+                hv = gl.load(h_ptr + jj * KB_ * TK_ + offs,  # I: unrolled, the loads overlap
+                             mask=jj * KB_ * TK_ + offs < I, other=0.0, cache_modifier=".cg")
+                vec.index(jj).store(hv)
+            gl.thread_barrier()
             x_out = x_ptr + ((layer + 1) % 2) * H
+            vec_dn = vec._reinterpret(gl.bfloat16, [KT_VEC // KD, KD, TK_], vec.layout)
             for rb in range(rows // TN_):
-                acc = gl.zeros([TN_, KB_, TK_], gl.float32, l3)
-                for j in range(KT_VEC // KB_):
+                r = row0 + rb * TN_ + rows_
+                xr = gl.load(x_in + r, cache_modifier=".cg").to(gl.float32)   # early
+                acc = gl.zeros([TN_, TK_], gl.float32, al)
+                for j in range(KT_VEC // KD):
                     s = _stage_ready(ready, t, STAGES)
-                    acc = _dot_box(ring, 2 * s, vec.index(j).load(vl).to(gl.float32), acc,
+                    acc = _dot_box(ring_dn, s, vec_dn.index(j).load(vl).to(gl.float32), acc,
                                    MATH, l3)
                     _stage_free(empty, s)
                     t += 1
-                r = row0 + rb * TN_ + rows_
-                y = _row_sums(acc).to(gl.bfloat16).to(gl.float32)
-                xr = gl.load(x_in + r, cache_modifier=".cg").to(gl.float32)
+                y = gl.sum(acc, axis=1).to(gl.bfloat16).to(gl.float32)
                 gl.store(x_out + r, (xr + y).to(gl.bfloat16))
         if bump >= 0:                                 # every thread's stores, then release
             gl.thread_barrier()
             gl.atomic_add(ctr_ptr + bump, 1, sem="release", scope="gpu")
+        if CLOCK:
+            gl.store(clk + i * 4 + 2, _now())
 
 
 @gluon.jit
 def mlp_stream_kernel(prog_ptr, n_instr, wgu_desc, wdn_desc, x_ptr, g_ptr, h_ptr, ctr_ptr,
-                      err_ptr, I, H, eps, timeout_ns, n_ctr,
+                      err_ptr, clk_ptr, I, H, eps, timeout_ns, n_ctr,
                       KT_VEC: gl.constexpr, STAGES: gl.constexpr, WIDTH: gl.constexpr,
                       CTR_BLOCK: gl.constexpr, WAITS: gl.constexpr, MATH: gl.constexpr,
-                      num_warps: gl.constexpr):
+                      CLOCK: gl.constexpr, num_warps: gl.constexpr):
     TN_: gl.constexpr = wgu_desc.block_type.shape[0]
     KB_: gl.constexpr = wgu_desc.block_type.shape[1]
     TK_: gl.constexpr = wgu_desc.block_type.shape[2]
     # two boxes a stage (gate and up; down uses the first)
     ring = gl.allocate_shared_memory(gl.bfloat16, [2 * STAGES, TN_, KB_, TK_], wgu_desc.layout)
+    # the same bytes as one [TN, 2 KB, TK] box a stage, for the down projection
+    ring_dn = ring._reinterpret(gl.bfloat16, [STAGES, TN_, 2 * KB_, TK_], wdn_desc.layout)
     vl: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=1, order=[1, 0])
     vec = gl.allocate_shared_memory(gl.bfloat16, [KT_VEC // KB_, KB_, TK_], vl)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -279,12 +299,11 @@ def mlp_stream_kernel(prog_ptr, n_instr, wgu_desc, wdn_desc, x_ptr, g_ptr, h_ptr
         mbarrier.init(ready.index(s), count=1)
         mbarrier.init(empty.index(s), count=1)
     gl.warp_specialize([
-        (_compute, (prog_ptr, n_instr, ring, ready, empty, vec, x_ptr, g_ptr, h_ptr, ctr_ptr,
-                    err_ptr, I, H, eps, timeout_ns, KT_VEC, STAGES, WIDTH, TN_, KB_, TK_,
-                    WAITS, MATH, num_warps)),
-        (_loader, (prog_ptr, n_instr, wgu_desc, wdn_desc, ring, ready, empty, I, H,
-                   KT_VEC, STAGES, WIDTH)),
-    ], [1], [48])
+        (_compute, (prog_ptr, n_instr, ring, ring_dn, ready, empty, vec, x_ptr, g_ptr, h_ptr,
+                    ctr_ptr, err_ptr, clk_ptr, I, H, eps, timeout_ns, KT_VEC, STAGES,
+                    WIDTH, TN_, KB_, TK_, WAITS, MATH, CLOCK, num_warps)),
+        (_loader, (prog_ptr, n_instr, wgu_desc, wdn_desc, ring, ring_dn, ready, empty, I, H,
+                   KT_VEC, STAGES, WIDTH))], [1], [48])
     # the last CTA out sets the counters back to zero for the next launch
     gl.thread_barrier()
     n_ctas = gl.num_programs(0)
@@ -301,7 +320,7 @@ class MLPStream:
     ``run()`` is one launch (x[0] in, x[layers % 2] out)."""
 
     def __init__(self, w_gu, w_dn, g, P, stages=6, num_warps=4, timeout_ns=200_000_000,
-                 waits=True, math=True):
+                 waits=True, math=True, clock=False):
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
         L, two_i, H = w_gu.shape
         self.L, self.I, self.H = L, two_i // 2, H
@@ -320,17 +339,20 @@ class MLPStream:
         self.d_gu = TensorDescriptor.from_tensor(box_view(w_gu.view(L * two_i, H)),
                                                  [TN, KB, TK], lay)
         self.d_dn = TensorDescriptor.from_tensor(box_view(w_dn.view(L * H, self.I)),
-                                                 [TN, KB, TK], lay)
+                                                 [TN, 2 * KB, TK], lay)
         assert self.kt_gu <= KB, "gate/up: all of K in one box"
         self.P, self.stages, self.num_warps, self.timeout_ns = P, stages, num_warps, timeout_ns
         self.waits, self.math = waits, math        # False only in the diagnostics
+        self.clock = clock
+        # per instruction: start, counter wait over, end (globaltimer ns)
+        self.clk = torch.zeros(P, self.n_instr, 4, dtype=torch.int64, device=dev)
 
     def run(self):
         mlp_stream_kernel[(self.P,)](
             self.prog, self.n_instr, self.d_gu, self.d_dn, self.x, self.g, self.h, self.ctr,
-            self.err, self.I, self.H, 1e-6, self.timeout_ns, self.n_ctr,
-            KT_VEC=triton.cdiv(self.kt_dn, KB) * KB, STAGES=self.stages, WIDTH=isa.WIDTH,
-            WAITS=self.waits, MATH=self.math,
+            self.err, self.clk, self.I, self.H, 1e-6, self.timeout_ns, self.n_ctr,
+            KT_VEC=triton.cdiv(self.kt_dn, 2 * KB) * 2 * KB, STAGES=self.stages, WIDTH=isa.WIDTH,
+            WAITS=self.waits, MATH=self.math, CLOCK=self.clock,
             CTR_BLOCK=triton.next_power_of_2(self.n_ctr + 1), num_warps=self.num_warps)
 
     def check_stalls(self):
@@ -364,16 +386,17 @@ def aot(stages=6, num_warps=4) -> dict:
     lay = smem_layout()
     sig = {"prog_ptr": "*i32", "n_instr": "i32",
            "wgu_desc": f"tensordesc<bf16[{TN},{KB},{TK}],{lay!r}>",
-           "wdn_desc": f"tensordesc<bf16[{TN},{KB},{TK}],{lay!r}>",
+           "wdn_desc": f"tensordesc<bf16[{TN},{2 * KB},{TK}],{lay!r}>",
            "x_ptr": "*bf16", "g_ptr": "*bf16", "h_ptr": "*bf16", "ctr_ptr": "*i32",
-           "err_ptr": "*i32", "I": "i32", "H": "i32", "eps": "fp32", "timeout_ns": "i64",
+           "err_ptr": "*i32", "clk_ptr": "*i64", "I": "i32", "H": "i32", "eps": "fp32", "timeout_ns": "i64",
            "n_ctr": "i32", "KT_VEC": "constexpr",
            "STAGES": "constexpr", "WIDTH": "constexpr", "CTR_BLOCK": "constexpr",
-           "WAITS": "constexpr", "MATH": "constexpr",
+           "WAITS": "constexpr", "MATH": "constexpr", "CLOCK": "constexpr",
            "num_warps": "constexpr"}
-    consts = dict(KT_VEC=40, STAGES=stages, WIDTH=isa.WIDTH, WAITS=1, MATH=1,
+    consts = dict(KT_VEC=48, STAGES=stages, WIDTH=isa.WIDTH, WAITS=1, MATH=1,
+                  CLOCK=1,
                   CTR_BLOCK=64, num_warps=num_warps)
-    attrs = {(i,): [["tt.divisibility", 16]] for i in (0, 4, 5, 6, 7, 8)}
+    attrs = {(i,): [["tt.divisibility", 16]] for i in (0, 4, 5, 6, 7, 8, 9)}
     k = triton.compile(GluonASTSource(mlp_stream_kernel, sig, constexprs=consts, attrs=attrs),
                        target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps))
     ptx = k.asm["ptx"]
@@ -428,11 +451,31 @@ MODES = {"full": dict(), "no-waits": dict(waits=False), "no-math": dict(math=Fal
          "stream-only": dict(waits=False, math=False)}
 
 
+def timeline(m: MLPStream, x0) -> dict:
+    """One launch with the clock on: per op, the mean time an SM spends waiting on
+    counters and working (us a step), and the launch's span."""
+    m.x[0].copy_(x0)
+    m.clk.zero_()
+    m.run()
+    torch.cuda.synchronize()
+    clk, prog = m.clk.cpu(), m.prog.cpu()
+    t0 = clk[..., 0][clk[..., 0] > 0].min()
+    out = {}
+    for op, name in ((isa.OP_GATE_UP, "gate_up"), (isa.OP_DOWN, "down")):
+        sel = prog[:, :, isa.OP] == op                     # [P, N]
+        c = clk[sel].double()                              # [n, 4]
+        out[name] = {"wait_us": float((c[:, 1] - c[:, 0]).sum() / 1e3 / m.P),
+                     "work_us": float((c[:, 2] - c[:, 1]).sum() / 1e3 / m.P)}
+    live = clk[..., 2][clk[..., 2] > 0]
+    out["span_us"] = float((live.max() - t0) / 1e3)
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m onelaunch.megakernel.gluon_mlp")
     ap.add_argument("out", nargs="?")
     ap.add_argument("--aot", action="store_true")
-    ap.add_argument("--stages", default="6,4")
+    ap.add_argument("--stages", default="6,5")
     ap.add_argument("--warps", default="4")
     ap.add_argument("--modes", default="full,no-waits,no-math,stream-only")
     ap.add_argument("--layers", type=int, default=28)
@@ -457,27 +500,30 @@ def main(argv=None) -> int:
     read_tbps = read_bandwidth(dev)
     floor_us = nbytes / read_tbps / 1e6
     rows = []
-    for warps in (int(v) for v in a.warps.split(",")):
-        for stages in (int(v) for v in a.stages.split(",")):
-            for mode in a.modes.split(","):
-                row = {"mode": mode, "stages": stages, "warps": warps,
-                       "ring_kb": stages * 2 * KB * TN * TK * 2 / 1024}
-                try:
-                    m = MLPStream(w_gu, w_dn, g, P, stages=stages, num_warps=warps,
-                                  **MODES[mode])
-                    row.update(check(m, x0, ref) if mode == "full"
-                               else {"check": "diagnostic (not checked)"})
-                    if row["check"] != "FAIL":
-                        ts = graph_us(m.run, a.iters)
-                        med = ts[len(ts) // 2]
-                        row.update(us_min=ts[0], us_med=med, us_max=ts[-1],
-                                   x_floor=med / floor_us, tbps=nbytes / (med * 1e-6) / 1e12)
-                        if mode == "full":
-                            m.check_stalls()
-                except Exception as ex:                    # noqa: BLE001 - reported, exit 1
-                    row["check"] = f"FAIL {type(ex).__name__}: {str(ex)[:300]}"
-                rows.append(row)
-                print(json.dumps(row), flush=True)
+    for warps, stages, mode in itertools.product(
+            [int(v) for v in a.warps.split(",")],
+            [int(v) for v in a.stages.split(",")], a.modes.split(",")):
+        row = {"mode": mode, "stages": stages, "warps": warps,
+               "ring_kb": stages * 2 * KB * TN * TK * 2 / 1024}
+        try:
+            m = MLPStream(w_gu, w_dn, g, P, stages=stages, num_warps=warps,
+                          **MODES[mode])
+            row.update(check(m, x0, ref) if mode == "full"
+                       else {"check": "diagnostic (not checked)"})
+            if row["check"] != "FAIL":
+                ts = graph_us(m.run, a.iters)
+                med = ts[len(ts) // 2]
+                row.update(us_min=ts[0], us_med=med, us_max=ts[-1],
+                           x_floor=med / floor_us, tbps=nbytes / (med * 1e-6) / 1e12)
+                if mode == "full":
+                    m.check_stalls()
+                    mc = MLPStream(w_gu, w_dn, g, P, stages=stages, num_warps=warps,
+                                   clock=True)
+                    row["timeline"] = timeline(mc, x0)
+        except Exception as ex:                    # noqa: BLE001 - reported, exit 1
+            row["check"] = f"FAIL {type(ex).__name__}: {str(ex)[:300]}"
+        rows.append(row)
+        print(json.dumps(row), flush=True)
     res = {"gpu": torch.cuda.get_device_name(0), "programs": P, "layers": L,
            "read_tbps": read_tbps, "bytes": nbytes, "floor_us": floor_us, "rows": rows}
     if a.out:
@@ -487,7 +533,8 @@ def main(argv=None) -> int:
         head = f"{r['mode']:12} stages {r['stages']:2} warps {r['warps']}:"
         if "us_med" in r:
             print(f"{head} {r['us_min']:.1f} / {r['us_med']:.1f} / {r['us_max']:.1f} us, "
-                  f"{r['x_floor']:.3f}x floor, {r['tbps']:.2f} TB/s")
+                  f"{r['x_floor']:.3f}x floor, {r['tbps']:.2f} TB/s "
+                  f"{json.dumps(r.get('timeline', ''))}")
         else:
             print(f"{head} {r['check']}")
     return 0 if all(not r["check"].startswith("FAIL") for r in rows) else 1
