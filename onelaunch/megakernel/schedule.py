@@ -1,0 +1,377 @@
+"""The decode step as per-SM instruction lists: the megakernel's schedule, as data.
+
+    sched = build(spec, P=132, ctx=512)      # sched.instr: int32 [P, N, WIDTH] (isa.py)
+    table(sched)                             # per op and layer: instructions, SMs, bytes
+    tiles(sched, row)                        # the loader's stream for one instruction
+
+The step is a chain of stages; each instruction of a stage waits on a counter that the
+instructions it reads from bump, with the count of them as its target:
+
+    embed                                    -> "embed"
+    per layer l:
+      RMS+QKV row blocks      wait x's writers  -> "qkv.l"
+      RoPE+KV write per kv head  qkv.l = all    -> "rope.l.kh"
+      partial (kv head, split)   rope.l.kh = 1  -> "part.l.kh"
+      merge per query head       part.l.kh = splits -> "merge.l"
+      O row blocks (+ x)         merge.l = heads    -> "o.l"
+      gate/up row blocks (+SwiGLU)  o.l = all       -> "gu.l"
+      down (row block, K split < last)  gu.l = all  -> "dpart.l.b"
+      down (row block, last split: sums, + x)  gu.l, dpart.l.b  -> "down.l"
+    LM head row blocks           down.L-1 = all  -> "lm"
+    ARGMAX                       lm = all        -> resets every counter to zero
+
+Reset: every instruction precedes ARGMAX through the counters (``check`` proves it on
+the lists; the VM checks it when ARGMAX resets), so when ARGMAX zeroes the counters
+nothing is left to wait on them, and the next launch starts from zeros: no host work.
+
+Buffers updated in place: the residual x is read whole by every RMS (QKV, gate/up, LM
+head) and written by row blocks (embed, O, down). It stays one buffer: every writer of a
+stage waits, through the chain, on every reader of the stage before it (O waits on the
+merges, which wait on the partials, on RoPE, on all of QKV), so no write can pass a read
+(write after read). The same chain guards h, qkv, q, the partials, attn and the down
+partials across layers. The VM's race detector checks this on every run.
+
+Balance: within each stage, instructions (largest first) go to the SM with the fewest
+bytes so far (weight bytes plus KV bytes at ``ctx``), so every SM's bytes are about equal
+and each SM's list stays in stage order (so it cannot deadlock: an instruction waits
+only on earlier stages). Attention is split so kv_heads x splits fills the P SMs at
+``ctx``; the splits' key ranges come from pos at run time, so one schedule serves every
+step (longer contexts give each split more units). The MoE adds opcodes whose tiles
+depend on the router's ids; this module's stages and counters take them as they come.
+"""
+from __future__ import annotations
+
+import heapq
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+
+from .isa import (ARG, BUMP, IDX, K0, KLEN, LAYER, NONE, OP, OP_ARGMAX, OP_ATTN_MERGE,
+                  OP_ATTN_PARTIAL, OP_DOWN, OP_EMBED, OP_END, OP_GATE_UP, OP_LM_HEAD,
+                  OP_O_PROJ, OP_RMS_QKV, OP_ROPE_KV, OPCODES, ROW0, ROWS, SPLITS, TARGET0,
+                  TARGET1, UNIT, WAIT0, WAIT1, WIDTH)
+
+TOKEN_ROW = -1        # a tile's row meaning "the embedding row of this step's token"
+MIN_UNIT = 16         # fewest positions a split's share is counted in
+INSTR_TILES = 2       # an instruction's fixed cost, in weight tiles (``down_splits``)
+
+
+class ScheduleError(ValueError):
+    """A schedule that breaks an invariant ``check`` states."""
+
+
+@dataclass
+class Schedule:
+    spec: object
+    instr: torch.Tensor           # int32 [P, N, WIDTH]
+    counters: list[str]           # counter index -> name ("qkv.0", "part.0.1", ...)
+    ctx: int                      # the context length splits and balance were planned at
+    tile_n: int                   # a weight tile: TILE_N rows x TILE_K columns
+    tile_k: int
+
+    @property
+    def P(self) -> int:
+        return self.instr.shape[0]
+
+    def rows(self, sm: int) -> list[list[int]]:
+        """SM ``sm``'s instructions in order, as lists of ints (no OP_END padding)."""
+        key = (self.instr.data_ptr(), self.instr._version)
+        if getattr(self, "_rows_key", None) != key:         # instr set or edited in place
+            self._rows = [[r for r in lst if r[OP] != OP_END] for lst in self.instr.tolist()]
+            self._rows_key = key
+        return self._rows[sm]
+
+
+# ---- rows and counters -------------------------------------------------------------------
+def instr(op, layer=NONE, row0=0, rows=0, k0=0, klen=0, waits=(), bump=NONE, arg=0,
+          idx=0, splits=0, unit=0) -> list[int]:
+    """One instruction row; ``waits``: up to two (counter, target) pairs."""
+    r = [0] * WIDTH
+    (w0, t0), (w1, t1) = (list(waits) + [(NONE, 0)] * 2)[:2]
+    for f, v in ((OP, op), (LAYER, layer), (ROW0, row0), (ROWS, rows), (K0, k0),
+                 (KLEN, klen), (WAIT0, w0), (TARGET0, t0), (WAIT1, w1), (TARGET1, t1),
+                 (BUMP, bump), (ARG, arg), (IDX, idx), (SPLITS, splits), (UNIT, unit)):
+        r[f] = v
+    return r
+
+
+def counter(ctr: dict, name: str) -> int:
+    """The index of counter ``name`` (allocated on first use)."""
+    return ctr.setdefault(name, len(ctr))
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def cuts(start: int, n: int, size: int) -> list[tuple[int, int]]:
+    """[start, start + n) cut into (first, length) pieces of ``size`` (the last shorter)."""
+    return [(a, min(size, start + n - a)) for a in range(start, start + n, size)]
+
+
+def blocks(n: int, parts: int, tile: int) -> list[tuple[int, int]]:
+    """Rows [0, n) as at most ``parts`` blocks of whole tiles, their tile counts differing
+    by at most one (the larger blocks first)."""
+    t = cdiv(n, tile)
+    parts = max(1, min(parts, t))
+    out, r0 = [], 0
+    for i in range(parts):
+        rows = min(n - r0, (t // parts + (i < t % parts)) * tile)
+        out.append((r0, rows))
+        r0 += rows
+    return out
+
+
+def split_range(length: int, split: int, splits: int, unit: int) -> tuple[int, int]:
+    """[start, end) of ``split``'s share of keys [0, length): the length in units of
+    ``unit``, ceil(units / splits) units a split, in order (empty past the length), as
+    ``kernels/attention_splitk.split_range`` shares it."""
+    per = cdiv(cdiv(length, unit), splits)
+    start = split * per * unit
+    return start, max(start, min(start + per * unit, length))
+
+
+def attention_split(ctx: int, P: int, kv_heads: int) -> tuple[int, int]:
+    """(splits per kv head, unit): kv_heads x splits fills P at ``ctx`` keys, one unit
+    (a multiple of MIN_UNIT positions) a split."""
+    splits = max(1, min(P // kv_heads, cdiv(ctx, MIN_UNIT)))
+    unit = cdiv(cdiv(ctx, splits), MIN_UNIT) * MIN_UNIT
+    return splits, unit
+
+
+def down_splits(n_blocks: int, row_tiles: int, k_tiles: int, P: int) -> int:
+    """K splits of the down projection that minimise the busiest SM's work: ceil(blocks x
+    splits / P) instructions of row_tiles x ceil(k_tiles / splits) tiles, each costing
+    INSTR_TILES more (its waits, its bump, an fp32 partial stored and read back)."""
+    cost = lambda s: cdiv(n_blocks * s, P) * (row_tiles * cdiv(k_tiles, s) + INSTR_TILES)
+    return min(range(1, k_tiles + 1), key=lambda s: (cost(s), s))
+
+
+# ---- the stages ----------------------------------------------------------------------------
+def gemv_stage(op, layer, n, K, P, tile_n, ctr, name, after) -> list[list[int]]:
+    """Row blocks of a GEMV over all of K, each waiting on ``after``, bumping ``name``."""
+    c = counter(ctr, name)
+    return [instr(op, layer, r0, rows, 0, K, [after], c, idx=i)
+            for i, (r0, rows) in enumerate(blocks(n, P, tile_n))]
+
+
+def attention_stages(s, l, P, ctx, tile_n, ctr, after):
+    """RMS+QKV, RoPE+KV, partials, merges, O (+ residual); and (O counter, count)."""
+    g = s.heads // s.kv_heads
+    qkv = gemv_stage(OP_RMS_QKV, l, s.qkv_size, s.hidden, P, tile_n, ctr, f"qkv.{l}", after)
+    done = (counter(ctr, f"qkv.{l}"), len(qkv))
+    rope = [instr(OP_ROPE_KV, l, kh, 1, waits=[done], bump=counter(ctr, f"rope.{l}.{kh}"),
+                  idx=kh) for kh in range(s.kv_heads)]
+    splits, unit = attention_split(ctx, P, s.kv_heads)
+    part = [instr(OP_ATTN_PARTIAL, l, kh, g, waits=[(counter(ctr, f"rope.{l}.{kh}"), 1)],
+                  bump=counter(ctr, f"part.{l}.{kh}"), arg=sp, idx=kh * splits + sp,
+                  splits=splits, unit=unit)
+            for kh in range(s.kv_heads) for sp in range(splits)]
+    merge = [instr(OP_ATTN_MERGE, l, h, 1, waits=[(counter(ctr, f"part.{l}.{h // g}"), splits)],
+                   bump=counter(ctr, f"merge.{l}"), idx=h, splits=splits, unit=unit)
+             for h in range(s.heads)]
+    o = gemv_stage(OP_O_PROJ, l, s.hidden, s.q_size, P, tile_n,
+                   ctr, f"o.{l}", (counter(ctr, f"merge.{l}"), s.heads))
+    return [qkv, rope, part, merge, o], (counter(ctr, f"o.{l}"), len(o))
+
+
+def mlp_stages(s, l, P, tile_n, tile_k, ctr, after):
+    """gate/up (+ SwiGLU); down's earlier K splits, then its last splits (+ residual)."""
+    gu = gemv_stage(OP_GATE_UP, l, s.intermediate, s.hidden, P, tile_n, ctr, f"gu.{l}", after)
+    done = (counter(ctr, f"gu.{l}"), len(gu))
+    rb = blocks(s.hidden, P, tile_n)
+    S = down_splits(len(rb), cdiv(rb[0][1], tile_n), cdiv(s.intermediate, tile_k), P)
+    ks = blocks(s.intermediate, S, tile_k)
+    S = len(ks)
+    early, last = [], []
+    for b, (r0, rows) in enumerate(rb):
+        part = counter(ctr, f"dpart.{l}.{b}") if S > 1 else NONE
+        for sp, (k0, kl) in enumerate(ks[:-1]):
+            early.append(instr(OP_DOWN, l, r0, rows, k0, kl, [done], part, sp, b * S + sp, S))
+        waits = [done] + ([(part, S - 1)] if S > 1 else [])
+        last.append(instr(OP_DOWN, l, r0, rows, *ks[-1], waits, counter(ctr, f"down.{l}"),
+                          S - 1, b * S + S - 1, S))
+    return [gu, early, last], (counter(ctr, f"down.{l}"), len(last))
+
+
+def head_stages(s, P, tile_n, ctr, after):
+    """LM-head row blocks (each its best), then the one ARGMAX that resets the counters."""
+    lm = gemv_stage(OP_LM_HEAD, NONE, s.vocab, s.hidden, P, tile_n, ctr, "lm", after)
+    return [lm, [instr(OP_ARGMAX, rows=len(lm), waits=[(counter(ctr, "lm"), len(lm))])]]
+
+
+def stages(spec, P: int, ctx: int, tile_n: int, tile_k: int, ctr: dict) -> list[list]:
+    """Every stage of the step in order, each a list of instruction rows."""
+    out = [[instr(OP_EMBED, row0=0, rows=spec.hidden, bump=counter(ctr, "embed"))]]
+    after = (counter(ctr, "embed"), 1)
+    for l in range(spec.layers):
+        att, after = attention_stages(spec, l, P, ctx, tile_n, ctr, after)
+        mlp, after = mlp_stages(spec, l, P, tile_n, tile_k, ctr, after)
+        out += att + mlp
+    return out + head_stages(spec, P, tile_n, ctr, after)
+
+
+def build(spec, P: int, ctx: int, tile_n: int = 16, tile_k: int = 256) -> Schedule:
+    """The schedule of one decode step of ``spec`` on P SMs, planned at ``ctx`` keys."""
+    if spec.is_moe:
+        raise NotImplementedError("the megakernel schedule is dense-only for now")
+    ctr: dict[str, int] = {}
+    st = stages(spec, P, ctx, tile_n, tile_k, ctr)
+    sched = Schedule(spec, torch.zeros(0), list(ctr), ctx, tile_n, tile_k)
+    lists = assign(st, P, lambda r: row_bytes(sched, r))
+    N = max(len(x) for x in lists)
+    t = torch.zeros((P, N, WIDTH), dtype=torch.int32)          # OP_END = 0 pads
+    for sm, rows in enumerate(lists):
+        if rows:
+            t[sm, :len(rows)] = torch.tensor(rows, dtype=torch.int32)
+    sched.instr = t
+    return sched
+
+
+def assign(stages_, P: int, cost) -> list[list[list[int]]]:
+    """Per-SM lists: each stage's rows, largest first, to the SM with the fewest bytes so
+    far (then the fewest instructions) among those holding fewer than ceil(rows / P) of
+    the stage, so a stage spreads over the SMs and their bytes stay about equal. Every
+    list keeps stage order."""
+    lists = [[] for _ in range(P)]
+    heap = [(0, 0, sm) for sm in range(P)]
+    for stage in stages_:
+        cap, used, held = cdiv(len(stage), P), Counter(), []
+        for r, c in sorted(((r, cost(r)) for r in stage), key=lambda rc: -rc[1]):
+            while True:
+                b, n, sm = heapq.heappop(heap)
+                if used[sm] < cap:
+                    break
+                held.append((b, n, sm))                 # full for this stage
+            lists[sm].append(r)
+            used[sm] += 1
+            heapq.heappush(heap, (b + c, n + 1, sm))
+        for h in held:
+            heapq.heappush(heap, h)
+    return lists
+
+
+# ---- the loader's stream and the bytes ------------------------------------------------------
+def tiles(sched: Schedule, row) -> list[tuple[str, int, int, int, int]]:
+    """Instruction ``row``'s weight tiles in the order its compute consumes them:
+    (tensor name, row0, rows, k0, klen), rows <= TILE_N, klen <= TILE_K. Names are the
+    engine's ``W`` layout ("layers.3.w_qkv", "embed", "lm_head")."""
+    s, tn, tk = sched.spec, sched.tile_n, sched.tile_k
+    op, l = row[OP], row[LAYER]
+    if op == OP_EMBED:
+        return [("embed", TOKEN_ROW, 1, k0, kl) for k0, kl in cuts(row[ROW0], row[ROWS], tk)]
+    name = {OP_RMS_QKV: f"layers.{l}.w_qkv", OP_O_PROJ: f"layers.{l}.w_o",
+            OP_DOWN: f"layers.{l}.w_down", OP_LM_HEAD: "lm_head",
+            OP_GATE_UP: f"layers.{l}.w_gate_up"}.get(op)
+    if name is None:
+        return []
+    halves = (0, s.intermediate) if op == OP_GATE_UP else (0,)   # gate rows, up rows
+    return [(name, n0 + h, nn, k0, kl) for n0, nn in cuts(row[ROW0], row[ROWS], tn)
+            for k0, kl in cuts(row[K0], row[KLEN], tk) for h in halves]
+
+
+def side_bytes(s, row) -> int:
+    """Bytes an instruction reads besides its tiles: its rows of the QKV bias, and a norm
+    gain, charged to the op's first instruction (the others find it in L2)."""
+    op = row[OP]
+    gain = s.hidden * 2 if op in (OP_RMS_QKV, OP_GATE_UP, OP_LM_HEAD) and row[IDX] == 0 else 0
+    bias = row[ROWS] * 2 if op == OP_RMS_QKV and s.qkv_bias else 0
+    return gain + bias
+
+
+def kv_bytes(s, row, ctx: int) -> int:
+    """Cache bytes an attention partial reads at ``ctx`` keys (its keys and values)."""
+    if row[OP] != OP_ATTN_PARTIAL:
+        return 0
+    a, b = split_range(ctx, row[ARG], row[SPLITS], row[UNIT])
+    return (b - a) * 2 * s.head_dim * 2
+
+
+def weight_bytes(sched: Schedule, row) -> int:
+    """The bytes of the instruction's tiles (the sum over ``tiles``) and its side reads."""
+    halves = 2 if row[OP] == OP_GATE_UP else 1
+    if row[OP] == OP_EMBED:
+        tile_bytes = row[ROWS] * 2
+    elif row[OP] in (OP_RMS_QKV, OP_O_PROJ, OP_DOWN, OP_LM_HEAD, OP_GATE_UP):
+        tile_bytes = halves * row[ROWS] * row[KLEN] * 2
+    else:
+        tile_bytes = 0
+    return tile_bytes + side_bytes(sched.spec, row)
+
+
+def row_bytes(sched: Schedule, row) -> int:
+    """Everything the instruction reads from memory at the planned context."""
+    return weight_bytes(sched, row) + kv_bytes(sched.spec, row, sched.ctx)
+
+
+def all_rows(sched: Schedule):
+    """(sm, index, row) of every instruction."""
+    return [(sm, i, r) for sm in range(sched.P) for i, r in enumerate(sched.rows(sm))]
+
+
+def table(sched: Schedule) -> list[dict]:
+    """One row per op and layer, in step order: instructions, SMs used, output rows,
+    bytes (weights, and the KV cache at the planned context) and the waits."""
+    out: dict = {}
+    for sm, _, r in all_rows(sched):
+        layer = None if r[LAYER] == NONE else r[LAYER]
+        key = (-1 if r[OP] == OP_EMBED else sched.spec.layers if layer is None else layer,
+               r[OP])
+        d = out.setdefault(key, {"op": OPCODES[r[OP]][3:].lower(), "layer": layer,
+                                 "instructions": 0, "sms": set(), "rows": 0, "bytes": 0,
+                                 "waits": set()})
+        d["instructions"] += 1
+        d["sms"].add(sm)
+        d["rows"] += r[ROWS]
+        d["bytes"] += row_bytes(sched, r)
+        for w, t in ((r[WAIT0], r[TARGET0]), (r[WAIT1], r[TARGET1])):
+            if w != NONE:
+                d["waits"].add(f"{sched.counters[w].split('.')[0]}>={t}")
+    rows = [out[k] for k in sorted(out)]
+    for d in rows:
+        d["sms"], d["waits"] = len(d["sms"]), ", ".join(sorted(d["waits"]))
+    return rows
+
+
+# ---- invariants ----------------------------------------------------------------------------
+def check(sched: Schedule) -> None:
+    """Raise ScheduleError unless: every wait's target is the number of instructions that
+    bump its counter (all of them, not some), every bumped counter is waited on, there is
+    one ARGMAX, last on its SM, and every instruction precedes it through the counters
+    and the SMs' program order (so its reset finds nothing still to run)."""
+    rows = all_rows(sched)
+    bumpers = Counter(r[BUMP] for _, _, r in rows if r[BUMP] != NONE)
+    waited = set()
+    for sm, i, r in rows:
+        for w, t in ((r[WAIT0], r[TARGET0]), (r[WAIT1], r[TARGET1])):
+            if w == NONE:
+                continue
+            waited.add(w)
+            if t != bumpers[w]:
+                raise ScheduleError(f"SM {sm} instruction {i} ({OPCODES[r[OP]]}) waits for "
+                                    f"{sched.counters[w]} >= {t}, but {bumpers[w]} "
+                                    f"instructions bump it")
+    if set(bumpers) - waited:
+        names = [sched.counters[c] for c in sorted(set(bumpers) - waited)]
+        raise ScheduleError(f"counters bumped but never waited for: {names}")
+    final = [(sm, i) for sm, i, r in rows if r[OP] == OP_ARGMAX]
+    if len(final) != 1 or final[0][1] != len(sched.rows(final[0][0])) - 1:
+        raise ScheduleError(f"need one ARGMAX, last on its SM; found {final}")
+    by_bump: dict[int, list] = {}
+    for sm, i, r in rows:
+        by_bump.setdefault(r[BUMP], []).append((sm, i))
+    seen, todo = set(final), list(final)
+    while todo:                                   # walk back from ARGMAX
+        sm, i = todo.pop()
+        r = sched.rows(sm)[i]
+        preds = [(sm, i - 1)] if i else []
+        for w in (r[WAIT0], r[WAIT1]):
+            preds += by_bump.get(w, []) if w != NONE else []
+        for p in preds:
+            if p not in seen:
+                seen.add(p)
+                todo.append(p)
+    missing = [(sm, i) for sm, i, _ in rows if (sm, i) not in seen]
+    if missing:
+        raise ScheduleError(f"instructions that do not precede ARGMAX: {missing[:5]}")
