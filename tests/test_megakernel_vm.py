@@ -1,5 +1,6 @@
 """The megakernel's schedule as data (``megakernel/schedule.py``) and the CPU VM that runs
-it in random orders the counters allow (``megakernel/vm.py``): the VM's tokens and
+it in random orders the counters allow (``megakernel/vm.py``, its ops' math in
+``vm_ops.py``; the mixture of experts in ``test_megakernel_moe.py``): the VM's tokens and
 logits agree with the oracle on tiny-qwen2 over several steps and interleavings, one
 layer at Qwen2.5-1.5B's exact shapes matches the oracle's layer math, the schedule's
 bytes are the plan's, counters end at zero, and broken schedules are reported (a

@@ -1,4 +1,5 @@
 """The decode step as one persistent launch: the plan serialised into per-SM instruction
 lists (``schedule``), a CPU model that runs those lists in any order the counters allow
-(``vm``), and the Gluon kernel that runs them on the GPU (``gluon_mlp`` for the MLP probe).
-``isa`` is the one place the instruction format is written down."""
+(``vm``, with each opcode's torch math in ``vm_ops``), and the Gluon kernel that runs
+them on the GPU (``gluon_mlp``: the 28 MLPs so far). ``isa`` is the one place the
+instruction format is written down."""

@@ -86,7 +86,7 @@ def mlp_schedule(layers: int, hidden: int, inter: int, P: int) -> torch.Tensor:
             lists[P - 1 - j].append((isa.OP_DOWN, l, b * TN, n * TN, 2 * l, len(gu), 2 * l + 1))
     N = max(len(x) for x in lists) + 1
     prog = torch.zeros(P, N, isa.WIDTH, dtype=torch.int32)
-    prog[:, :, [isa.WAIT0, isa.WAIT1, isa.BUMP]] = isa.NONE
+    prog[:, :, [isa.WAIT0, isa.WAIT1, isa.BUMP, isa.LWAIT]] = isa.NONE
     for p, lst in enumerate(lists):
         for i, (op, l, r0, rows, w, t, bump) in enumerate(lst):
             prog[p, i, [isa.OP, isa.LAYER, isa.ROW0, isa.ROWS, isa.WAIT0, isa.TARGET0,

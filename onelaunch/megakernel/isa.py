@@ -17,6 +17,12 @@ runs, stores its outputs and only then adds 1 to its bump counter (release).
     IDX     its index among the instructions of its op and layer (0, 1, ...)
     SPLITS  the splits of its reduction (attention: per kv head; down: of K)
     UNIT    attention: positions a split's share of the live length is counted in
+    LWAIT   the counter its *loader* waits for before asking for its first tile (NONE:
+            weights that depend on nothing the step computes), LTARGET the count; the
+            experts' tiles are addressed by the router's ids, so they wait on its counter
+    HOIST   tiles the loader streams into its held stages before that wait: the first
+            HOIST tiles of the instructions after this run of loader-waiting ones (the
+            next layer's attention, the router, the LM head: what does not depend on it)
 
 What the row fields mean per op (``schedule.py`` builds them, ``vm.py`` runs them):
 
@@ -32,10 +38,24 @@ What the row fields mean per op (``schedule.py`` builds them, ``vm.py`` runs the
                   splits before the last store fp32 partials, the last adds them to x
     LM_HEAD       logits rows [ROW0, ROW0+ROWS); its best (value, index) into slot IDX
     ARGMAX        the token from ROWS slots; then resets every counter to zero
+
+The mixture of experts (OLMoE) adds, per layer (RMS_QKV then also stores its rows' sums
+of squares of q and k, row IDX of a [blocks, 2] partial; ROPE_KV sums its SPLITS
+partials in order for the q/k norm over the whole projection, before RoPE):
+
+    ROUTER        router logits rows [ROW0, ROW0+ROWS) = W_r rows @ rmsnorm(x)
+    TOPK          ROWS = E logits: softmax, top-k (no renormalisation, ties to the lower
+                  expert index) into the layer's ids and routing weights
+    EXPERT_GATE_UP  rows [ROW0, ROW0+ROWS) of h over (slot, row) = slot * I + row: each
+                  slot's rows of its expert's gate and up (+ SwiGLU)
+    EXPERT_DOWN   x rows [ROW0, ROW0+ROWS), slots [K0 / I, (K0 + KLEN) / I) (the K of
+                  (slot, I)), group ARG of SPLITS: each slot's rows x its routing weight,
+                  summed in slot order; earlier groups store fp32 partials, the last adds
+                  them in group order to x
 """
 (OP, LAYER, ROW0, ROWS, K0, KLEN, WAIT0, TARGET0, WAIT1, TARGET1, BUMP, ARG, IDX,
- SPLITS, UNIT) = range(15)
-WIDTH = 16            # 64-byte rows: fields above, the rest zero (room to grow)
+ SPLITS, UNIT, LWAIT, LTARGET, HOIST) = range(18)
+WIDTH = 32            # 128-byte rows (one L2 line): fields above, the rest zero
 NONE = -1
 
 # opcodes (dense step first; the MoE issue adds its own after these)
@@ -50,4 +70,9 @@ OP_DOWN = 7           # rows (x K split) of x += W_down @ h
 OP_LM_HEAD = 8        # rows of the logits: this instruction's best (value, index)
 OP_ARGMAX = 9         # the step's token from every LM-head instruction's best
 OP_EMBED = 10         # columns of x from the embedding row of the step's token
+# the mixture of experts
+OP_ROUTER = 11        # rows of the router's logits = W_r @ rmsnorm(x)
+OP_TOPK = 12          # softmax over the logits, the top-k ids and routing weights
+OP_EXPERT_GATE_UP = 13  # (slot, rows) of h = silu(W_g[id] @ xn) * (W_u[id] @ xn)
+OP_EXPERT_DOWN = 14   # rows (x a group of slots) of x += sum_j w_j W_down[id_j] @ h_j
 OPCODES = {v: k for k, v in dict(globals()).items() if k.startswith("OP_")}

@@ -20,6 +20,28 @@ instructions it reads from bump, with the count of them as its target:
     LM head row blocks           down.L-1 = all  -> "lm"
     ARGMAX                       lm = all        -> resets every counter to zero
 
+A mixture of experts (OLMoE) replaces the layer's MLP, and its QKV row blocks also store
+their sums of squares of q and of k, which each RoPE sums in block order for the q/k
+norm over the whole projection (the partial squares ride on the "qkv.l" counter):
+
+      router row blocks (RMS + GEMV)  o.l = all        -> "router.l"
+      top-k (softmax, ids, weights)   router.l = all   -> "route.l"
+      expert gate/up (slot, rows)     route.l = 1      -> "gu.l"
+      expert down (rows, slot group < last)  gu.l = all   -> "dpart.l.b"
+      expert down (rows, last group: + x)    gu.l, dpart.l.b  -> "down.l"
+
+The one wait of a loader: an expert's weights are addressed by the router's ids, so
+every expert instruction names "route.l" in LWAIT, and its loader waits for it before
+asking for its first tile (the compute waits too: gate/up on route.l, down through
+gu.l). The ids and weights are per layer ([layers, top_k]), so a loader's late read of
+one layer's ids can never meet the next layer's writes. Before the wait, the first
+expert instruction of a run streams into HOIST held stages the first tiles of what
+follows that does not depend on the router (the next layer's QKV, O and router rows,
+the LM head's first tiles): ``stream`` is each loader's program. The schedule assigns
+(slot, row-tile) work, not experts, so the experts' bytes spread over the grid the same
+way whatever the router picks; the down sums each row block's slots in slot order in
+one place, so every interleaving gives the same bits.
+
 Reset: every instruction precedes ARGMAX through the counters (``check`` proves it on
 the lists; the VM checks it when ARGMAX resets), so when ARGMAX zeroes the counters
 nothing is left to wait on them, and the next launch starts from zeros: no host work.
@@ -47,14 +69,18 @@ from dataclasses import dataclass
 
 import torch
 
-from .isa import (ARG, BUMP, IDX, K0, KLEN, LAYER, NONE, OP, OP_ARGMAX, OP_ATTN_MERGE,
-                  OP_ATTN_PARTIAL, OP_DOWN, OP_EMBED, OP_END, OP_GATE_UP, OP_LM_HEAD,
-                  OP_O_PROJ, OP_RMS_QKV, OP_ROPE_KV, OPCODES, ROW0, ROWS, SPLITS, TARGET0,
-                  TARGET1, UNIT, WAIT0, WAIT1, WIDTH)
+from .isa import (ARG, BUMP, HOIST, IDX, K0, KLEN, LAYER, LTARGET, LWAIT, NONE, OP,
+                  OP_ARGMAX, OP_ATTN_MERGE, OP_ATTN_PARTIAL, OP_DOWN, OP_EMBED, OP_END,
+                  OP_EXPERT_DOWN, OP_EXPERT_GATE_UP, OP_GATE_UP, OP_LM_HEAD, OP_O_PROJ,
+                  OP_RMS_QKV, OP_ROPE_KV, OP_ROUTER, OP_TOPK, OPCODES, ROW0, ROWS, SPLITS,
+                  TARGET0, TARGET1, UNIT, WAIT0, WAIT1, WIDTH)
 
 TOKEN_ROW = -1        # a tile's row meaning "the embedding row of this step's token"
 MIN_UNIT = 16         # fewest positions a split's share is counted in
 INSTR_TILES = 2       # an instruction's fixed cost, in weight tiles (``down_splits``)
+HOLD = 4              # held stages a loader fills before the router's wait (``stream``)
+SLOT = "@slot"        # "layers.3.w_experts_down@slot5": the expert the router put in slot 5
+EXPERT_OPS = (OP_EXPERT_GATE_UP, OP_EXPERT_DOWN)
 
 
 class ScheduleError(ValueError):
@@ -69,6 +95,7 @@ class Schedule:
     ctx: int                      # the context length splits and balance were planned at
     tile_n: int                   # a weight tile: TILE_N rows x TILE_K columns
     tile_k: int
+    hold: int = 0                 # a loader's held stages (``stream``)
 
     @property
     def P(self) -> int:
@@ -85,13 +112,15 @@ class Schedule:
 
 # ---- rows and counters -------------------------------------------------------------------
 def instr(op, layer=NONE, row0=0, rows=0, k0=0, klen=0, waits=(), bump=NONE, arg=0,
-          idx=0, splits=0, unit=0) -> list[int]:
-    """One instruction row; ``waits``: up to two (counter, target) pairs."""
+          idx=0, splits=0, unit=0, lwait=(NONE, 0)) -> list[int]:
+    """One instruction row; ``waits``: up to two (counter, target) pairs; ``lwait``: the
+    loader's (counter, target)."""
     r = [0] * WIDTH
     (w0, t0), (w1, t1) = (list(waits) + [(NONE, 0)] * 2)[:2]
     for f, v in ((OP, op), (LAYER, layer), (ROW0, row0), (ROWS, rows), (K0, k0),
                  (KLEN, klen), (WAIT0, w0), (TARGET0, t0), (WAIT1, w1), (TARGET1, t1),
-                 (BUMP, bump), (ARG, arg), (IDX, idx), (SPLITS, splits), (UNIT, unit)):
+                 (BUMP, bump), (ARG, arg), (IDX, idx), (SPLITS, splits), (UNIT, unit),
+                 (LWAIT, lwait[0]), (LTARGET, lwait[1])):
         r[f] = v
     return r
 
@@ -140,12 +169,34 @@ def attention_split(ctx: int, P: int, kv_heads: int) -> tuple[int, int]:
     return splits, unit
 
 
-def down_splits(n_blocks: int, row_tiles: int, k_tiles: int, P: int) -> int:
+def down_splits(n_blocks: int, row_tiles: int, k_tiles: int, P: int, unit: int = 1) -> int:
     """K splits of the down projection that minimise the busiest SM's work: ceil(blocks x
-    splits / P) instructions of row_tiles x ceil(k_tiles / splits) tiles, each costing
-    INSTR_TILES more (its waits, its bump, an fp32 partial stored and read back)."""
-    cost = lambda s: cdiv(n_blocks * s, P) * (row_tiles * cdiv(k_tiles, s) + INSTR_TILES)
+    splits / P) instructions of row_tiles x ceil(k_tiles / splits) x ``unit`` tiles (the
+    experts' down: k_tiles slots of ``unit`` K tiles each), each costing INSTR_TILES more
+    (its waits, its bump, an fp32 partial stored and read back)."""
+    cost = lambda s: cdiv(n_blocks * s, P) * (row_tiles * cdiv(k_tiles, s) * unit + INSTR_TILES)
     return min(range(1, k_tiles + 1), key=lambda s: (cost(s), s))
+
+
+def slot_blocks(k: int, I: int, parts: int, tile: int) -> list[tuple[int, int]]:
+    """The (slot, row) space of k slots of I rows (row slot * I + r) as at most ``parts``
+    blocks of whole (slot, row-tile) units, their unit counts differing by at most one: a
+    block may run from one slot into the next."""
+    per = cdiv(I, tile)                                  # row tiles a slot
+    at = lambda u: (u // per) * I + (u % per) * tile
+    return [(at(u0), at(u0 + n) - at(u0)) for u0, n in blocks(k * per, parts, 1)]
+
+
+def slot_pieces(row0: int, rows: int, I: int) -> list[tuple[int, int, int]]:
+    """(slot, first row in the slot's expert, rows) of the (slot, row) range [row0,
+    row0 + rows)."""
+    out, r = [], row0
+    while r < row0 + rows:
+        j, a = divmod(r, I)
+        n = min(I - a, row0 + rows - r)
+        out.append((j, a, n))
+        r += n
+    return out
 
 
 # ---- the stages ----------------------------------------------------------------------------
@@ -157,12 +208,13 @@ def gemv_stage(op, layer, n, K, P, tile_n, ctr, name, after) -> list[list[int]]:
 
 
 def attention_stages(s, l, P, ctx, tile_n, ctr, after):
-    """RMS+QKV, RoPE+KV, partials, merges, O (+ residual); and (O counter, count)."""
+    """RMS+QKV, RoPE+KV, partials, merges, O (+ residual); and (O counter, count). With
+    the q/k norm each RoPE sums the QKV blocks' partial squares (SPLITS of them)."""
     g = s.heads // s.kv_heads
     qkv = gemv_stage(OP_RMS_QKV, l, s.qkv_size, s.hidden, P, tile_n, ctr, f"qkv.{l}", after)
     done = (counter(ctr, f"qkv.{l}"), len(qkv))
     rope = [instr(OP_ROPE_KV, l, kh, 1, waits=[done], bump=counter(ctr, f"rope.{l}.{kh}"),
-                  idx=kh) for kh in range(s.kv_heads)]
+                  idx=kh, splits=len(qkv) if s.qk_norm else 0) for kh in range(s.kv_heads)]
     splits, unit = attention_split(ctx, P, s.kv_heads)
     part = [instr(OP_ATTN_PARTIAL, l, kh, g, waits=[(counter(ctr, f"rope.{l}.{kh}"), 1)],
                   bump=counter(ctr, f"part.{l}.{kh}"), arg=sp, idx=kh * splits + sp,
@@ -195,6 +247,35 @@ def mlp_stages(s, l, P, tile_n, tile_k, ctr, after):
     return [gu, early, last], (counter(ctr, f"down.{l}"), len(last))
 
 
+def moe_stages(s, l, P, tile_n, tile_k, ctr, after):
+    """Router row blocks, the top-k, the experts' gate/up (+ SwiGLU) over (slot, row)
+    blocks, the experts' down over (row block, slot group): earlier groups' partials, then
+    the last group's sum in slot order (+ residual)."""
+    k, I, H = s.top_k, s.intermediate, s.hidden
+    router = gemv_stage(OP_ROUTER, l, s.experts, H, P, tile_n, ctr, f"router.{l}", after)
+    route = (counter(ctr, f"route.{l}"), 1)
+    topk = [instr(OP_TOPK, l, 0, s.experts, waits=[(counter(ctr, f"router.{l}"), len(router))],
+                  bump=route[0])]
+    gu = [instr(OP_EXPERT_GATE_UP, l, r0, rows, 0, H, [route], counter(ctr, f"gu.{l}"),
+                idx=i, lwait=route)
+          for i, (r0, rows) in enumerate(slot_blocks(k, I, P, tile_n))]
+    done = (counter(ctr, f"gu.{l}"), len(gu))
+    rb = blocks(H, P, tile_n)
+    S = down_splits(len(rb), cdiv(rb[0][1], tile_n), k, P, cdiv(I, tile_k))
+    groups = blocks(k, S, 1)                       # (first slot, slots)
+    S = len(groups)
+    early, last = [], []
+    for b, (r0, rows) in enumerate(rb):
+        part = counter(ctr, f"dpart.{l}.{b}") if S > 1 else NONE
+        for g, (j0, n) in enumerate(groups):
+            waits = [done] + ([(part, S - 1)] if S > 1 and g == S - 1 else [])
+            bump = part if g < S - 1 else counter(ctr, f"down.{l}")
+            (early if g < S - 1 else last).append(instr(
+                OP_EXPERT_DOWN, l, r0, rows, j0 * I, n * I, waits, bump, g, b * S + g, S,
+                lwait=route))
+    return [router, topk, gu, early, last], (counter(ctr, f"down.{l}"), len(last))
+
+
 def head_stages(s, P, tile_n, ctr, after):
     """LM-head row blocks (each its best), then the one ARGMAX that resets the counters."""
     lm = gemv_stage(OP_LM_HEAD, NONE, s.vocab, s.hidden, P, tile_n, ctr, "lm", after)
@@ -207,19 +288,22 @@ def stages(spec, P: int, ctx: int, tile_n: int, tile_k: int, ctr: dict) -> list[
     after = (counter(ctr, "embed"), 1)
     for l in range(spec.layers):
         att, after = attention_stages(spec, l, P, ctx, tile_n, ctr, after)
-        mlp, after = mlp_stages(spec, l, P, tile_n, tile_k, ctr, after)
+        mlp, after = (moe_stages if spec.is_moe else mlp_stages)(spec, l, P, tile_n, tile_k,
+                                                                 ctr, after)
         out += att + mlp
     return out + head_stages(spec, P, tile_n, ctr, after)
 
 
-def build(spec, P: int, ctx: int, tile_n: int = 16, tile_k: int = 256) -> Schedule:
-    """The schedule of one decode step of ``spec`` on P SMs, planned at ``ctx`` keys."""
-    if spec.is_moe:
-        raise NotImplementedError("the megakernel schedule is dense-only for now")
+def build(spec, P: int, ctx: int, tile_n: int = 16, tile_k: int = 256,
+          hold: int = HOLD) -> Schedule:
+    """The schedule of one decode step of ``spec`` on P SMs, planned at ``ctx`` keys;
+    ``hold``: the held stages a loader fills before the router's wait (MoE)."""
     ctr: dict[str, int] = {}
     st = stages(spec, P, ctx, tile_n, tile_k, ctr)
-    sched = Schedule(spec, torch.zeros(0), list(ctr), ctx, tile_n, tile_k)
+    sched = Schedule(spec, torch.zeros(0), list(ctr), ctx, tile_n, tile_k, hold)
     lists = assign(st, P, lambda r: row_bytes(sched, r))
+    for rows in lists:
+        set_hoists(sched, rows)
     N = max(len(x) for x in lists)
     t = torch.zeros((P, N, WIDTH), dtype=torch.int32)          # OP_END = 0 pads
     for sm, rows in enumerate(lists):
@@ -227,6 +311,23 @@ def build(spec, P: int, ctx: int, tile_n: int = 16, tile_k: int = 256) -> Schedu
             t[sm, :len(rows)] = torch.tensor(rows, dtype=torch.int32)
     sched.instr = t
     return sched
+
+
+def set_hoists(sched: Schedule, rows: list) -> None:
+    """HOIST of the first of each run of loader-waiting instructions in one SM's list:
+    as many of the tiles after the run, up to the next loader wait, as ``hold`` stages
+    take."""
+    for i, r in enumerate(rows):
+        if r[LWAIT] == NONE or (i and rows[i - 1][LWAIT] != NONE):
+            continue
+        j = i
+        while j < len(rows) and rows[j][LWAIT] != NONE:
+            j += 1
+        free = 0
+        while j < len(rows) and rows[j][LWAIT] == NONE and free < sched.hold:
+            free += len(tiles(sched, rows[j]))
+            j += 1
+        r[HOIST] = min(free, sched.hold)
 
 
 def assign(stages_, P: int, cost) -> list[list[list[int]]]:
@@ -261,9 +362,19 @@ def tiles(sched: Schedule, row) -> list[tuple[str, int, int, int, int]]:
     op, l = row[OP], row[LAYER]
     if op == OP_EMBED:
         return [("embed", TOKEN_ROW, 1, k0, kl) for k0, kl in cuts(row[ROW0], row[ROWS], tk)]
+    I = s.intermediate
+    if op == OP_EXPERT_GATE_UP:                 # each (slot, row tile): gate rows, up rows
+        return [(f"layers.{l}.w_experts_gate_up{SLOT}{j}", n0 + h, nn, k0, kl)
+                for j, a, n in slot_pieces(row[ROW0], row[ROWS], I) for n0, nn in cuts(a, n, tn)
+                for k0, kl in cuts(row[K0], row[KLEN], tk) for h in (0, I)]
+    if op == OP_EXPERT_DOWN:                    # each row tile: its slots in order, K tiles
+        return [(f"layers.{l}.w_experts_down{SLOT}{j}", n0, nn, k0, kl)
+                for n0, nn in cuts(row[ROW0], row[ROWS], tn)
+                for j in range(row[K0] // I, (row[K0] + row[KLEN]) // I)
+                for k0, kl in cuts(0, I, tk)]
     name = {OP_RMS_QKV: f"layers.{l}.w_qkv", OP_O_PROJ: f"layers.{l}.w_o",
             OP_DOWN: f"layers.{l}.w_down", OP_LM_HEAD: "lm_head",
-            OP_GATE_UP: f"layers.{l}.w_gate_up"}.get(op)
+            OP_GATE_UP: f"layers.{l}.w_gate_up", OP_ROUTER: f"layers.{l}.w_router"}.get(op)
     if name is None:
         return []
     halves = (0, s.intermediate) if op == OP_GATE_UP else (0,)   # gate rows, up rows
@@ -271,13 +382,23 @@ def tiles(sched: Schedule, row) -> list[tuple[str, int, int, int, int]]:
             for k0, kl in cuts(row[K0], row[KLEN], tk) for h in halves]
 
 
+def split_slot(name: str) -> tuple[str, int | None]:
+    """("layers.3.w_experts_down", 5) for "layers.3.w_experts_down@slot5"; (name, None)
+    for a tensor the router does not choose."""
+    base, _, j = name.partition(SLOT)
+    return base, int(j) if j else None
+
+
 def side_bytes(s, row) -> int:
-    """Bytes an instruction reads besides its tiles: its rows of the QKV bias, and a norm
-    gain, charged to the op's first instruction (the others find it in L2)."""
+    """Bytes an instruction reads besides its tiles: its rows of the QKV bias, its heads'
+    q/k norm gains, and a norm gain, charged to the op's first instruction (the others
+    find it in L2; the experts' gate/up reads the router's)."""
     op = row[OP]
-    gain = s.hidden * 2 if op in (OP_RMS_QKV, OP_GATE_UP, OP_LM_HEAD) and row[IDX] == 0 else 0
+    gain = s.hidden * 2 if op in (OP_RMS_QKV, OP_GATE_UP, OP_LM_HEAD, OP_ROUTER) and \
+        row[IDX] == 0 else 0
     bias = row[ROWS] * 2 if op == OP_RMS_QKV and s.qkv_bias else 0
-    return gain + bias
+    qk = (s.heads // s.kv_heads + 1) * s.head_dim * 2 if op == OP_ROPE_KV and s.qk_norm else 0
+    return gain + bias + qk
 
 
 def kv_bytes(s, row, ctx: int) -> int:
@@ -290,14 +411,48 @@ def kv_bytes(s, row, ctx: int) -> int:
 
 def weight_bytes(sched: Schedule, row) -> int:
     """The bytes of the instruction's tiles (the sum over ``tiles``) and its side reads."""
-    halves = 2 if row[OP] == OP_GATE_UP else 1
+    halves = 2 if row[OP] in (OP_GATE_UP, OP_EXPERT_GATE_UP) else 1
     if row[OP] == OP_EMBED:
         tile_bytes = row[ROWS] * 2
-    elif row[OP] in (OP_RMS_QKV, OP_O_PROJ, OP_DOWN, OP_LM_HEAD, OP_GATE_UP):
+    elif row[OP] in (OP_RMS_QKV, OP_O_PROJ, OP_DOWN, OP_LM_HEAD, OP_GATE_UP, OP_ROUTER,
+                     OP_EXPERT_GATE_UP, OP_EXPERT_DOWN):
         tile_bytes = halves * row[ROWS] * row[KLEN] * 2
     else:
         tile_bytes = 0
     return tile_bytes + side_bytes(sched.spec, row)
+
+
+def stream(sched: Schedule, sm: int) -> list[tuple]:
+    """SM ``sm``'s loader program: ("wait", counter, target) and ("load", t, tile,
+    place) steps in the order the loader runs them; t is the tile's index in the compute's
+    order (``tiles`` of each instruction in list order), place ("ring", n) the n-th tile
+    through the ring or ("hold", j) held stage j. At an instruction with HOIST h, the
+    loader first streams the first h tiles of the instructions after its run of
+    loader-waiting ones into held stages 0..h-1, then waits for its LWAIT: the loader's
+    one wait on data (the router's ids), used to stream what does not depend on it."""
+    rows = sched.rows(sm)
+    per = [tiles(sched, r) for r in rows]
+    start = [0]
+    for ts in per:
+        start.append(start[-1] + len(ts))
+    flat = [tl for ts in per for tl in ts]
+    held, waited, out, n = set(), set(), [], 0
+    for i, r in enumerate(rows):
+        if r[HOIST]:
+            j = i
+            while rows[j][LWAIT] != NONE:
+                j += 1
+            for h, t in enumerate(range(start[j], start[j] + r[HOIST])):
+                held.add(t)
+                out.append(("load", t, flat[t], ("hold", h)))
+        if r[LWAIT] != NONE and (r[LWAIT], r[LTARGET]) not in waited:
+            waited.add((r[LWAIT], r[LTARGET]))         # once: a counter never falls
+            out.append(("wait", r[LWAIT], r[LTARGET]))
+        for t in range(start[i], start[i + 1]):
+            if t not in held:
+                out.append(("load", t, flat[t], ("ring", n)))
+                n += 1
+    return out
 
 
 def row_bytes(sched: Schedule, row) -> int:
@@ -336,15 +491,24 @@ def table(sched: Schedule) -> list[dict]:
 
 # ---- invariants ----------------------------------------------------------------------------
 def check(sched: Schedule) -> None:
-    """Raise ScheduleError unless: every wait's target is the number of instructions that
-    bump its counter (all of them, not some), every bumped counter is waited on, there is
-    one ARGMAX, last on its SM, and every instruction precedes it through the counters
-    and the SMs' program order (so its reset finds nothing still to run)."""
+    """Raise ScheduleError unless: every wait's target (a loader's too) is the number of
+    instructions that bump its counter (all of them, not some), every bumped counter is
+    waited on, every expert instruction's loader waits for its layer's top-k, a hoist
+    fits the held stages, there is one ARGMAX, last on its SM, and every instruction
+    precedes it through the counters and the SMs' program order (so its reset finds
+    nothing still to run)."""
     rows = all_rows(sched)
     bumpers = Counter(r[BUMP] for _, _, r in rows if r[BUMP] != NONE)
+    routes = {r[LAYER]: r[BUMP] for _, _, r in rows if r[OP] == OP_TOPK}
     waited = set()
     for sm, i, r in rows:
-        for w, t in ((r[WAIT0], r[TARGET0]), (r[WAIT1], r[TARGET1])):
+        if r[OP] in EXPERT_OPS and (r[LWAIT] != routes.get(r[LAYER]) or r[LWAIT] == NONE):
+            raise ScheduleError(f"SM {sm} instruction {i} ({OPCODES[r[OP]]}) reads expert "
+                                f"tiles without its loader waiting for the router's counter")
+        if not 0 <= r[HOIST] <= sched.hold:
+            raise ScheduleError(f"SM {sm} instruction {i} hoists {r[HOIST]} tiles into "
+                                f"{sched.hold} held stages")
+        for w, t in ((r[WAIT0], r[TARGET0]), (r[WAIT1], r[TARGET1]), (r[LWAIT], r[LTARGET])):
             if w == NONE:
                 continue
             waited.add(w)

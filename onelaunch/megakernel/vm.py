@@ -4,47 +4,47 @@ the schedule (Gluon does not run on a CPU).
 
     m = Machine(spec, weights, max_ctx)      # packed weights, KV cache, seq / pos
     m.start(ids, pos)                        # like Engine.start (pos: the step's slot)
-    out = m.step(sched, seed)                # {"token", "logits", "x", "events", "order"}
+    out = m.step(sched, seed)                # {"token", "logits", "x", "events", "order",
+                                             #  "loaded": each SM's tile bytes}
 
-Each SM is two actors. Its loader copies tile t of the SM's stream (``schedule.tiles``
-of each instruction, in list order) into ring stage t % S once that stage is free: it
-never waits on data. Its compute waits for each counter's target, takes each tile from
-its stage once full (a stage holding a later tile was reused too early: reported),
-computes, frees the stage, then stores, then bumps (separate steps: a bump before its
-store shows). A seeded scheduler picks at random among actors that can progress; when
-none can before the end, ``VMDeadlock`` names each blocked SM, instruction and counter.
+Each SM is two actors. Its loader runs the SM's program from ``schedule.stream``: tile
+t of the SM's stream (``schedule.tiles`` of each instruction, in list order) goes into
+ring stage n % S (the n-th tile through the ring) once that stage is free, or into held
+stage j (after the S ring stages) when hoisted. Its one wait on data is an expert
+instruction's LWAIT, the router's counter: only then does it read the layer's ids (a
+tracked read, so a loader that reads them early is a hazard) to address the experts'
+tiles. Its compute waits for each counter's target, takes each tile from its stage once
+full (a stage holding another tile was reused too early: reported), computes, frees the
+stage, then stores, then bumps (separate steps: a bump before its store shows). A seeded
+scheduler picks at random among actors that can progress; when none can before the end,
+``VMDeadlock`` names each blocked SM, instruction and counter.
 
 Hazards: at each step start the activations (and every layer's KV slot pos) are
-poisoned with NaN and marked unwritten. Each compute keeps a vector clock (a tick per
-access or bump); a bump releases it into the counter, a satisfied wait acquires it. A
-read must find every element written this step, by an access ordered before it; a
-write must be ordered after the last write and every read since (write after read).
-Else ``VMHazard``. ARGMAX's reset needs every SM's last bump ordered before it; at the
-end every counter must be zero.
-
-Numerics follow the kernels' rounding points (``kernels/_common.py``): bf16 activations,
-fp32 sums, each projection rounded to bf16, then the residual add rounded; split-K
-attention in fp32 with bf16 probabilities into P @ V, as ``attention_splitk``.
+poisoned with NaN and marked unwritten. Each actor keeps a vector clock (a tick per
+access or bump; computes 0..P-1, loaders P..2P-1); a bump releases it into the counter,
+a satisfied wait acquires it. A read must find every element written this step, by an
+access ordered before it; a write must be ordered after the last write and every read
+since (write after read). Else ``VMHazard``. ARGMAX's reset needs every SM's last bump
+ordered before it; at the end every counter must be zero. Each op's math is in
+``vm_ops.py``.
 """
 from __future__ import annotations
 
 import random
 
 import torch
-import torch.nn.functional as F
 
-from ..oracle import apply_rope, rms_norm, rope_cos_sin
+from ..oracle import rope_cos_sin
 from ..specs import get_spec
 from ..weights import pack_weights
-from .isa import (ARG, BUMP, IDX, K0, KLEN, LAYER, NONE, OP, OP_ATTN_PARTIAL, OP_DOWN,
-                  OP_END, OP_LM_HEAD, OPCODES, ROW0, ROWS, SPLITS, TARGET0, TARGET1, UNIT,
-                  WAIT0, WAIT1)
-from .schedule import TOKEN_ROW, split_range, tiles
+from .isa import (BUMP, IDX, LAYER, NONE, OP, OP_ATTN_PARTIAL, OP_DOWN, OP_EXPERT_DOWN,
+                  OP_LM_HEAD, OP_RMS_QKV, OPCODES, ROW0, SPLITS, TARGET0, TARGET1, WAIT0,
+                  WAIT1)
+from .schedule import TOKEN_ROW, split_slot, stream, tiles
+from .vm_ops import ALL, BF16, F32, I64, OPS
 
-BF16, F32, I64 = torch.bfloat16, torch.float32, torch.int64
 UNWRITTEN, BEFORE = -1, -2        # an element's writer: none yet this step / an earlier step
 STEP = ("step",)
-ALL = (slice(None),)
 
 
 class VMError(RuntimeError):
@@ -61,48 +61,59 @@ class VMHazard(VMError):
 
 class Tracked:
     """A buffer with, per element (per row when ``dims`` < its rank: the KV cache's
-    positions), the SM and tick of its last write this step and each SM's last read."""
+    positions), the actor and tick of its last write this step and each actor's last
+    read (``actors``: the computes, then the loaders)."""
 
-    def __init__(self, data: torch.Tensor, P: int, dims: int | None = None):
+    def __init__(self, data: torch.Tensor, actors: int, dims: int | None = None):
         self.data = data
         shape = tuple(data.shape[:dims if dims is not None else data.dim()])
         self.w_sm = torch.full(shape, BEFORE, dtype=I64)
         self.w_t = torch.zeros(shape, dtype=I64)
-        self.reads = torch.zeros((P,) + shape, dtype=I64)
+        self.reads = torch.zeros((actors,) + shape, dtype=I64)
 
     def poison(self, idx=ALL):
         self.data[idx] = float("nan") if self.data.is_floating_point() else -1
         self.w_sm[idx] = UNWRITTEN
 
 
-class Core:
-    """One SM's compute partition: its list, vector clock, place and tile count."""
+class Actor:
+    """One partition of an SM: its list, vector clock (entry ``me``), place in the list."""
+    kind = ""
 
-    def __init__(self, sm: int, rows: list, P: int):
-        self.sm, self.rows, self.i, self.t = sm, rows, 0, 0
-        self.vc = torch.zeros(P, dtype=I64)
+    def __init__(self, sm: int, me: int, rows: list, P: int):
+        self.sm, self.me, self.rows, self.i, self.t = sm, me, rows, 0, 0
+        self.vc = torch.zeros(2 * P, dtype=I64)
         self.need = self.gen = self.done_tick = self.partner = None
 
     def tick(self) -> int:
-        self.vc[self.sm] += 1
-        return int(self.vc[self.sm])
+        self.vc[self.me] += 1
+        return int(self.vc[self.me])
 
     def where(self) -> str:
         r = self.rows[self.i]
-        return (f"SM {self.sm} instruction {self.i} ({OPCODES[r[OP]]} layer {r[LAYER]} "
-                f"row {r[ROW0]} idx {r[IDX]})")
+        return (f"SM {self.sm}{self.kind} instruction {self.i} ({OPCODES[r[OP]]} layer "
+                f"{r[LAYER]} row {r[ROW0]} idx {r[IDX]})")
 
 
-class Loader:
+class Core(Actor):
+    """One SM's compute partition."""
+
+    def __init__(self, sm: int, rows: list, P: int):
+        super().__init__(sm, sm, rows, P)
+
+
+class Loader(Actor):
     """One SM's loader partition; ``partner``: its compute (and back)."""
+    kind = " loader"
 
-    def __init__(self, sm: int, core: Core, gen):
-        self.sm, self.partner, core.partner, self.gen = sm, core, self, gen
-        self.need = next(gen, None)
+    def __init__(self, sm: int, core: Core, P: int):
+        super().__init__(sm, P + sm, core.rows, P)
+        self.partner, core.partner = core, self
 
 
 class Ring:
-    """One SM's S shared-memory stages of TILE_N x TILE_K bf16, each empty or full."""
+    """One SM's stages of TILE_N x TILE_K bf16 (S ring stages, then the held ones), each
+    empty or full."""
 
     def __init__(self, S: int, tile_n: int, tile_k: int):
         self.data = torch.zeros((S, tile_n, tile_k), dtype=BF16)
@@ -114,11 +125,6 @@ def fmt(name: str, idx: tuple) -> str:
     part = lambda i: f"{i.start or 0}:{'' if i.stop is None else i.stop}" if isinstance(i, slice) \
         else str(i)
     return f"{name}[{', '.join(map(part, idx))}]"
-
-
-def rms(x: torch.Tensor, g: torch.Tensor, eps: float) -> torch.Tensor:
-    """rmsnorm(x) * g as HF and the kernels round it (bf16(bf16(x * rstd) * g)), fp32."""
-    return rms_norm(x, g, eps).float()
 
 
 class Machine:
@@ -160,49 +166,62 @@ class Machine:
             self.counters = torch.zeros(len(sched.counters), dtype=torch.int32)
         if self.counters.any():
             raise VMError(f"counters not zero at the step start: {self.nonzero()}")
-        self.cvc = torch.zeros((len(sched.counters), P), dtype=I64)
+        self.cvc = torch.zeros((len(sched.counters), 2 * P), dtype=I64)
         self.buf = self.buffers(sched)
         self.cores = [Core(sm, sched.rows(sm), P) for sm in range(P)]
-        self.order = []                                   # (sm, i) as instructions end
-        self.rings = [Ring(self.S, sched.tile_n, sched.tile_k) for _ in range(P)]
-        loaders = [Loader(sm, self.cores[sm], self.loader(sm)) for sm in range(P)]
-        for c in self.cores:
-            c.gen = self.core(c)
-            c.need = next(c.gen)
+        self.order, self.loaded = [], [0] * P             # (sm, i) as instructions end
+        self.rings = [Ring(self.S + sched.hold, sched.tile_n, sched.tile_k) for _ in range(P)]
+        self.streams = [stream(sched, sm) for sm in range(P)]
+        self.stages = [{st[1]: self.stage(st[3]) for st in prog if st[0] == "load"}
+                       for prog in self.streams]                  # tile -> its stage
+        loaders = [Loader(sm, self.cores[sm], P) for sm in range(P)]
+        for a in self.cores + loaders:
+            a.gen = self.core(a) if isinstance(a, Core) else self.loader(a)
+            a.need = next(a.gen, None)
         events = self.run(self.cores + loaders, random.Random(seed))
         if self.counters.any():
             raise VMError(f"counters not zero at the end of the step: {self.nonzero()}")
         return {"token": int(self.buf["token"].data[0]), "logits": self.buf["logits"].data.clone(),
-                "x": self.buf["x"].data.clone(), "events": events, "order": self.order}
+                "x": self.buf["x"].data.clone(), "events": events, "order": self.order,
+                "loaded": self.loaded}
 
     def nonzero(self) -> dict:
         return {self.sched.counters[i]: int(v) for i, v in enumerate(self.counters) if v}
 
     def buffers(self, sched) -> dict[str, Tracked]:
         """This step's buffers: activations poisoned; the cache, seq and pos carried over
-        (every layer's slot pos poisoned: this step writes it)."""
-        s, P = self.spec, sched.P
-        rows = [r for sm in range(P) for r in sched.rows(sm)]
+        (every layer's slot pos poisoned: this step writes it). MoE: the router's logits,
+        per layer its ids and weights, h per (slot, row), the QKV blocks' q/k squares."""
+        s, A = self.spec, 2 * sched.P
+        rows = [r for sm in range(sched.P) for r in sched.rows(sm)]
         splits = max([r[SPLITS] for r in rows if r[OP] == OP_ATTN_PARTIAL] or [1])
-        k_splits = max([r[SPLITS] for r in rows if r[OP] == OP_DOWN] or [1])
+        k_splits = max([r[SPLITS] for r in rows if r[OP] in (OP_DOWN, OP_EXPERT_DOWN)] or [1])
         n_lm = sum(r[OP] == OP_LM_HEAD for r in rows)
+        n_qkv = sum(r[OP] == OP_RMS_QKV and r[LAYER] == 0 for r in rows)
+        k = s.top_k
         fresh = {"x": ((s.hidden,), BF16), "qkv": ((s.qkv_size,), BF16),
                  "q": ((s.heads, s.head_dim), BF16), "part_m": ((s.heads, splits), F32),
                  "part_l": ((s.heads, splits), F32), "attn": ((s.q_size,), BF16),
                  "part_o": ((s.heads, splits, s.head_dim), F32),        # per (head, split)
-                 "h": ((s.intermediate,), BF16), "scratch": ((k_splits, s.hidden), F32),
+                 "h": ((max(k, 1) * s.intermediate,), BF16),
+                 "scratch": ((k_splits, s.hidden), F32),
                  "logits": ((s.vocab,), F32), "lm_val": ((n_lm,), F32),
                  "lm_idx": ((n_lm,), I64), "token": ((1,), I64)}
-        b = {k: Tracked(torch.empty(shape, dtype=dt), P, 2 if k == "part_o" else None)
-             for k, (shape, dt) in fresh.items()}
+        if s.qk_norm:
+            fresh["qk_ss"] = ((n_qkv, 2), F32)
+        if s.is_moe:
+            fresh.update(router_logits=((s.experts,), F32), route_ids=((s.layers, k), I64),
+                         route_w=((s.layers, k), F32))
+        b = {n: Tracked(torch.empty(shape, dtype=dt), A, 2 if n == "part_o" else None)
+             for n, (shape, dt) in fresh.items()}
         for t in b.values():
             t.poison()
         pos = int(self.pos)
         for name in ("k_cache", "v_cache"):
-            b[name] = Tracked(getattr(self, name), P, 3)          # per (layer, head, slot)
+            b[name] = Tracked(getattr(self, name), A, 3)          # per (layer, head, slot)
             b[name].poison((slice(None), slice(None), pos))
         for name in ("seq", "argmax", "pos"):
-            b[name] = Tracked(getattr(self, name), P)
+            b[name] = Tracked(getattr(self, name), A)
         return b
 
     # ---- the scheduler -----------------------------------------------------------------------
@@ -239,7 +258,7 @@ class Machine:
             return not self.rings[a.sm].full[a.need[1]]
         if kind == "tile":                                    # a compute: its tile there?
             ring, t = self.rings[a.sm], a.need[1]
-            st = t % self.S
+            st = self.stages[a.sm][t]
             if ring.full[st] and ring.tile[st] != t:
                 raise VMHazard(f"{a.where()}: ring stage {st} holds tile {ring.tile[st]}, "
                                f"loaded over tile {t} before it was consumed")
@@ -252,7 +271,7 @@ class Machine:
         if a.need[0] == "wait":
             torch.maximum(a.vc, self.cvc[a.need[1]], out=a.vc)
         elif a.need[0] == "tile":
-            value = a.need[1] % self.S
+            value = self.stages[a.sm][a.need[1]]
         try:
             a.need = a.gen.send(value)
         except StopIteration:
@@ -260,27 +279,43 @@ class Machine:
 
     def blocked(self) -> list[str]:
         out = []
-        for c in self.cores:
+        for c in self.cores + [c.partner for c in self.cores]:
             if c.need and c.need[0] == "wait":
                 w, t = c.need[1], c.need[2]
                 out.append(f"{c.where()} waits for counter {w} ({self.sched.counters[w]}) "
                            f">= {t}, it is {int(self.counters[w])}")
-            elif c.need:
+            elif c.need and isinstance(c, Core):
                 out.append(f"{c.where()} waits for ring tile {c.need[1]}")
         return out
 
     # ---- loaders and cores -------------------------------------------------------------------
-    def loader(self, sm: int):
-        """SM ``sm``'s tile stream into its ring; waits only for a free stage."""
-        ring = self.rings[sm]
-        stream = [tl for r in self.cores[sm].rows for tl in tiles(self.sched, r)]
-        for t, (name, r0, rows, k0, kl) in enumerate(stream):
-            st = t % self.S
+    def stage(self, place) -> int:
+        """The ring stage of a ("ring", n) or ("hold", j) place of ``schedule.stream``."""
+        return place[1] % self.S if place[0] == "ring" else self.S + place[1]
+
+    def loader(self, lo: Loader):
+        """SM ``lo.sm``'s loader program (``schedule.stream``): each tile into its stage
+        once free; before an expert instruction's tiles, the router's counter, then the
+        ids (tracked reads) that address them."""
+        ring, starts = self.rings[lo.sm], []
+        for i, r in enumerate(lo.rows):
+            starts += [i] * len(tiles(self.sched, r))
+        for step in self.streams[lo.sm]:
+            if step[0] == "wait":               # the router's counter: its ids are out
+                yield ("wait", step[1], step[2])
+                continue
+            _, t, (name, r0, rows, k0, kl), place = step
+            st, lo.i = self.stage(place), starts[t]
             yield ("free", st)
+            base, slot = split_slot(name)
+            w = self.weight(base)
+            if slot is not None:                # the expert the router put in the slot
+                w = w[int(self.read(lo, "route_ids", (lo.rows[lo.i][LAYER], slot)))]
             if r0 == TOKEN_ROW:                 # seq[pos]: written by the step before
                 r0 = int(self.seq[int(self.pos)])
-            ring.data[st, :rows, :kl] = self.weight(name)[r0:r0 + rows, k0:k0 + kl]
+            ring.data[st, :rows, :kl] = w[r0:r0 + rows, k0:k0 + kl]
             ring.full[st], ring.tile[st] = True, t
+            self.loaded[lo.sm] += rows * kl * w.element_size()
 
     def core(self, c: Core):
         """SM ``c.sm``'s instructions in order: waits, then the op (tiles, store, bump)."""
@@ -290,7 +325,7 @@ class Machine:
                 if w != NONE:
                     yield ("wait", w, t)
             yield from OPS[row[OP]](self, c, row)
-        c.done_tick = int(c.vc[c.sm])
+        c.done_tick = int(c.vc[c.me])
 
     def finish(self, c: Core, row, *writes, release=None):
         """Store the outputs (each a (buffer, index, value) or a callable), then, a
@@ -326,7 +361,7 @@ class Machine:
         self.dirty.update(dict.fromkeys(self.cores + [c.partner for c in self.cores]))
 
     # ---- tracked access ----------------------------------------------------------------------
-    def read(self, c: Core, name: str, idx: tuple) -> torch.Tensor:
+    def read(self, c: Actor, name: str, idx: tuple) -> torch.Tensor:
         b = self.buf[name]
         c.tick()
         w, wt = b.w_sm[idx], b.w_t[idx]
@@ -336,7 +371,7 @@ class Machine:
         if late.any():
             raise VMHazard(f"{c.where()} reads {fmt(name, idx)} written by SM "
                            f"{int(w[late].flatten()[0])} with no counter ordering the write first")
-        b.reads[(c.sm,) + idx] = c.vc[c.sm]
+        b.reads[(c.me,) + idx] = c.vc[c.me]
         return b.data[idx].clone()
 
     def write(self, c: Core, name: str, idx: tuple, value):
@@ -349,136 +384,9 @@ class Machine:
         late = r > c.vc.view((-1,) + (1,) * (r.dim() - 1))
         if late.any():
             sm = int(late.nonzero()[0, 0])
-            raise VMHazard(f"{c.where()} overwrites {fmt(name, idx)} that SM {sm} read with "
-                           f"no counter ordering the read first (write after read)")
+            raise VMHazard(f"{c.where()} overwrites {fmt(name, idx)} that SM {sm % self.sched.P}"
+                           f"{' loader' * (sm >= self.sched.P)} read with no counter ordering "
+                           f"the read first (write after read)")
         b.data[idx] = value
-        b.w_sm[idx], b.w_t[idx] = c.sm, t
+        b.w_sm[idx], b.w_t[idx] = c.me, t
         b.reads[(slice(None),) + idx] = 0
-
-    # ---- the ops -----------------------------------------------------------------------------
-    def consume(self, c: Core, row, use):
-        """Each weight tile of the instruction from its ring stage, in stream order:
-        ``use(tile, data)`` then the stage is freed."""
-        ring = self.rings[c.sm]
-        for tile in tiles(self.sched, row):
-            st = yield ("tile", c.t)
-            use(tile, ring.data[st, :tile[2], :tile[4]])
-            ring.full[st] = False
-            c.t += 1
-
-    def gemv(self, c: Core, row, x: torch.Tensor, n: int, at=None):
-        """fp32 [n]: the instruction's tiles times x (x covers [K0, K0 + KLEN));
-        ``at(weight row)``: where a tile's rows land (default: row - ROW0)."""
-        y = torch.zeros(n, dtype=F32)
-        at = at or (lambda wr: wr - row[ROW0])
-
-        def use(tile, w):
-            _, n0, rows, k0, kl = tile
-            y[at(n0):at(n0) + rows] += w.float() @ x[k0 - row[K0]:k0 - row[K0] + kl]
-        yield from self.consume(c, row, use)
-        return y
-
-    def op_embed(self, c, row):
-        r0, n = row[ROW0], row[ROWS]
-        x = torch.empty(n, dtype=BF16)
-        yield from self.consume(c, row, lambda tl, w: x.__setitem__(
-            slice(tl[3] - r0, tl[3] - r0 + tl[4]), w[0]))
-        yield from self.finish(c, row, ("x", (slice(r0, r0 + n),), x))
-
-    def op_rms_qkv(self, c, row):
-        L, r0, n = self.W["layers"][row[LAYER]], row[ROW0], row[ROWS]
-        xn = rms(self.read(c, "x", ALL), L["input_norm"], self.spec.rms_eps)
-        y = (yield from self.gemv(c, row, xn, n)).to(BF16)
-        if L["b_qkv"] is not None:                      # bf16(bf16(W @ xn) + b)
-            y = (y.float() + L["b_qkv"][r0:r0 + n].float()).to(BF16)
-        yield from self.finish(c, row, ("qkv", (slice(r0, r0 + n),), y))
-
-    def op_rope_kv(self, c, row):
-        s, l, kh = self.spec, row[LAYER], row[ROW0]
-        D, g = s.head_dim, s.heads // s.kv_heads
-        pos = int(self.read(c, "pos", (0,)))
-        at = lambda off, i, n: (slice(off + i * D, off + (i + n) * D),)
-        q = self.read(c, "qkv", at(0, kh * g, g)).view(1, g, D)
-        k = self.read(c, "qkv", at(s.q_size, kh, 1)).view(1, 1, D)
-        v = self.read(c, "qkv", at(s.q_size + s.kv_size, kh, 1))
-        cos, sin = self.cos[pos:pos + 1], self.sin[pos:pos + 1]        # HF's bf16 RoPE
-        q, k = apply_rope(q, cos, sin)[0], apply_rope(k, cos, sin)[0, 0]
-        yield from self.finish(c, row, ("q", (slice(kh * g, kh * g + g),), q),
-                               ("k_cache", (l, kh, pos), k), ("v_cache", (l, kh, pos), v))
-
-    def op_attn_partial(self, c, row):
-        s, l, kh, g, sp = self.spec, row[LAYER], row[ROW0], row[ROWS], row[ARG]
-        pos = int(self.read(c, "pos", (0,)))
-        a, b = split_range(pos + 1, sp, row[SPLITS], row[UNIT])     # this step's share
-        heads = (slice(kh * g, kh * g + g), sp)
-        q = self.read(c, "q", heads[:1]).float()                        # [g, D]
-        m, lsum, o = torch.full((g,), float("-inf")), torch.zeros(g), torch.zeros(g, s.head_dim)
-        if a < b:
-            K = self.read(c, "k_cache", (l, kh, slice(a, b))).float()   # [T, D]
-            V = self.read(c, "v_cache", (l, kh, slice(a, b))).float()
-            sc = (q @ K.T) * s.head_dim ** -0.5                         # [g, T]
-            m = sc.amax(1)
-            p = torch.exp(sc - m[:, None])
-            lsum, o = p.sum(1), p.to(BF16).float() @ V
-        yield from self.finish(c, row, ("part_m", heads, m), ("part_l", heads, lsum),
-                               ("part_o", heads, o))
-
-    def op_attn_merge(self, c, row):
-        h, n, D = row[ROW0], row[SPLITS], self.spec.head_dim
-        m, lsum, o = (self.read(c, k, (h, slice(0, n))) for k in ("part_m", "part_l", "part_o"))
-        w = torch.exp(m - m.max())                                      # [splits]
-        out = ((w[:, None] * o).sum(0) / (w * lsum).sum()).to(BF16)
-        yield from self.finish(c, row, ("attn", (slice(h * D, h * D + D),), out))
-
-    def residual(self, c, rows: slice, y: torch.Tensor):
-        """x[rows] = bf16(x + bf16(y)): the projection rounded, then the residual add."""
-        x = self.read(c, "x", (rows,)).float()
-        self.write(c, "x", (rows,), (x + y.to(BF16).float()).to(BF16))
-
-    def op_o_proj(self, c, row):
-        r0, n = row[ROW0], row[ROWS]
-        y = yield from self.gemv(c, row, self.read(c, "attn", ALL).float(), n)
-        yield from self.finish(c, row, lambda: self.residual(c, slice(r0, r0 + n), y))
-
-    def op_gate_up(self, c, row):
-        L, r0, n, I = self.W["layers"][row[LAYER]], row[ROW0], row[ROWS], self.spec.intermediate
-        xn = rms(self.read(c, "x", ALL), L["post_norm"], self.spec.rms_eps)
-        y = yield from self.gemv(c, row, xn, 2 * n,                # gate rows, then up rows
-                                 lambda wr: wr - r0 if wr < I else n + wr - I - r0)
-        h = F.silu(y[:n].to(BF16)) * y[n:].to(BF16)                 # bf16 SwiGLU, as HF
-        yield from self.finish(c, row, ("h", (slice(r0, r0 + n),), h))
-
-    def op_down(self, c, row):
-        r0, n, k0, sp, S = row[ROW0], row[ROWS], row[K0], row[ARG], row[SPLITS]
-        rs = slice(r0, r0 + n)
-        y = yield from self.gemv(c, row, self.read(c, "h", (slice(k0, k0 + row[KLEN]),)).float(), n)
-        if sp < S - 1:                                  # an earlier split: its partial
-            yield from self.finish(c, row, ("scratch", (sp, rs), y))
-            return
-        total = torch.zeros(n)
-        for part in [self.read(c, "scratch", (j, rs)) for j in range(S - 1)] + [y]:
-            total += part                               # in split order
-        yield from self.finish(c, row, lambda: self.residual(c, rs, total))
-
-    def op_lm_head(self, c, row):
-        r0, n, i = row[ROW0], row[ROWS], row[IDX]
-        xn = rms(self.read(c, "x", ALL), self.W["norm"], self.spec.rms_eps)
-        y = (yield from self.gemv(c, row, xn, n)).to(BF16).float()
-        best = y.max()
-        at = r0 + int((y == best).nonzero()[0, 0])      # the lowest index among equals
-        yield from self.finish(c, row, ("logits", (slice(r0, r0 + n),), y),
-                               ("lm_val", (i,), best), ("lm_idx", (i,), at))
-
-    def op_argmax(self, c, row):
-        vals, idxs = self.read(c, "lm_val", ALL), self.read(c, "lm_idx", ALL)
-        best = 0
-        for j in range(1, row[ROWS]):                   # slots in row order: on a tie the
-            if vals[j] > vals[best]:                    # earlier (lower index) slot wins
-                best = j
-        tok, pos = int(idxs[best]), int(self.read(c, "pos", (0,)))
-        seq = [("seq", (pos + 1,), tok)] if pos + 1 >= self.prompt_len else []  # past the prompt
-        yield from self.finish(c, row, ("token", (0,), tok), ("argmax", (pos + 1,), tok), *seq,
-                               ("pos", (0,), pos + 1), release=self.reset)
-
-
-OPS = {op: getattr(Machine, name.lower()) for op, name in OPCODES.items() if op != OP_END}
