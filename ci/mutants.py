@@ -44,6 +44,11 @@ TP = "tests/test_tp_kernels.py"                 # tensor parallelism's kernel mo
 SPLITK = ["tests/test_splitk.py"]       # split-K attention, PDL emulated: ~40 s
 STREAM = ["tests/test_persistent.py", "-k", "streamed or one_launch_of"]  # the streamed layer
 PERSIST_OPTS = ["tests/test_persistent.py", "-k", "groups or pdl_from or clock or kwargs"]
+MEGA_VM = ["tests/test_megakernel_vm.py"]      # the megakernel schedule's CPU VM: ~30 s
+MEGA_MOE = ["tests/test_megakernel_moe.py"]    # the same on tiny-olmoe and OLMoE: ~30 s
+PUBLISHED = ["tests/test_specs.py", "-k", "published"]   # the specs against config.json
+PATHS = ["tests/test_paths.py", "-k", "attention_it_built or header or prefill_that or pdl_from"]
+GEN_CHECK = ["tests/test_engine.py", "-k", "cli_generate_checks"]   # generate --check: ~1 min
 
 
 @dataclass
@@ -110,6 +115,64 @@ MUTANTS = [
            'pdl = _env_int("ONELAUNCH_PERSIST_PDL", 1)', PERSIST_OPTS),
     Mutant("persistent layer's clock: release from the first arrival", "layer_persistent.py",
            "rel = nxt - en.amax(1)", "rel = nxt - en.amin(1)", PERSIST_OPTS),
+    # the checks' blind spots (issue 23): a wrong constant in a full-size spec, which every
+    # reference built from the same spec shares; a flag that silently falls back, which a
+    # comparison of two runs down the same path cannot see; and kernel bugs that only show
+    # with several live splits or K tiles, which generate --check's own run never reaches
+    Mutant("spec: Qwen2.5's rope_theta", "onelaunch/specs.py",
+           "head_dim=128, intermediate=8960, vocab=151936, rope_theta=1e6,",
+           "head_dim=128, intermediate=8960, vocab=151936, rope_theta=1e5,", PUBLISHED),
+    Mutant("spec to HF: OLMoE's top-k renormalised", "onelaunch/specs.py",
+           "num_experts_per_tok=self.top_k, norm_topk_prob=False,",
+           "num_experts_per_tok=self.top_k, norm_topk_prob=True,", PUBLISHED),
+    Mutant("engine: attention='plain' ignored", "onelaunch/engine.py",
+           "        self.attention = attention\n", '        self.attention = "splitk"\n', PATHS),
+    Mutant("engine: batched prefill silently steps", "onelaunch/engine.py",
+           'if self.prefill_mode(n, batched_prefill) == "batched":', "if False:", PATHS),
+    Mutant("plan: the attention launches drop PDL", "onelaunch/plan.py",
+           's, L, pdl = e.spec, e.W["layers"][li], e.pdl',
+           's, L, pdl = e.spec, e.W["layers"][li], False', PATHS),
+    Mutant("split-K merge: partial maxima not rescaled", "attention_splitk.py",
+           "w = tl.where(sm, tl.exp(m_s - M), 0.0)", "w = tl.where(sm, 1.0 + 0.0 * m_s, 0.0)",
+           GEN_CHECK),
+    Mutant("gate/up: last K tile dropped", "_common.py",
+           "    for k0 in range(BLOCK_K, K, BLOCK_K):\n        k_next",
+           "    for k0 in range(BLOCK_K, K - BLOCK_K, BLOCK_K):\n        k_next", GEN_CHECK),
+    # the megakernel's schedule and the CPU VM that runs it (tests/test_megakernel_vm.py)
+    Mutant("megakernel: a counter not waited for", "onelaunch/megakernel/schedule.py",
+           'ctr, f"o.{l}", (counter(ctr, f"merge.{l}"), s.heads))',
+           'ctr, f"o.{l}", (NONE, 0))', MEGA_VM),
+    Mutant("megakernel: a counter bumped before its store", "onelaunch/megakernel/vm.py",
+           "        self.store(c, writes)\n        yield STEP\n"
+           "        (release or self.bump)(c, row)\n",
+           "        (release or self.bump)(c, row)\n        yield STEP\n"
+           "        self.store(c, writes)\n",
+           MEGA_VM),
+    Mutant("megakernel: a target count off by one", "onelaunch/megakernel/schedule.py",
+           'f"part.{l}.{h // g}"), splits)]', 'f"part.{l}.{h // g}"), splits - 1)]', MEGA_VM),
+    Mutant("megakernel: a ring stage reused before it is consumed", "onelaunch/megakernel/vm.py",
+           "return not self.rings[a.sm].full[a.need[1]]", "return True", MEGA_VM),
+    Mutant("megakernel: argmax tie order", "onelaunch/megakernel/vm_ops.py",
+           "if vals[j] > vals[best]:", "if vals[j] >= vals[best]:", MEGA_VM),
+    # the mixture of experts in the megakernel (tests/test_megakernel_moe.py)
+    Mutant("megakernel MoE: expert id read before the router's counter",
+           "onelaunch/megakernel/vm.py",
+           '                yield ("wait", step[1], step[2])\n', "                pass\n",
+           MEGA_MOE),
+    Mutant("megakernel MoE: routing weight applied twice", "onelaunch/megakernel/vm_ops.py",
+           "part += (y[j].to(BF16).float() * wts[j]).to(BF16).float()",
+           "part += (y[j].to(BF16).float() * wts[j] * wts[j]).to(BF16).float()", MEGA_MOE),
+    Mutant("megakernel MoE: top-k renormalised", "onelaunch/megakernel/vm_ops.py",
+           "w = torch.tensor(wts).to(BF16).float()",
+           "w = (torch.tensor(wts) / sum(wts)).to(BF16).float()", MEGA_MOE),
+    Mutant("megakernel MoE: router ties to the higher expert", "onelaunch/megakernel/vm_ops.py",
+           "i = int((p == best).nonzero()[0, 0])", "i = int((p == best).nonzero()[-1, 0])",
+           MEGA_MOE),
+    Mutant("megakernel MoE: gate/up without the loader's wait",
+           "onelaunch/megakernel/schedule.py", "idx=i, lwait=route)", "idx=i)", MEGA_MOE),
+    Mutant("megakernel MoE: q/k norm from one QKV block", "onelaunch/megakernel/schedule.py",
+           "idx=kh, splits=len(qkv) if s.qk_norm else 0)", "idx=kh, splits=1 if s.qk_norm else 0)",
+           MEGA_MOE),
 ]
 
 

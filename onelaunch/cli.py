@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import re
 import sys
 
 import torch
@@ -21,6 +23,12 @@ from .weights import CheckpointError
 
 class _Parser(argparse.ArgumentParser):
     """argparse, but its errors are one ``error:`` line like every other usage error."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        # "-1,2" is a value (a list of ids, one negative), not an option: no option of
+        # ours starts with a digit
+        self._negative_number_matcher = re.compile(r"^-\d")
 
     def error(self, message):
         raise UsageError(f"{message} (see `python -m onelaunch {self._cmd()}--help`)")
@@ -37,12 +45,90 @@ def _device(name: str) -> str:
     return name
 
 
-def _ids(text: str) -> list[int]:
+# ---- argument types: what argparse can refuse, it refuses, before any work ---------------
+def _int_at_least(lo: int):
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid int value: {text!r}; give a whole "
+                                             f"number, at least {lo}") from None
+        if v < lo:
+            raise argparse.ArgumentTypeError(f"must be at least {lo} (got {v})")
+        return v
+    return parse
+
+
+SEED_MAX = 2 ** 63 - 1          # what torch.Generator.manual_seed takes, with room to offset
+
+
+def _seed(text: str) -> int:
     try:
-        return [int(t) for t in text.split(",") if t.strip()]
+        v = int(text)
     except ValueError:
-        raise UsageError(f"--prompt-ids {text!r} is not a comma-separated list of "
-                         "integers; write e.g. --prompt-ids 1,2,3") from None
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}; give a whole number "
+                                         "from 0 to 2**63 - 1, e.g. --seed 0") from None
+    if not 0 <= v <= SEED_MAX:
+        shown = str(v) if len(str(v)) <= 24 else f"a number of {len(str(v))} digits"
+        raise argparse.ArgumentTypeError(f"must be from 0 to 2**63 - 1 (got {shown})")
+    return v
+
+
+def _positive_float(example: str):
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid float value: {text!r}; give a positive "
+                                             f"number, e.g. {example}") from None
+        if not (math.isfinite(v) and v > 0):
+            raise argparse.ArgumentTypeError(f"must be a positive, finite number (got {text}); "
+                                             f"e.g. {example}")
+        return v
+    return parse
+
+
+def _prompt_ids(text: str) -> list[int]:
+    """``1,2,3`` -> [1, 2, 3]. An empty item (``1,,2``, a trailing comma) is refused, not
+    dropped; the range (against the model's vocabulary) is checked once the model is known."""
+    items = text.split(",")
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty: give at least one id, e.g. --prompt-ids 1,2,3")
+    if any(not t.strip() for t in items):
+        raise argparse.ArgumentTypeError(f"{text!r} has an empty item (two commas in a row, or "
+                                         "one at an end); write e.g. --prompt-ids 1,2,3")
+    try:
+        return [int(t) for t in items]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of "
+                                         "integers; write e.g. --prompt-ids 1,2,3") from None
+
+
+def _prompt_text(text: str) -> None:
+    """--prompt as the user meant it: not empty, and UTF-8 (bytes that are not arrive from
+    the shell as lone surrogates, which no tokenizer encodes)."""
+    if text == "":
+        raise UsageError("--prompt is empty: give the text to send (or the prompt as ids, "
+                         "--prompt-ids 1,2,3)")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        bad = e.object[e.start:e.end].encode("utf-8", "surrogateescape")
+        raise UsageError(f"--prompt holds bytes that are not UTF-8 ({bad!r} at character "
+                         f"{e.start}): pass the text in UTF-8 (a UTF-8 locale, or convert "
+                         "it with iconv -t UTF-8), or the prompt as ids with --prompt-ids"
+                         ) from None
+
+
+def _tp_fits(spec, world: int, rungs, device: str) -> None:
+    """--tp N, refused before any rank starts: a model whose heads or MLP N does not
+    divide, too few GPUs, no peer access for a rung that needs it."""
+    from . import tp
+    try:
+        tp.shard_spec(spec, world)
+        tp.check_hardware(world, rungs, device)
+    except tp.TPError as ex:
+        raise UsageError(str(ex)) from None
 
 
 # ---- check ----------------------------------------------------------------------------
@@ -51,14 +137,18 @@ def cmd_check(args) -> int:
     if args.model is None and args.checkpoint is None:
         raise UsageError("check needs --model NAME or --checkpoint PATH "
                          f"(known models: {', '.join(SPECS)})")
+    from .check import make_prompt, validate_prompt
+    from .weights import inspect_checkpoint, load_checkpoint
     spec = get_spec(args.model) if args.model else None
+    if args.checkpoint is not None:            # its config, before any weight is read
+        spec, _ = inspect_checkpoint(args.checkpoint, spec)
+    validate_prompt(spec, make_prompt(spec, args.prompt_len, args.seed, args.prompt_ids),
+                    args.tokens, spec.max_ctx)
     weights = None
     if args.checkpoint:
-        from .weights import load_checkpoint
         spec, weights = load_checkpoint(args.checkpoint, spec, dtype=torch.float32)
-    prompt_ids = _ids(args.prompt_ids) if args.prompt_ids is not None else None
     r = compare_with_hf(spec, device=device, tokens=args.tokens, prompt_len=args.prompt_len,
-                        seed=args.seed, prompt_ids=prompt_ids, weights=weights)
+                        seed=args.seed, prompt_ids=args.prompt_ids, weights=weights)
     print(format_report(r))
     return 0 if r["ok"] else 1
 
@@ -71,10 +161,12 @@ def _add_check(sub):
     p.add_argument("--model", help=f"one of: {', '.join(SPECS)}")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cpu: fp32 oracle; cuda: bf16 oracle against an fp32 reference")
-    p.add_argument("--tokens", type=int, default=12, help="greedy tokens to generate")
-    p.add_argument("--prompt-len", type=int, default=7, help="random prompt ids to draw")
-    p.add_argument("--prompt-ids", help="the prompt as comma-separated ids (replaces --prompt-len)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the weights and the prompt")
+    p.add_argument("--tokens", type=_int_at_least(1), default=12, help="greedy tokens to generate")
+    p.add_argument("--prompt-len", type=_int_at_least(1), default=7,
+                   help="random prompt ids to draw")
+    p.add_argument("--prompt-ids", type=_prompt_ids,
+                   help="the prompt as comma-separated ids (replaces --prompt-len)")
+    p.add_argument("--seed", type=_seed, default=0, help="seed of the weights and the prompt")
     p.add_argument("--checkpoint", help="a local checkpoint folder (or hub id) to load "
                    "instead of random weights")
     p.set_defaults(func=cmd_check)
@@ -118,7 +210,7 @@ def _add_info(sub):
                        description="Print the spec's parameter counts, the bytes one decode "
                        "step reads, and the floor bytes / bandwidth in ms/token.")
     p.add_argument("--model", required=True, help=f"one of: {', '.join(SPECS)}")
-    p.add_argument("--bandwidth", type=float, metavar="TBPS",
+    p.add_argument("--bandwidth", type=_positive_float("--bandwidth 4.0"), metavar="TBPS",
                    help="bandwidth in TB/s (default: measure the streaming read of this GPU)")
     p.add_argument("--ctx", type=int, default=0, help="tokens of context whose KV cache "
                    "the step also reads")
@@ -156,7 +248,7 @@ def cmd_generate(args) -> int:
     from .check import make_prompt, validate_prompt
     from .engine import Engine, EngineError
     from .text import TextStream, encode, load_tokenizer, progress, stop_ids
-    from .weights import load_checkpoint, random_weights
+    from .weights import inspect_checkpoint, load_checkpoint, random_weights
     text = args.prompt is not None
     if text and args.prompt_ids is not None:
         raise UsageError("give the prompt as text (--prompt) or as ids (--prompt-ids), not both")
@@ -168,30 +260,44 @@ def cmd_generate(args) -> int:
     if text and args.checkpoint is None:
         raise UsageError("--prompt TEXT needs the checkpoint's tokenizer: add --checkpoint PATH "
                          "(random weights take --prompt-ids or --prompt-len)")
+    if text:
+        _prompt_text(args.prompt)
     tokens = args.tokens if args.tokens is not None else (128 if text else 12)
     if tokens < 1:
         raise UsageError("--tokens must be at least 1")
+    # everything up to the weights is cheap: a mistake is refused before they load
     spec = get_spec(args.model) if args.model else None
+    folder = None
+    if args.checkpoint is not None:            # the config (a hub id: fetched), no weights
+        spec, folder = inspect_checkpoint(args.checkpoint, spec)
+    if args.max_ctx is not None and args.max_ctx > spec.max_ctx:
+        raise UsageError(f"--max-ctx {args.max_ctx} is more than {spec.name}'s context "
+                         f"({spec.max_ctx}): use --max-ctx {spec.max_ctx} or less, or leave it out")
+    if args.tp > 1:
+        _tp_fits(spec, args.tp, ("gloo",) if device == "cpu" else (args.tp_rung,), device)
     tok = None
-    if text:                                   # the tokenizer first: its errors are cheap
-        tok = load_tokenizer(args.checkpoint)
+    if text:
+        tok = load_tokenizer(str(folder))
         prompt = torch.tensor(encode(tok, args.prompt, chat=args.chat), dtype=torch.long)
+    else:
+        prompt = make_prompt(spec, args.prompt_len, args.seed, args.prompt_ids)
+    n = prompt.numel()
+    if args.max_ctx is not None and n + tokens > args.max_ctx:
+        raise UsageError(f"--max-ctx {args.max_ctx} is less than the prompt ({n}) + new tokens "
+                         f"({tokens}) = {n + tokens}: use --max-ctx {n + tokens} or more "
+                         "(or leave it out)")
+    validate_prompt(spec, prompt, tokens, args.max_ctx or spec.max_ctx)
+    max_ctx = args.max_ctx or min(spec.max_ctx, n + tokens + 64)
+    if args.tp > 1:                            # every rank loads its own weights
+        return _generate_tp(args, spec, prompt, tokens, max_ctx, tok, device)
     if args.checkpoint:
         spec, w = load_checkpoint(args.checkpoint, spec, device=device)
     else:
         w = random_weights(spec, args.seed, device=device)
-    if not text:
-        prompt_ids = _ids(args.prompt_ids) if args.prompt_ids is not None else None
-        prompt = make_prompt(spec, args.prompt_len, args.seed, prompt_ids)
-    validate_prompt(spec, prompt, tokens, args.max_ctx or spec.max_ctx)
-    n = prompt.numel()
-    max_ctx = args.max_ctx or min(spec.max_ctx, n + tokens + 64)
-    if args.tp > 1:
-        return _generate_tp(args, spec, prompt, tokens, max_ctx, tok, device)
     batched = args.prefill == "batched"
     stream = None
     if text:
-        stream = TextStream(tok, () if args.ignore_eos else stop_ids(tok, args.checkpoint))
+        stream = TextStream(tok, () if args.ignore_eos else stop_ids(tok, str(folder)))
     got, stamps = [], []                       # ids as read; (time, how many) at each read
     bar = progress(total=tokens, desc="generate", unit="tok") if not text else None
 
@@ -209,14 +315,13 @@ def cmd_generate(args) -> int:
     try:
         e = Engine(spec, w, max_ctx=max_ctx, attention=args.attention, pdl=args.pdl)
         graph = device == "cuda" and not args.eager
-        mode = ("CUDA graph" if graph else "eager launches") + (
-            ", split-K" if args.attention == "splitk" else ", plain attention") + (
-            ", PDL" if e.pdl else "")
+        # what runs, read from the engine's plan (a setting that fell back shows)
+        mode = ("CUDA graph" if graph else "eager launches") + ", " + e.describe()
         source = (f"checkpoint {args.checkpoint}" if args.checkpoint
                   else f"random weights, seed {args.seed}")
         print(f"{spec.name} on {device} ({mode}; {source}): prompt {n} ids"
               f"{' (chat template)' if args.chat else ''}, {tokens} tokens at most, "
-              f"{args.prefill} prefill")
+              f"{e.prefill_mode(n, batched)} prefill")
         if device == "cuda":                   # compile, capture and warm up on a short prompt
             _generate(e, prompt[:16], 1, graph, batched, lambda b: None, 64, w)
             torch.cuda.synchronize()
@@ -249,10 +354,12 @@ def cmd_generate(args) -> int:
     print(line + note)
     if args.check:
         from . import agree
-        from .check import judge_generated
+        from .check import check_mechanisms, judge_generated
         j = judge_generated(spec, w, prompt, torch.tensor(got), max_ctx)
         print(f"oracle: {agree.describe(j)}" + ("" if j["ok"] else "; REFUSED"))
-        return 0 if j["ok"] else 1
+        covered, report = check_mechanisms(e, args.seed)   # what it exercised; CPU: the rest
+        print(report)
+        return 0 if j["ok"] and covered else 1
     return 0
 
 
@@ -281,8 +388,8 @@ def _generate_tp(args, spec, prompt, tokens, max_ctx, tok, device) -> int:
 
 
 def _add_tp(p, many: bool):
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel over this many GPUs "
-                   "(one process each; default 1)")
+    p.add_argument("--tp", type=_int_at_least(1), default=1,
+                   help="tensor-parallel over this many GPUs (one process each; default 1)")
     if many:
         p.add_argument("--tp-rungs", default=",".join(RUNG_NAMES),
                        help=f"all-reduce rungs to measure (default {','.join(RUNG_NAMES)})")
@@ -290,7 +397,7 @@ def _add_tp(p, many: bool):
         p.add_argument("--tp-rung", default="fused", choices=RUNG_NAMES,
                        help="how partial sums meet: nccl (works without peer access), symm, "
                        "p2p or fused (default; needs peer access)")
-    p.add_argument("--timeout", type=float, default=900,
+    p.add_argument("--timeout", type=_positive_float("--timeout 900"), default=900,
                    help="seconds before a --tp run is stopped (default 900)")
 
 
@@ -314,14 +421,15 @@ def _add_generate(sub):
     p.add_argument("--prompt", default=None, help="the prompt as text (needs --checkpoint)")
     p.add_argument("--chat", action="store_true",
                    help="wrap --prompt in the tokenizer's chat template (instruct models)")
-    p.add_argument("--prompt-len", type=int, default=16, help="random prompt length (default 16)")
-    p.add_argument("--prompt-ids", default=None,
+    p.add_argument("--prompt-len", type=_int_at_least(1), default=16,
+                   help="random prompt length (default 16)")
+    p.add_argument("--prompt-ids", type=_prompt_ids, default=None,
                    help="comma-separated token ids instead of a random prompt")
-    p.add_argument("--tokens", type=int, default=None,
+    p.add_argument("--tokens", type=_int_at_least(1), default=None,
                    help="tokens to generate at most (default 128 with --prompt, else 12)")
     p.add_argument("--ignore-eos", action="store_true",
                    help="with --prompt: go on past the end-of-text token")
-    p.add_argument("--seed", type=int, default=0, help="weights and prompt seed (default 0)")
+    p.add_argument("--seed", type=_seed, default=0, help="weights and prompt seed (default 0)")
     _add_engine_device(p)
     p.add_argument("--prefill", choices=("batched", "steps"), default="batched",
                    help="batched: the prompt in chunks of 1024 tokens (default); steps: one "
@@ -331,7 +439,8 @@ def _add_generate(sub):
                    help="programmatic dependent launch where the GPU has it (Hopper+; default "
                    "on; --no-pdl turns it off)")
     p.add_argument("--eager", action="store_true", help="launch kernels one by one, no CUDA graph")
-    p.add_argument("--max-ctx", type=int, default=None, help="the engine's context (default: fits)")
+    p.add_argument("--max-ctx", type=_int_at_least(1), default=None,
+                   help="the engine's context (default: fits)")
     p.add_argument("--check", action="store_true", help="also decode with the oracle and compare")
     _add_tp(p, many=False)
     p.set_defaults(func=cmd_generate)
@@ -373,8 +482,12 @@ def cmd_bench(args) -> int:
     if device == "cpu" and spec.name not in ("tiny-qwen2", "tiny-olmoe"):
         raise UsageError("on the CPU the kernels run in Triton's interpreter: use --model "
                          "tiny-qwen2 or tiny-olmoe")
-    if args.ctx < 1 or args.ctx + args.tokens + args.iters + 64 > spec.max_ctx:
-        raise UsageError(f"--ctx must be between 1 and {spec.max_ctx - args.tokens - args.iters - 64}")
+    room = spec.max_ctx - args.tokens - args.iters - 64   # the engine holds ctx + these
+    if room < 1:
+        raise UsageError(f"--tokens {args.tokens} + --iters {args.iters} leave no context in "
+                         f"{spec.name}'s {spec.max_ctx} tokens: use fewer --iters or --tokens")
+    if not 1 <= args.ctx <= room:
+        raise UsageError(f"--ctx must be between 1 and {room}")
     if args.tp > 1:
         return _bench_tp(args, spec, device)
     bw = read_bandwidth(device) if device == "cuda" else None
@@ -416,10 +529,7 @@ def _bench_tp(args, spec, device) -> int:
     bad = [r for r in rungs if r not in tp.RUNGS + tp.CPU_RUNGS]
     if bad:
         raise UsageError(f"unknown --tp-rungs {','.join(bad)}: use {','.join(tp.RUNGS)}")
-    try:
-        tp.check_hardware(args.tp, rungs, device)
-    except tp.TPError as ex:
-        raise UsageError(str(ex)) from None
+    _tp_fits(spec, args.tp, rungs, device)
     try:
         rows = tp.launch(tp.bench_job, world=args.tp, device=device, uses=rungs,
                          timeout_s=args.timeout, model=spec.name, ctx=args.ctx,
@@ -452,9 +562,11 @@ def _add_bench(sub):
     p.add_argument("--model", required=True, help="qwen2.5-1.5b or olmoe-1b-7b (GPU); "
                    "tiny-qwen2 or tiny-olmoe (CPU)")
     p.add_argument("--ctx", type=int, default=512, help="context of the timed steps (default 512)")
-    p.add_argument("--tokens", type=int, default=12, help="greedy tokens checked (default 12)")
-    p.add_argument("--iters", type=int, default=100, help="timed steps per rung (default 100)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tokens", type=_int_at_least(1), default=12,
+                   help="greedy tokens checked (default 12)")
+    p.add_argument("--iters", type=_int_at_least(1), default=100,
+                   help="timed steps per rung (default 100)")
+    p.add_argument("--seed", type=_seed, default=0)
     _add_engine_device(p)
     p.add_argument("--no-peers", dest="peers", action="store_false",
                    help="skip the peer rungs (HF generate, the eager and compiled oracle)")

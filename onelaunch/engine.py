@@ -125,6 +125,8 @@ class Engine:
         # ---- the step: a list of launches; each builder asks for the buffers it needs --
         self.plan = plan.build(self)
         self.graph = None
+        self.paths = self.ran_paths()   # what the plan runs, read from its launches
+        self.last_run: dict | None = None   # what the last generate/teacher_forced ran
 
     # ---- buffers and launch configurations, for the plan's builders ---------------------
     def buf(self, name: str, shape, dtype=torch.bfloat16) -> torch.Tensor:
@@ -168,6 +170,94 @@ class Engine:
 
     def plan_table(self, ctx: int = 0) -> list[dict]:
         return plan.table(self.plan, ctx)
+
+    # ---- what runs: read from the plan's launches, not from the arguments -------------
+    def trace(self) -> list[dict]:
+        """The kernel calls one step makes, without running a kernel: every entry of the
+        plan issued while the launchers of ``onelaunch.kernels`` are replaced by a
+        recorder. One dict a call: ``op`` and ``layer`` (the plan entry's), ``kernel``
+        (the launcher called) and ``args`` (its arguments by name, defaults filled in).
+        An entry that issues no launcher (an all-reduce through torch.distributed) is
+        one call with ``kernel`` None."""
+        import inspect
+        calls, where = [], {}
+        real = {n: f for n, f in vars(K).items()
+                if inspect.isfunction(f) and not n.startswith("_")}
+
+        def recorder(name, fn):
+            sig = inspect.signature(fn)
+
+            def record(*args, **kwargs):
+                bound = sig.bind(*args, **kwargs)
+                bound.apply_defaults()
+                calls.append(dict(where, kernel=name, args=dict(bound.arguments)))
+            return record
+
+        try:
+            for n, f in real.items():
+                setattr(K, n, recorder(n, f))
+            for launch in self.plan:
+                where = {"op": launch.op, "layer": launch.layer}
+                if launch.op == "all_reduce":
+                    calls.append(dict(where, kernel=None, args={}))
+                else:
+                    launch.run()
+        finally:
+            for n, f in real.items():
+                setattr(K, n, f)
+        return calls
+
+    def ran_paths(self) -> dict:
+        """What this engine's step runs, read from its kernel calls (``trace``), so that a
+        setting which silently fell back shows: ``attention`` ("splitk" or "plain"),
+        ``fuse_rope``, ``persistent``, ``pdl`` (True, False, or "mixed" when only some
+        launches use it), ``tp`` (None on one GPU; else how the ranks' partial sums
+        meet: "fused", "p2p", "symm", the all-reduce's backend, or "none") and
+        ``launches`` (a step's)."""
+        calls = self.trace()
+        kernels = {c["kernel"] for c in calls}
+        pdl = {bool(c["args"]["use_pdl"]) for c in calls if "use_pdl" in c["args"]}
+        attention = None
+        if kernels & {"attention_partial", "attention_onekernel", "layer_persistent"}:
+            attention = "splitk"
+        elif "attention" in kernels:
+            attention = "plain"
+        tp = None
+        if self.tp is not None:
+            if any(c["op"] == "all_reduce" for c in calls):
+                tp = ("symm" if any(n.endswith("_sum") for n in self.buffers)
+                      else torch.distributed.get_backend()
+                      if torch.distributed.is_initialized() else "all-reduce")
+            elif "allreduce_residual" in kernels:
+                tp = "p2p"
+            elif any(c["args"].get("peer") is not None for c in calls):
+                tp = "fused"
+            else:
+                tp = "none"
+        return {"attention": attention, "fuse_rope": "attention_onekernel" in kernels,
+                "persistent": "layer_persistent" in kernels,
+                "pdl": (pdl.pop() if len(pdl) == 1 else "mixed") if pdl else False,
+                "tp": tp, "launches": len(self.plan)}
+
+    def describe(self) -> str:
+        """``paths`` in words, for a run's header ("split-K attention, PDL off, one
+        GPU")."""
+        p = self.paths
+        words = [{"splitk": "split-K attention", "plain": "plain attention"}.get(
+            p["attention"], "no attention") + (" (RoPE inside)" if p["fuse_rope"] else "")]
+        if p["persistent"]:
+            words.append("persistent layers")
+        words.append({True: "PDL on", False: "PDL off"}.get(p["pdl"], "PDL on some launches"))
+        how = {"all-reduce": "all-reduce", "none": "no all-reduce"}.get(
+            p["tp"], f"{p['tp']} all-reduce")
+        words.append("one GPU" if p["tp"] is None else f"{self.tp.world} ranks ({how})")
+        return ", ".join(words)
+
+    def prefill_mode(self, n: int, batched: bool) -> str:
+        """How ``generate`` fills the cache for an n-token prompt: "batched" (in chunks,
+        through the oracle's math: ``prefill.py``) or "steps" (one decode step a prompt
+        token; so is a one-token prompt, which leaves nothing to prefill)."""
+        return "batched" if batched and n > 1 else "steps"
 
     def distinct_experts(self, start: int, stop: int) -> list[int] | None:
         """MoE: how many distinct experts each layer's router chose at positions
@@ -258,16 +348,19 @@ class Engine:
                               "fills the cache step by step (leave out --prefill)")
         if graph and self.graph is None:
             self.capture()
-        first = 0
-        if batched_prefill and n > 1:
+        first, ran = 0, "steps"
+        if self.prefill_mode(n, batched_prefill) == "batched":
             from .prefill import prefill
             prefill(self, ids)
-            first = n - 1
+            first, ran = n - 1, "batched"
         else:
             self.start(ids)
+        # what ran: the prefill taken and the positions the steps consumed
+        self.last_run = {"prefill": ran, "first_pos": first, "last_pos": first - 1}
         done = 0                                # tokens handed to on_tokens so far
         for i in range(first, n - 1 + max_new_tokens):
             self.step(graph)
+            self.last_run["last_pos"] = i
             ready = i + 2 - n                   # tokens generated after this step
             if (on_tokens is not None and ready > 0
                     and (done == 0 or ready - done >= read_every)):
@@ -290,6 +383,7 @@ class Engine:
             self.capture()
         self.start(ids)
         self.argmax.zero_()
+        self.last_run = {"prefill": "steps", "first_pos": 0, "last_pos": n + m - 2}
         for _ in range(n + m - 1):
             self.step(graph)
         return self.argmax[n: n + m].cpu().long()

@@ -35,6 +35,7 @@ class ModelSpec:
     experts: int = 0            # 0 for dense
     top_k: int = 0
     max_ctx: int = 32768        # longest context the specs allow (prompt + generated)
+    max_positions: int = 0      # the checkpoint's max_position_embeddings (0: max_ctx)
     hf_id: str = ""             # the checkpoint these shapes come from
 
     # ---- derived shapes ---------------------------------------------------------------
@@ -66,7 +67,8 @@ class ModelSpec:
                 num_key_value_heads=self.kv_heads, head_dim=self.head_dim,
                 vocab_size=self.vocab, rope_theta=self.rope_theta,
                 rms_norm_eps=self.rms_eps, tie_word_embeddings=self.tie_embeddings,
-                max_position_embeddings=self.max_ctx, use_sliding_window=False,
+                max_position_embeddings=self.max_positions or self.max_ctx,
+                use_sliding_window=False,
                 bos_token_id=None, eos_token_id=None, pad_token_id=None,
             )
         elif self.family == "olmoe":
@@ -78,7 +80,7 @@ class ModelSpec:
                 rope_theta=self.rope_theta, rms_norm_eps=self.rms_eps,
                 tie_word_embeddings=self.tie_embeddings, num_experts=self.experts,
                 num_experts_per_tok=self.top_k, norm_topk_prob=False,
-                max_position_embeddings=self.max_ctx,
+                max_position_embeddings=self.max_positions or self.max_ctx,
                 bos_token_id=None, eos_token_id=None, pad_token_id=None,
             )
         else:  # pragma: no cover - the table only holds the two families
@@ -171,7 +173,7 @@ QWEN25_15B = _add(ModelSpec(
     name="qwen2.5-1.5b", family="qwen2", hidden=1536, layers=28, heads=12, kv_heads=2,
     head_dim=128, intermediate=8960, vocab=151936, rope_theta=1e6, rms_eps=1e-6,
     tie_embeddings=True, qkv_bias=True, qk_norm=False, max_ctx=32768 + 512,
-    hf_id="Qwen/Qwen2.5-1.5B-Instruct"))
+    max_positions=32768, hf_id="Qwen/Qwen2.5-1.5B-Instruct"))
 
 OLMOE_1B_7B = _add(ModelSpec(
     name="olmoe-1b-7b", family="olmoe", hidden=2048, layers=16, heads=16, kv_heads=16,

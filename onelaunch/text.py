@@ -59,10 +59,18 @@ def encode(tok, text: str, chat: bool = False) -> list[int]:
         if not getattr(tok, "chat_template", None):
             raise UsageError("--chat needs a tokenizer with a chat template and this one has "
                              "none (a base model?); drop --chat to send the text as it is")
-        text = tok.apply_chat_template([{"role": "user", "content": text}],
-                                       add_generation_prompt=True, tokenize=False)
-        return list(tok(text, add_special_tokens=False)["input_ids"])
-    return list(tok(text)["input_ids"])
+        wrapped = tok.apply_chat_template([{"role": "user", "content": text}],
+                                          add_generation_prompt=True, tokenize=False)
+        ids = list(tok(wrapped, add_special_tokens=False)["input_ids"])
+    else:
+        ids = list(tok(text)["input_ids"])
+    if not ids:     # e.g. only characters its normaliser or pre-tokeniser drops
+        shown = text if len(text) <= 40 else text[:37] + "..."
+        raise UsageError(f"the checkpoint's tokenizer encodes the prompt {shown!r} to no token "
+                         f"ids at all (it drops this text{' and its chat template' if chat else ''}"
+                         " and adds no special tokens): give text it keeps, or the ids "
+                         "with --prompt-ids")
+    return ids
 
 
 class TextStream:

@@ -12,7 +12,8 @@ so an fp32 copy holds exactly the numbers the bf16 engine reads.
 """
 from __future__ import annotations
 
-import os
+import json
+import re
 import zlib
 from pathlib import Path
 
@@ -143,34 +144,160 @@ def hf_model(spec, weights: dict[str, torch.Tensor]):
 # Real checkpoints
 # ---------------------------------------------------------------------------------------
 _ARCH = {"qwen2": "qwen2", "olmoe": "olmoe"}
+# a hub id: "name" or "org/name" (letters, digits, "-", "_", "."); anything else that is not
+# an existing folder is a path that does not exist
+_HUB_ID = re.compile(r"(?:[A-Za-z0-9][\w.-]*/)?[A-Za-z0-9][\w.-]*")
+SMALL_FILES = ["*.json", "*.txt", "*.model", "*.jinja"]      # config, tokenizer, chat template
 
 
-def load_checkpoint(path_or_id: str, spec=None, device="cpu", dtype=torch.bfloat16):
-    """Load a real checkpoint (a local folder, or a hub id resolved through
-    ``huggingface_hub``) into a weights dict under the installed transformers' names.
+def _one_line(e: BaseException, n: int = 200) -> str:
+    why = " ".join(str(e).split())
+    return f"{type(e).__name__}: {why[:n]}" if why else type(e).__name__
 
-    ``spec`` may be a spec or a name; the checkpoint's architecture and every tensor shape
-    must match it, or :class:`CheckpointError` says what differs. Returns
-    ``(spec, weights)``; with ``spec=None`` the spec is inferred by matching shapes.
-    """
-    from transformers import AutoConfig, AutoModelForCausalLM
+
+def looks_like_hub_id(s: str) -> bool:
+    return bool(_HUB_ID.fullmatch(s)) and ".." not in s
+
+
+def checkpoint_folder(path_or_id: str, weights: bool = False) -> Path:
+    """The local folder of a checkpoint: ``path_or_id`` when it is a folder; else, when it
+    looks like a hub id (``org/name``), its snapshot through ``huggingface_hub``: the
+    config and tokenizer files, and with ``weights`` the ``*.safetensors`` too. A path
+    that does not exist, or a hub that cannot be reached or has no such model, is a
+    :class:`CheckpointError` that says which."""
+    if not str(path_or_id).strip():
+        raise CheckpointError("the checkpoint is an empty string: give its folder, or a hub "
+                              "id like org/name")
     p = Path(path_or_id)
-    if not p.exists():
-        if os.sep in str(path_or_id) or str(path_or_id).startswith("."):
-            raise CheckpointError(f"checkpoint folder {path_or_id!r} does not exist")
-        try:
-            from huggingface_hub import snapshot_download
-            p = Path(snapshot_download(path_or_id, allow_patterns=["*.json", "*.safetensors"]))
-        except Exception as e:  # offline, no such repo, ...
-            raise CheckpointError(
-                f"could not fetch {path_or_id!r} from the hub ({type(e).__name__}); "
-                "download it elsewhere and pass the local folder") from None
-    if not (p / "config.json").exists():
+    if p.is_dir():
+        return p
+    if p.exists():
+        raise CheckpointError(f"checkpoint {str(path_or_id)!r} is a file, not a folder: pass the "
+                              "folder that holds its config.json and *.safetensors")
+    name = str(path_or_id)
+    if not looks_like_hub_id(name):
+        raise CheckpointError(f"checkpoint folder {name!r} does not exist (nor is it a hub id "
+                              "like org/name)")
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import (GatedRepoError, LocalEntryNotFoundError,
+                                        RepositoryNotFoundError, RevisionNotFoundError)
+    try:
+        return Path(snapshot_download(name, allow_patterns=SMALL_FILES + (
+            ["*.safetensors"] if weights else [])))
+    except GatedRepoError:
+        raise CheckpointError(f"{name!r} is a gated model on the Hugging Face hub: accept its "
+                              "terms on its page and log in (huggingface-cli login), or pass "
+                              "a local folder") from None
+    except (RepositoryNotFoundError, RevisionNotFoundError):
+        raise CheckpointError(f"{name!r} is neither a local folder nor a model on the Hugging "
+                              "Face hub (no such repository there, or a private one): check "
+                              "the name, or pass the folder you downloaded it to") from None
+    except LocalEntryNotFoundError:
+        raise CheckpointError(f"{name!r} is not a local folder, and the Hugging Face hub cannot "
+                              "be reached to fetch it (no network, or HF_HUB_OFFLINE=1): "
+                              f"download it where there is one (huggingface-cli download "
+                              f"{name} --local-dir DIR) and pass DIR") from None
+    except Exception as e:  # any other failure of the hub client: say which, in a line
+        raise CheckpointError(f"could not fetch {name!r} from the Hugging Face hub "
+                              f"({_one_line(e)}); download it elsewhere and pass the local "
+                              "folder") from None
+
+
+def read_config(p: Path):
+    """``p/config.json`` as transformers parses it; a missing, broken or unsupported file
+    is a :class:`CheckpointError` that says which."""
+    f = Path(p) / "config.json"
+    if not f.exists():
         raise CheckpointError(f"{p} has no config.json: not a transformers checkpoint folder")
-    cfg = AutoConfig.from_pretrained(p)
-    mt = getattr(cfg, "model_type", None)
+    try:
+        raw = json.loads(f.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{f} is not valid JSON ({e.msg} at line {e.lineno}, column "
+                              f"{e.colno}): download the checkpoint again, or fix the file"
+                              ) from None
+    except UnicodeDecodeError:
+        raise CheckpointError(f"{f} is not UTF-8 text: download the checkpoint again") from None
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{f} holds a JSON {type(raw).__name__}, not an object of "
+                              "settings: download the checkpoint again, or fix the file")
+    mt = raw.get("model_type")
     if mt not in _ARCH:
         raise CheckpointError(f"{p}: model_type {mt!r} is not supported (qwen2 or olmoe)")
+    from transformers import AutoConfig
+    try:
+        return AutoConfig.from_pretrained(p)
+    except Exception as e:  # a field of the wrong type or value: transformers says which
+        raise CheckpointError(f"{f} is not a valid {mt} config ({_one_line(e)}): download the "
+                              "checkpoint again, or fix the file") from None
+
+
+def _rope(cfg) -> tuple[float | None, dict | None]:
+    """(theta, scaling) of a config: scaling None for plain rotary embeddings. Reads
+    transformers 5's ``rope_parameters`` and the older ``rope_theta``/``rope_scaling``."""
+    rp = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None)
+    rp = dict(rp) if isinstance(rp, dict) else {}
+    theta = rp.pop("rope_theta", None) or getattr(cfg, "rope_theta", None)
+    kind = rp.pop("rope_type", rp.pop("type", "default"))     # "type": the older name
+    return theta, (None if kind == "default" and not rp else {"rope_type": kind, **rp})
+
+
+def _sliding_layers(cfg) -> list[int]:
+    types = getattr(cfg, "layer_types", None)
+    if types is None:                          # older transformers: derive as they did
+        if not getattr(cfg, "use_sliding_window", False):
+            return []
+        return list(range(getattr(cfg, "max_window_layers", 0), cfg.num_hidden_layers))
+    return [i for i, t in enumerate(types) if t != "full_attention"]
+
+
+def config_scalars(cfg) -> dict:
+    """The settings of a transformers config that change a model's math without changing
+    any tensor's shape, under their config.json names."""
+    theta, scaling = _rope(cfg)
+    heads = cfg.num_attention_heads
+    sliding = _sliding_layers(cfg)
+    out = {"rope_theta": theta, "rope_scaling": scaling, "rms_norm_eps": cfg.rms_norm_eps,
+           "tie_word_embeddings": bool(getattr(cfg, "tie_word_embeddings", False)),
+           "num_attention_heads": heads,
+           "num_key_value_heads": getattr(cfg, "num_key_value_heads", None) or heads,
+           "head_dim": getattr(cfg, "head_dim", None) or (cfg.hidden_size // heads if heads
+                                                           else None),
+           "hidden_act": getattr(cfg, "hidden_act", None),
+           "use_sliding_window": (f"True (layers {sliding}, window "
+                                  f"{getattr(cfg, 'sliding_window', None)})" if sliding else False)}
+    if cfg.model_type == "olmoe":
+        out.update({k: getattr(cfg, k, None) for k in (
+            "num_experts", "num_experts_per_tok", "norm_topk_prob", "attention_bias", "clip_qkv")})
+    return out
+
+
+def config_mismatches(cfg, spec) -> list[tuple[str, object, object]]:
+    """(field, checkpoint's value, spec's value) for each setting of ``cfg`` (a
+    checkpoint's config) that differs from what ``spec`` encodes; [] when they agree."""
+    import math
+    spec = get_spec(spec)
+    mine, theirs = config_scalars(spec.hf_config()), config_scalars(cfg)
+    out = []
+    for k, want in mine.items():
+        got = theirs.get(k)
+        same = (math.isclose(got, want, rel_tol=1e-9)
+                if isinstance(got, (int, float)) and isinstance(want, (int, float))
+                and not isinstance(got, bool) and not isinstance(want, bool) else got == want)
+        if not same:
+            out.append((k, got, want))
+    return out
+
+
+def inspect_checkpoint(path_or_id: str, spec=None):
+    """Everything about a checkpoint that can be checked without reading its weights:
+    the folder (or hub id), its config.json, the architecture, the spec (given, or
+    inferred from the shapes in the config) and every setting the spec encodes (rope
+    theta and scaling, norm epsilon, tied embeddings, heads, experts and top-k, ...).
+    Returns ``(spec, folder)``; what does not fit is a :class:`CheckpointError` naming
+    the field, the checkpoint's value and the spec's."""
+    p = checkpoint_folder(path_or_id)
+    cfg = read_config(p)
+    mt = cfg.model_type
     if spec is None:
         from .specs import SPECS
         cands = [s for s in SPECS.values() if s.family == mt and s.hidden == cfg.hidden_size
@@ -182,11 +309,64 @@ def load_checkpoint(path_or_id: str, spec=None, device="cpu", dtype=torch.bfloat
     spec = get_spec(spec)
     if spec.family != mt:
         raise CheckpointError(f"{p} is a {mt} checkpoint, but {spec.name} is {spec.family}")
-    st = list(p.glob("*.safetensors"))
+    bad = config_mismatches(cfg, spec)
+    if bad:
+        what = "; ".join(f"{k} is {got!r} there, {want!r} in {spec.name}" for k, got, want in bad)
+        raise CheckpointError(f"{p / 'config.json'} disagrees with {spec.name}: {what}; the "
+                              f"engine would compute {spec.name}, not the model this checkpoint "
+                              f"is: use a checkpoint of {spec.name}")
+    return spec, p
+
+
+def _check_safetensors(p: Path) -> None:
+    """Every ``*.safetensors`` file in ``p`` has a header that parses and a body that
+    covers the tensors it lists (a truncated download does not)."""
+    from safetensors import safe_open
+    st = sorted(p.glob("*.safetensors"))
     if not st:
         raise CheckpointError(f"{p} holds no *.safetensors files")
+    for f in st:
+        try:
+            with safe_open(str(f), "pt"):
+                pass
+        except Exception as e:  # SafetensorError: header too small/large, not covered, ...
+            raise CheckpointError(f"{f} is not a readable safetensors file ({_one_line(e)}): "
+                                  "the download was cut short or the file is damaged; "
+                                  "download it again") from None
+
+
+# what a checkpoint lacks, by the spec's setting that reads it
+_FEATURE_OF = {".bias": "qkv_bias", "q_norm": "qk_norm", "k_norm": "qk_norm"}
+
+
+def load_checkpoint(path_or_id: str, spec=None, device="cpu", dtype=torch.bfloat16):
+    """Load a real checkpoint (a local folder, or a hub id resolved through
+    ``huggingface_hub``) into a weights dict under the installed transformers' names.
+
+    ``spec`` may be a spec or a name; the checkpoint's architecture, every setting the spec
+    encodes (:func:`inspect_checkpoint`, before any weight is read) and every tensor's
+    shape must match it, or :class:`CheckpointError` says what differs. Returns
+    ``(spec, weights)``; with ``spec=None`` the spec is inferred by matching shapes.
+    """
+    from transformers import AutoModelForCausalLM
+    spec, p = inspect_checkpoint(path_or_id, spec)
+    if not Path(path_or_id).is_dir():           # a hub id: now its weights too
+        p = checkpoint_folder(path_or_id, weights=True)
+    _check_safetensors(p)
     expected = hf_param_shapes(spec)
-    model = AutoModelForCausalLM.from_pretrained(p, dtype=dtype)
+    try:
+        model, info = AutoModelForCausalLM.from_pretrained(p, dtype=dtype,
+                                                           output_loading_info=True)
+    except Exception as e:  # a shard the index names is missing, a tensor of another dtype...
+        raise CheckpointError(f"{p}: transformers could not load the weights "
+                              f"({_one_line(e)}); download the checkpoint again") from None
+    lost = sorted(info.get("missing_keys") or ())
+    if lost:
+        feats = sorted({f for k in lost for part, f in _FEATURE_OF.items() if part in k})
+        why = "".join(f"; {spec.name} has {f} True" for f in feats)
+        raise CheckpointError(f"{p} lacks {len(lost)} tensor(s) that {spec.name} reads, e.g. "
+                              f"{lost[0]}{why}: transformers would fill them with random "
+                              f"numbers; use a complete checkpoint of {spec.name}")
     got = {k: v for k, v in model.state_dict().items()}
     bad = [f"{k}: checkpoint {tuple(got[k].shape)} vs {spec.name} {expected[k]}"
            for k in expected if k in got and tuple(got[k].shape) != expected[k]]
@@ -194,7 +374,12 @@ def load_checkpoint(path_or_id: str, spec=None, device="cpu", dtype=torch.bfloat
     if bad or missing:
         msg = "; ".join(bad[:3] + [f"missing {k}" for k in missing[:3]])
         raise CheckpointError(f"{p} does not match {spec.name}: {msg}")
-    w = {k: got[k].detach().to(device=device, dtype=dtype).contiguous() for k in expected}
+    # always a copy: the loaded tensors are views into the mmap-ed safetensors file at
+    # offsets aligned to 8 bytes only, and the CPU's matmuls round differently on an
+    # address that is not 64-byte aligned (tiny-olmoe's logits were not bit-identical
+    # to those of the same weights made in memory); a copy is torch's own, aligned
+    w = {k: got[k].detach().to(device=device, dtype=dtype, copy=True,
+                               memory_format=torch.contiguous_format) for k in expected}
     if spec.tie_embeddings:
         w["lm_head.weight"] = w["model.embed_tokens.weight"]
     return spec, w

@@ -2,6 +2,7 @@
 tiny-qwen2), its bad-input errors, the CLI's generate and bench, and (marked gpu) the
 full-shape graph engine on the H200."""
 import io
+import re
 import subprocess
 import sys
 
@@ -75,11 +76,26 @@ def test_bench_table_never_prints_a_refused_time():
 
 
 def test_cli_generate_checks_against_the_oracle():
+    """generate --check on the CPU: the run's tokens judged by the oracle, and since a
+    6-position run at the interpreter's tiles reaches one split and one K tile, the
+    covering run (several live splits, a split of several tiles, a shorter last split,
+    every GEMV in several row blocks and K tiles, the down projection's K splits),
+    judged too; the table says what each run exercised, and nothing is left out."""
     p = subprocess.run([sys.executable, "-m", "onelaunch", "generate", "--model", "tiny-qwen2",
                         "--prompt-len", "3", "--tokens", "3", "--check", "--device", "cpu"],
                        capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, p.stderr
+    assert p.returncode == 0, p.stdout + p.stderr
     assert "oracle: 3/3 tokens agree" in p.stdout
+    assert "split-K attention, PDL off, one GPU" in p.stdout.splitlines()[0]
+    assert "covering run (a seeded 130-id prompt" in p.stdout
+    assert "oracle: 2/2 tokens agree" in p.stdout, p.stdout
+    rows = {l.split("  ")[1].strip(): l for l in p.stdout.splitlines() if l.startswith("  ")}
+    assert "position 129: logits at most" in p.stdout and "OVER" not in p.stdout
+    for m in ("several live splits", "a split of several tiles", "a shorter last live split",
+              "down: several K tiles", "gate_up: several K tiles", "lm_head: several K tiles"):
+        assert re.search(r"  no  \(.*\)\s+yes \(", rows[m]), rows[m]   # this run, covering
+    assert rows["down: a split over K"].rstrip().endswith("yes (2 splits)")
+    assert p.stdout.rstrip().endswith("not exercised: none"), p.stdout
 
 
 @pytest.mark.parametrize("argv,msg", [
