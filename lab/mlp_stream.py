@@ -17,6 +17,7 @@ Measured (NOTES.md entry 23, `results/h200/session12/mlp_stream_*.json`): 0.70-0
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import itertools
 import json
 import sys
@@ -25,9 +26,19 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from onelaunch.megakernel import isa  # noqa: E402
-from onelaunch.megakernel.gluon_mlp import KB, TK, TN, MLPStream, reference  # noqa: E402
+from onelaunch.megakernel import gluon_mlp, isa  # noqa: E402
 from onelaunch.timing import read_bandwidth  # noqa: E402
+
+
+def kernel_module(path: str | None):
+    """The package's ``gluon_mlp``, or an earlier version frozen in a file (``--kernel``),
+    so a change is timed against what it replaces in the same run."""
+    if not path:
+        return gluon_mlp
+    spec = importlib.util.spec_from_file_location(Path(path).stem, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def graph_us(run, iters: int, reps: int = 10) -> list[float]:
@@ -50,7 +61,7 @@ def graph_us(run, iters: int, reps: int = 10) -> list[float]:
     return sorted(ts)
 
 
-def check(m: MLPStream, x0, ref) -> dict:
+def check(m, x0, ref) -> dict:
     """Two launches from x0: close to the reference, bit-identical, counters back to 0."""
     outs = []
     for _ in range(2):
@@ -75,7 +86,7 @@ MODES = {"full": dict(), "no-waits": dict(waits=False), "no-math": dict(math=Fal
          "stream-only": dict(waits=False, math=False)}
 
 
-def timeline(m: MLPStream, x0) -> dict:
+def timeline(m, x0) -> dict:
     """One launch with the clock on: per op, the mean time an SM spends waiting on
     counters and working (us a step), and the launch's span."""
     m.x[0].copy_(x0)
@@ -98,12 +109,17 @@ def timeline(m: MLPStream, x0) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python lab/mlp_stream.py")
     ap.add_argument("out", nargs="?")
-    ap.add_argument("--stages", default="6,5")
+    ap.add_argument("--stages", default="6")
     ap.add_argument("--warps", default="4")
     ap.add_argument("--modes", default="full,no-waits,no-math,stream-only")
     ap.add_argument("--layers", type=int, default=28)
     ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--kernel", help="a file with an earlier gluon_mlp to time instead")
+    ap.add_argument("--tails", default="on", choices=["on", "off"],
+                    help="off: whole boxes with zero tiles past K (version 8's boxes)")
     a = ap.parse_args(argv)
+    km = kernel_module(a.kernel)
+    extra = {} if a.kernel else {"tails": a.tails == "on"}
     dev = "cuda"
     P = torch.cuda.get_device_properties(0).multi_processor_count
     L, H, I = a.layers, 1536, 8960                      # Qwen2.5-1.5B's MLP
@@ -112,7 +128,7 @@ def main(argv=None) -> int:
     w_dn = (torch.randn(L, H, I, device=dev, generator=gen) * 0.02).bfloat16()
     g = (1 + 0.1 * torch.randn(L, H, device=dev, generator=gen)).bfloat16()
     x0 = torch.randn(H, device=dev, generator=gen).bfloat16()
-    ref = reference(w_gu, w_dn, g, x0)
+    ref = km.reference(w_gu, w_dn, g, x0)
     nbytes = (w_gu.numel() + w_dn.numel() + g.numel()) * 2
     read_tbps = read_bandwidth(dev)
     floor_us = nbytes / read_tbps / 1e6
@@ -120,11 +136,12 @@ def main(argv=None) -> int:
     for warps, stages, mode in itertools.product(
             [int(v) for v in a.warps.split(",")],
             [int(v) for v in a.stages.split(",")], a.modes.split(",")):
-        row = {"mode": mode, "stages": stages, "warps": warps,
-               "ring_kb": stages * 2 * KB * TN * TK * 2 / 1024}
+        row = {"kernel": a.kernel or "onelaunch/megakernel/gluon_mlp.py", **extra, "mode": mode,
+               "stages": stages, "warps": warps,
+               "ring_kb": stages * 2 * km.KB * km.TN * km.TK * 2 / 1024}
         try:
-            m = MLPStream(w_gu, w_dn, g, P, stages=stages, num_warps=warps,
-                          **MODES[mode])
+            m = km.MLPStream(w_gu, w_dn, g, P, stages=stages, num_warps=warps,
+                             **MODES[mode], **extra)
             row.update(check(m, x0, ref) if mode == "full"
                        else {"check": "diagnostic (not checked)"})
             if row["check"] != "FAIL":
@@ -134,8 +151,8 @@ def main(argv=None) -> int:
                            x_floor=med / floor_us, tbps=nbytes / (med * 1e-6) / 1e12)
                 if mode == "full":
                     m.check_stalls()
-                    mc = MLPStream(w_gu, w_dn, g, P, stages=stages, num_warps=warps,
-                                   clock=True)
+                    mc = km.MLPStream(w_gu, w_dn, g, P, stages=stages, num_warps=warps,
+                                      clock=True, **extra)
                     row["timeline"] = timeline(mc, x0)
         except Exception as ex:                    # noqa: BLE001 - reported, exit 1
             row["check"] = f"FAIL {type(ex).__name__}: {str(ex)[:300]}"

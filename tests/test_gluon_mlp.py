@@ -61,6 +61,25 @@ def test_compiles_for_hopper():
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     line = [l for l in r.stdout.splitlines() if l.startswith("[gluon_mlp] sm_90")]
-    assert len(line) == 1 and "'tma': 5" in line[0], r.stdout   # this version's TMA copy sites
+    assert len(line) == 1 and "'tma': 7" in line[0], r.stdout   # this version's TMA copy sites
     shared = int(line[0].split("'shared': ")[1].split(",")[0])
-    assert 190_000 < shared <= 227 * 1024            # the ring fills the SM's shared memory
+    assert 190_000 < shared <= 227 * 1024            # the ring and h fill the shared memory
+
+
+@pytest.mark.parametrize("kt,kd,tail,want", [(35, 16, True, (2, 4)), (35, 16, False, (3, 0)),
+                                             (32, 16, True, (2, 0)), (3, 16, True, (0, 4))])
+def test_down_boxes(kt, kd, tail, want):
+    from onelaunch.megakernel.gluon_mlp import down_boxes
+    nf, tb = down_boxes(kt, kd, tail)
+    assert (nf, tb) == want
+    assert nf * kd <= kt + (kd - 1) and nf * kd + tb >= kt    # every tile, once
+
+
+@pytest.mark.parametrize("kt,tail,want", [(6, True, (4, 2)), (6, False, (8, 0)),
+                                          (8, True, (8, 0)), (4, True, (4, 0)),
+                                          (7, True, (4, 4))])
+def test_gate_up_boxes(kt, tail, want):
+    from onelaunch.megakernel.gluon_mlp import KB, gate_up_boxes
+    kg, gt = gate_up_boxes(kt, KB, tail)
+    assert (kg, gt) == want
+    assert kg + gt >= kt and kg + gt <= KB and (gt == 0 or kg % gt == 0)

@@ -50,6 +50,28 @@ def smem_layout():
     return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=3)
 
 
+def down_boxes(kt: int, kd: int, tail: bool = True) -> tuple[int, int]:
+    """The down projection's K tiles as NF full boxes of ``kd`` tiles and a tail box of
+    TAIL tiles (what is left, rounded up to a power of two; 0 if nothing is left): 35
+    tiles (Qwen's 8960) in boxes of 16 are 2 boxes and a tail of 4, one zero tile
+    multiplied where whole boxes (``tail=False``: 3 boxes, version 8) multiply 13."""
+    nf, rest = divmod(kt, kd)
+    if not tail:
+        return nf + (rest > 0), 0
+    return nf, (triton.next_power_of_2(rest) if rest else 0)
+
+
+def gate_up_boxes(kt: int, kb: int, tail: bool = True) -> tuple[int, int]:
+    """Gate/up's K tiles (all of K in one stage) as a box of KG tiles and a tail box of GT:
+    Qwen's 6 tiles are 4 + 2, where one box of ``kb`` = 8 (``tail=False``, version 8)
+    multiplies two zero tiles a row."""
+    assert kt <= kb, "gate/up: all of K in one stage"
+    kg = 1 << (kt.bit_length() - 1)             # the largest power of two <= kt
+    if not tail:
+        return kb, 0
+    return kg, (triton.next_power_of_2(kt - kg) if kg < kt else 0)
+
+
 def box_view(w2d: torch.Tensor) -> torch.Tensor:
     """[rows, K] as [rows, K / TK, TK]: a box of [TN, KB, TK] brings TN rows over KB K
     tiles in one TMA copy, each row's KB x TK columns one contiguous run of memory."""
@@ -134,21 +156,45 @@ def _fill(desc, ring, ready, empty, t, r, kt0, n_halves: gl.constexpr, I,
 
 
 @gluon.jit
-def _fill_one(desc, slots, ready, empty, t, r, kt0, STAGES: gl.constexpr):
-    """Stage t % STAGES <- one box of rows r.. x K tiles kt0.. (the down projection)."""
+def _fill_gu(dm, dt, ring_gm, ring_gt, ready, empty, t, r, I, STAGES: gl.constexpr,
+             KB_: gl.constexpr):
+    """Stage t % STAGES <- gate rows r.. and up rows r + I.. over all of K as a box of KG
+    K tiles and a tail box of the GT left (``dm``, ``dt``): four TMA copies, one barrier;
+    gate fills the stage's first slot of KB_ tiles, up its second."""
+    KG: gl.constexpr = dm.block_type.shape[1]
+    GT: gl.constexpr = dt.block_type.shape[1]
     s = t % STAGES
     mbarrier.wait(empty.index(s), ((t // STAGES) & 1) ^ 1)
-    mbarrier.expect(ready.index(s), desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(desc, [r, kt0, 0], ready.index(s), slots.index(s))
+    mbarrier.expect(ready.index(s), 2 * (dm.block_type.nbytes + dt.block_type.nbytes))
+    for half in gl.static_range(2):
+        slot = 2 * s + half
+        tma.async_copy_global_to_shared(dm, [r + half * I, 0, 0], ready.index(s),
+                                        ring_gm.index(slot * (KB_ // KG)))
+        tma.async_copy_global_to_shared(dt, [r + half * I, KG, 0], ready.index(s),
+                                        ring_gt.index(slot * (KB_ // GT) + KG // GT))
     return t + 1
 
 
 @gluon.jit
-def _loader(prog_ptr, n_instr, wgu_desc, wdn_desc, ring, ring_dn, ready, empty, I, H,
-            KT_VEC: gl.constexpr, STAGES: gl.constexpr, WIDTH: gl.constexpr):
+def _fill_one(desc, slots, ready, empty, t, r, kt0, STAGES: gl.constexpr, R: gl.constexpr):
+    """Stage t % STAGES <- one box of rows r.. x K tiles kt0.. (the down projection): into
+    slot s * R of ``slots`` (R boxes a stage: 1 for a full box, more for the tail box)."""
+    s = t % STAGES
+    mbarrier.wait(empty.index(s), ((t // STAGES) & 1) ^ 1)
+    mbarrier.expect(ready.index(s), desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(desc, [r, kt0, 0], ready.index(s), slots.index(s * R))
+    return t + 1
+
+
+@gluon.jit
+def _loader(prog_ptr, n_instr, wgu_desc, wgt_desc, wdn_desc, wdt_desc, ring, ring_gm, ring_gt,
+            ring_dn, ring_dt, ready, empty, I, H, GT: gl.constexpr, NF: gl.constexpr,
+            TAIL: gl.constexpr, STAGES: gl.constexpr, KB_: gl.constexpr,
+            WIDTH: gl.constexpr):
     """Every weight box of this SM's list, in the order the compute partition eats them;
     the only wait is for a free stage. A stage is one row block's gate and up rows over
-    all of K (two boxes), or one box of 2 KB K tiles of its down rows."""
+    all of K (two boxes), or one box of 2 KB K tiles of its down rows (NF of them, then
+    the TAIL K tiles left, rounded up to a power of two, in a smaller box)."""
     TN_: gl.constexpr = wgu_desc.block_type.shape[0]
     KD: gl.constexpr = wdn_desc.block_type.shape[1]
     base = prog_ptr + gl.program_id(0) * n_instr * WIDTH
@@ -161,12 +207,19 @@ def _loader(prog_ptr, n_instr, wgu_desc, wdn_desc, ring, ring_dn, ready, empty, 
         if op == 6:                                   # OP_GATE_UP: gate and up rows, one stage
             for rb in range(rows // TN_):
                 r = layer * 2 * I + row0 + rb * TN_
-                t = _fill(wgu_desc, ring, ready, empty, t, r, 0, 2, I, STAGES)
+                if GT > 0:
+                    t = _fill_gu(wgu_desc, wgt_desc, ring_gm, ring_gt, ready, empty, t, r, I,
+                                 STAGES, KB_)
+                else:
+                    t = _fill(wgu_desc, ring, ready, empty, t, r, 0, 2, I, STAGES)
         elif op == 7:                                 # OP_DOWN
             for rb in range(rows // TN_):
                 r = layer * H + row0 + rb * TN_
-                for j in range(KT_VEC // KD):
-                    t = _fill_one(wdn_desc, ring_dn, ready, empty, t, r, j * KD, STAGES)
+                for j in range(NF):
+                    t = _fill_one(wdn_desc, ring_dn, ready, empty, t, r, j * KD, STAGES, 1)
+                if TAIL > 0:
+                    t = _fill_one(wdt_desc, ring_dt, ready, empty, t, r, NF * KD, STAGES,
+                                  KD // TAIL)
 
 
 @gluon.jit
@@ -177,6 +230,17 @@ def _dot_box(ring, k, v, acc, MATH: gl.constexpr, l3: gl.constexpr):
     if MATH:
         return acc + gl.sum(w * v[None, :, :], axis=1)
     return acc + gl.sum(w, axis=1)                    # diagnostic: read the box only
+
+
+@gluon.jit
+def _dot_box_k(ring, k, v, acc, MATH: gl.constexpr, l4: gl.constexpr):
+    """acc[TN, NW, TK] += ring box k [TN, NW, kb / NW, TK] x v[NW, kb / NW, TK]: the K
+    tiles split over the warps (each warp reads its share of v, not all of it), summed
+    over each thread's tiles in registers; the warps' sums meet once a row block."""
+    w = ring.index(k).load(l4).to(gl.float32)
+    if MATH:
+        return acc + gl.sum(w * v[None, :, :, :], axis=2)
+    return acc + gl.sum(w, axis=2)                    # diagnostic: read the box only
 
 
 @gluon.jit
@@ -193,26 +257,41 @@ def _stage_free(empty, s):
 
 
 @gluon.jit
-def _compute(prog_ptr, n_instr, ring, ring_dn, ready, empty, vec, x_ptr, g_ptr, h_ptr, ctr_ptr,
-             err_ptr, clk_ptr, I, H, eps, timeout_ns, KT_VEC: gl.constexpr,
-             STAGES: gl.constexpr, WIDTH: gl.constexpr, TN_: gl.constexpr,
-             KB_: gl.constexpr, TK_: gl.constexpr, WAITS: gl.constexpr, MATH: gl.constexpr,
-             CLOCK: gl.constexpr, num_warps: gl.constexpr):
+def _compute(prog_ptr, n_instr, ring_gm, ring_gt, ring_dk, ring_tk, ready, empty, vec, x_ptr,
+             g_ptr, h_ptr, ctr_ptr, err_ptr, clk_ptr, I, H, eps, timeout_ns,
+             KG: gl.constexpr, GT: gl.constexpr, NF: gl.constexpr,
+             KD: gl.constexpr, TAIL: gl.constexpr, STAGES: gl.constexpr, WIDTH: gl.constexpr,
+             TN_: gl.constexpr, KB_: gl.constexpr, TK_: gl.constexpr, WAITS: gl.constexpr,
+             MATH: gl.constexpr, CLOCK: gl.constexpr, num_warps: gl.constexpr):
     # a box [TN, kb, TK]: rows over the warps, K tiles in each thread's registers (summed
     # there), columns over a warp's lanes, 8 a lane (16-byte shared loads)
     l3: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 1, 32], [num_warps, 1, 1], [2, 1, 0])
     vl: gl.constexpr = gl.SliceLayout(0, l3)             # [kb, TK]: a box's vector part
     al: gl.constexpr = gl.SliceLayout(1, l3)             # [TN, TK]: the accumulator
     rl: gl.constexpr = gl.SliceLayout(1, al)             # [TN]: a row block's results
-    KD: gl.constexpr = 2 * KB_                           # K tiles of a down box
+    KTV: gl.constexpr = NF * KD + TAIL                   # K tiles of h in shared memory
     pid = gl.program_id(0)
     base = prog_ptr + pid * n_instr * WIDTH
     err = err_ptr + pid * 4
     clk = clk_ptr + pid * n_instr * 4                 # [P, N, 4] globaltimer stamps
-    kk = gl.arange(0, KB_, gl.SliceLayout(1, vl))
+    kk = gl.arange(0, KG, gl.SliceLayout(1, vl))
     cc = gl.arange(0, TK_, gl.SliceLayout(0, vl))
-    offs = kk[:, None] * TK_ + cc[None, :]               # [KB, TK] offsets of a vector box
+    offs = kk[:, None] * TK_ + cc[None, :]               # [KG, TK]: x against a gate box
+    if GT > 0:                                           # [GT, TK]: x against its tail
+        offs_t = (KG + gl.arange(0, GT, gl.SliceLayout(1, vl)))[:, None] * TK_ + cc[None, :]
+    k4 = gl.arange(0, 4, gl.SliceLayout(1, vl))
+    offs4 = k4[:, None] * TK_ + cc[None, :]              # [4, TK]: h staged 4 tiles a time
     rows_ = gl.arange(0, TN_, rl)
+    # the down projection: a box [TN, NW, KD / NW, TK], its K tiles over the warps
+    NW: gl.constexpr = num_warps
+    l4: gl.constexpr = gl.BlockedLayout([1, 1, 1, 8], [1, 1, 1, 32], [1, NW, 1, 1],
+                                        [3, 2, 1, 0])
+    vl4: gl.constexpr = gl.SliceLayout(0, l4)            # [NW, kb / NW, TK]: h's part
+    a4: gl.constexpr = gl.SliceLayout(2, l4)             # [TN, NW, TK]: the accumulator
+    rows_d = gl.arange(0, TN_, gl.SliceLayout(1, gl.SliceLayout(2, a4)))
+    pl3: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=1,
+                                                order=[2, 1, 0])
+    v_full = vec._reinterpret(gl.bfloat16, [NF, NW, KD // NW, TK_], pl3)
     t = 0
     failed = 0
     for i in range(n_instr):
@@ -232,17 +311,31 @@ def _compute(prog_ptr, n_instr, ring, ring_dn, ready, empty, vec, x_ptr, g_ptr, 
         if CLOCK:
             gl.store(clk + i * 4 + 1, _now())
         x_in = x_ptr + (layer % 2) * H
-        if op == 6:                                   # OP_GATE_UP (H <= KB x TK)
+        if op == 6:                                   # OP_GATE_UP (H <= KG + GT tiles)
             m = offs < H
             xv = gl.load(x_in + offs, mask=m, other=0.0, cache_modifier=".cg").to(gl.float32)
-            rstd = 1.0 / gl.sqrt(gl.sum(gl.sum(xv * xv, axis=1), axis=0) / H + eps)
+            ss = gl.sum(gl.sum(xv * xv, axis=1), axis=0)
+            if GT > 0:
+                mt = offs_t < H
+                xt = gl.load(x_in + offs_t, mask=mt, other=0.0,
+                             cache_modifier=".cg").to(gl.float32)
+                ss += gl.sum(gl.sum(xt * xt, axis=1), axis=0)
+            rstd = 1.0 / gl.sqrt(ss / H + eps)
             gv = gl.load(g_ptr + layer * H + offs, mask=m, other=0.0).to(gl.float32)
             xn = (xv * rstd * gv).to(gl.bfloat16).to(gl.float32)     # bf16(x * rstd * g)
+            if GT > 0:
+                gt = gl.load(g_ptr + layer * H + offs_t, mask=mt, other=0.0).to(gl.float32)
+                xnt = (xt * rstd * gt).to(gl.bfloat16).to(gl.float32)
             for rb in range(rows // TN_):
                 zero = gl.zeros([TN_, TK_], gl.float32, al)
                 s = _stage_ready(ready, t, STAGES)
-                acc_g = _dot_box(ring, 2 * s, xn, zero, MATH, l3)
-                acc_u = _dot_box(ring, 2 * s + 1, xn, zero, MATH, l3)
+                acc_g = _dot_box(ring_gm, 2 * s * (KB_ // KG), xn, zero, MATH, l3)
+                acc_u = _dot_box(ring_gm, (2 * s + 1) * (KB_ // KG), xn, zero, MATH, l3)
+                if GT > 0:                            # the K tiles past the main box
+                    acc_g = _dot_box(ring_gt, 2 * s * (KB_ // GT) + KG // GT, xnt, acc_g,
+                                     MATH, l3)
+                    acc_u = _dot_box(ring_gt, (2 * s + 1) * (KB_ // GT) + KG // GT, xnt,
+                                     acc_u, MATH, l3)
                 _stage_free(empty, s)
                 t += 1
                 g = gl.sum(acc_g, axis=1)
@@ -250,24 +343,32 @@ def _compute(prog_ptr, n_instr, ring, ring_dn, ready, empty, vec, x_ptr, g_ptr, 
                 hv = g / (1.0 + gl.exp(-g)) * u
                 gl.store(h_ptr + row0 + rb * TN_ + rows_, hv.to(gl.bfloat16))
         elif op == 7:                                 # OP_DOWN
-            for jj in gl.static_range(KT_VEC // KB_):  # h into shared memory, zeros past
-                hv = gl.load(h_ptr + jj * KB_ * TK_ + offs,  # I: unrolled, the loads overlap
-                             mask=jj * KB_ * TK_ + offs < I, other=0.0, cache_modifier=".cg")
-                vec.index(jj).store(hv)
+            # h into shared memory, zeros past I; unrolled, so the loads overlap
+            for c in gl.static_range(KTV // 4):
+                hv = gl.load(h_ptr + c * 4 * TK_ + offs4, mask=c * 4 * TK_ + offs4 < I,
+                             other=0.0, cache_modifier=".cg")
+                vec.index(c).store(hv)
             gl.thread_barrier()
             x_out = x_ptr + ((layer + 1) % 2) * H
-            vec_dn = vec._reinterpret(gl.bfloat16, [KT_VEC // KD, KD, TK_], vec.layout)
             for rb in range(rows // TN_):
-                r = row0 + rb * TN_ + rows_
+                r = row0 + rb * TN_ + rows_d
                 xr = gl.load(x_in + r, cache_modifier=".cg").to(gl.float32)   # early
-                acc = gl.zeros([TN_, TK_], gl.float32, al)
-                for j in range(KT_VEC // KD):
+                acc = gl.zeros([TN_, NW, TK_], gl.float32, a4)
+                for j in range(NF):
                     s = _stage_ready(ready, t, STAGES)
-                    acc = _dot_box(ring_dn, s, vec_dn.index(j).load(vl).to(gl.float32), acc,
-                                   MATH, l3)
+                    hj = v_full.index(j).load(vl4).to(gl.float32)
+                    acc = _dot_box_k(ring_dk, s, hj, acc, MATH, l4)
                     _stage_free(empty, s)
                     t += 1
-                y = gl.sum(acc, axis=1).to(gl.bfloat16).to(gl.float32)
+                if TAIL > 0:                          # the K tiles left, in a smaller box
+                    v_tail = vec._reinterpret(gl.bfloat16, [KTV // TAIL, NW, TAIL // NW, TK_],
+                                              pl3)
+                    s = _stage_ready(ready, t, STAGES)
+                    ht = v_tail.index(NF * KD // TAIL).load(vl4).to(gl.float32)
+                    acc = _dot_box_k(ring_tk, s * (KD // TAIL), ht, acc, MATH, l4)
+                    _stage_free(empty, s)
+                    t += 1
+                y = gl.sum(gl.sum(acc, axis=2), axis=1).to(gl.bfloat16).to(gl.float32)
                 gl.store(x_out + r, (xr + y).to(gl.bfloat16))
         if bump >= 0:                                 # every thread's stores, then release
             gl.thread_barrier()
@@ -277,31 +378,55 @@ def _compute(prog_ptr, n_instr, ring, ring_dn, ready, empty, vec, x_ptr, g_ptr, 
 
 
 @gluon.jit
-def mlp_stream_kernel(prog_ptr, n_instr, wgu_desc, wdn_desc, x_ptr, g_ptr, h_ptr, ctr_ptr,
-                      err_ptr, clk_ptr, I, H, eps, timeout_ns, n_ctr,
-                      KT_VEC: gl.constexpr, STAGES: gl.constexpr, WIDTH: gl.constexpr,
+def mlp_stream_kernel(prog_ptr, n_instr, wgu_desc, wgt_desc, wdn_desc, wdt_desc, x_ptr, g_ptr,
+                      h_ptr, ctr_ptr, err_ptr, clk_ptr, I, H, eps, timeout_ns, n_ctr,
+                      KB_: gl.constexpr, GT: gl.constexpr, NF: gl.constexpr,
+                      TAIL: gl.constexpr, STAGES: gl.constexpr,
+                      WIDTH: gl.constexpr,
                       CTR_BLOCK: gl.constexpr, WAITS: gl.constexpr, MATH: gl.constexpr,
                       CLOCK: gl.constexpr, num_warps: gl.constexpr):
     TN_: gl.constexpr = wgu_desc.block_type.shape[0]
-    KB_: gl.constexpr = wgu_desc.block_type.shape[1]
+    KG: gl.constexpr = wgu_desc.block_type.shape[1]
     TK_: gl.constexpr = wgu_desc.block_type.shape[2]
-    # two boxes a stage (gate and up; down uses the first)
+    # a stage is two slots of [TN, KB_, TK]: gate and up (each a KG box and its GT tail,
+    # or one box of KG = KB_), or one down box over both
     ring = gl.allocate_shared_memory(gl.bfloat16, [2 * STAGES, TN_, KB_, TK_], wgu_desc.layout)
-    # the same bytes as one [TN, 2 KB, TK] box a stage, for the down projection
-    ring_dn = ring._reinterpret(gl.bfloat16, [STAGES, TN_, 2 * KB_, TK_], wdn_desc.layout)
-    vl: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=1, order=[1, 0])
-    vec = gl.allocate_shared_memory(gl.bfloat16, [KT_VEC // KB_, KB_, TK_], vl)
+    ring_gm = ring._reinterpret(gl.bfloat16, [2 * STAGES * (KB_ // KG), TN_, KG, TK_],
+                                wgu_desc.layout)
+    TG: gl.constexpr = wgt_desc.block_type.shape[1]
+    ring_gt = ring._reinterpret(gl.bfloat16, [2 * STAGES * (KB_ // TG), TN_, TG, TK_],
+                                wgt_desc.layout)
+    # the same bytes as one [TN, KD = 2 KB, TK] box a stage, for the down projection, and
+    # as KD / TAIL boxes of [TN, TAIL, TK] a stage for its tail (the first of them used)
+    KD: gl.constexpr = wdn_desc.block_type.shape[1]
+    ring_dn = ring._reinterpret(gl.bfloat16, [STAGES, TN_, KD, TK_], wdn_desc.layout)
+    TB: gl.constexpr = wdt_desc.block_type.shape[1]
+    ring_dt = ring._reinterpret(gl.bfloat16, [STAGES * (KD // TB), TN_, TB, TK_],
+                                wdt_desc.layout)
+    # the compute partition's view of the same down boxes: [TN, NW, K tiles / NW, TK]
+    NW: gl.constexpr = num_warps
+    pl4: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=1,
+                                                order=[3, 2, 1, 0])
+    ring_dk = ring._reinterpret(gl.bfloat16, [STAGES, TN_, NW, KD // NW, TK_], pl4)
+    ring_tk = ring._reinterpret(gl.bfloat16, [STAGES * (KD // TB), TN_, NW, TB // NW, TK_],
+                                pl4)
+    # h of the down projection, in chunks of 4 K tiles
+    vl: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=1,
+                                               order=[1, 0])
+    vec = gl.allocate_shared_memory(gl.bfloat16, [(NF * KD + TAIL) // 4, 4, TK_], vl)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
         mbarrier.init(ready.index(s), count=1)
         mbarrier.init(empty.index(s), count=1)
     gl.warp_specialize([
-        (_compute, (prog_ptr, n_instr, ring, ring_dn, ready, empty, vec, x_ptr, g_ptr, h_ptr,
-                    ctr_ptr, err_ptr, clk_ptr, I, H, eps, timeout_ns, KT_VEC, STAGES,
-                    WIDTH, TN_, KB_, TK_, WAITS, MATH, CLOCK, num_warps)),
-        (_loader, (prog_ptr, n_instr, wgu_desc, wdn_desc, ring, ring_dn, ready, empty, I, H,
-                   KT_VEC, STAGES, WIDTH))], [1], [48])
+        (_compute, (prog_ptr, n_instr, ring_gm, ring_gt, ring_dk, ring_tk, ready, empty, vec,
+                    x_ptr, g_ptr, h_ptr, ctr_ptr, err_ptr, clk_ptr, I, H, eps, timeout_ns,
+                    KG, GT, NF, KD, TAIL, STAGES, WIDTH, TN_, KB_, TK_, WAITS, MATH, CLOCK,
+                    num_warps)),
+        (_loader, (prog_ptr, n_instr, wgu_desc, wgt_desc, wdn_desc, wdt_desc, ring, ring_gm,
+                   ring_gt, ring_dn, ring_dt, ready, empty, I, H, GT, NF, TAIL, STAGES, KB_,
+                   WIDTH))], [1], [48])
     # the last CTA out sets the counters back to zero for the next launch
     gl.thread_barrier()
     n_ctas = gl.num_programs(0)
@@ -318,7 +443,7 @@ class MLPStream:
     ``run()`` is one launch (x[0] in, x[layers % 2] out)."""
 
     def __init__(self, w_gu, w_dn, g, P, stages=6, num_warps=4, timeout_ns=200_000_000,
-                 waits=True, math=True, clock=False):
+                 waits=True, math=True, clock=False, tails=True):
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
         L, two_i, H = w_gu.shape
         self.L, self.I, self.H = L, two_i // 2, H
@@ -334,11 +459,16 @@ class MLPStream:
         self.h = torch.zeros(self.I, dtype=torch.bfloat16, device=dev)
         lay = smem_layout()
         self.kt_gu, self.kt_dn = H // TK, self.I // TK
-        self.d_gu = TensorDescriptor.from_tensor(box_view(w_gu.view(L * two_i, H)),
-                                                 [TN, KB, TK], lay)
-        self.d_dn = TensorDescriptor.from_tensor(box_view(w_dn.view(L * H, self.I)),
-                                                 [TN, 2 * KB, TK], lay)
-        assert self.kt_gu <= KB, "gate/up: all of K in one box"
+        self.kg, self.gt = gate_up_boxes(H // TK, KB, tails)
+        gu = box_view(w_gu.view(L * two_i, H))
+        self.d_gu = TensorDescriptor.from_tensor(gu, [TN, self.kg, TK], lay)
+        self.d_gt = TensorDescriptor.from_tensor(gu, [TN, self.gt or self.kg, TK], lay)
+        self.nf, self.tail = down_boxes(self.kt_dn, 2 * KB, tails)
+        if self.tail:                      # the tail's K tiles split over the warps too
+            self.tail = min(max(self.tail, num_warps), 2 * KB)
+        dn = box_view(w_dn.view(L * H, self.I))
+        self.d_dn = TensorDescriptor.from_tensor(dn, [TN, 2 * KB, TK], lay)
+        self.d_dt = TensorDescriptor.from_tensor(dn, [TN, self.tail or 2 * KB, TK], lay)
         self.P, self.stages, self.num_warps, self.timeout_ns = P, stages, num_warps, timeout_ns
         self.waits, self.math = waits, math        # False only in the diagnostics
         self.clock = clock
@@ -347,9 +477,10 @@ class MLPStream:
 
     def run(self):
         mlp_stream_kernel[(self.P,)](
-            self.prog, self.n_instr, self.d_gu, self.d_dn, self.x, self.g, self.h, self.ctr,
-            self.err, self.clk, self.I, self.H, 1e-6, self.timeout_ns, self.n_ctr,
-            KT_VEC=triton.cdiv(self.kt_dn, 2 * KB) * 2 * KB, STAGES=self.stages, WIDTH=isa.WIDTH,
+            self.prog, self.n_instr, self.d_gu, self.d_gt, self.d_dn, self.d_dt, self.x, self.g,
+            self.h, self.ctr, self.err, self.clk, self.I, self.H, 1e-6, self.timeout_ns,
+            self.n_ctr, KB_=KB, GT=self.gt, NF=self.nf, TAIL=self.tail, STAGES=self.stages,
+            WIDTH=isa.WIDTH,
             WAITS=self.waits, MATH=self.math, CLOCK=self.clock,
             CTR_BLOCK=triton.next_power_of_2(self.n_ctr + 1), num_warps=self.num_warps)
 
@@ -377,24 +508,30 @@ def reference(w_gu, w_dn, g, x0, eps=1e-6):
     return x
 
 
-def aot(stages=6, num_warps=4) -> dict:
-    """Compile for sm_90 on any machine (no GPU): the layouts, TMA and barriers hold."""
+def aot(stages=6, num_warps=4, H=1536, I=8960) -> dict:
+    """Compile for sm_90 on any machine (no GPU): the layouts, TMA and barriers hold
+    (Qwen's intermediate size by default: two full down boxes and a tail of 4 tiles)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
     lay = smem_layout()
+    nf, tail = down_boxes(I // TK, 2 * KB)
+    kg, gt = gate_up_boxes(H // TK, KB)
     sig = {"prog_ptr": "*i32", "n_instr": "i32",
-           "wgu_desc": f"tensordesc<bf16[{TN},{KB},{TK}],{lay!r}>",
+           "wgu_desc": f"tensordesc<bf16[{TN},{kg},{TK}],{lay!r}>",
+           "wgt_desc": f"tensordesc<bf16[{TN},{gt or kg},{TK}],{lay!r}>",
            "wdn_desc": f"tensordesc<bf16[{TN},{2 * KB},{TK}],{lay!r}>",
+           "wdt_desc": f"tensordesc<bf16[{TN},{tail or 2 * KB},{TK}],{lay!r}>",
            "x_ptr": "*bf16", "g_ptr": "*bf16", "h_ptr": "*bf16", "ctr_ptr": "*i32",
            "err_ptr": "*i32", "clk_ptr": "*i64", "I": "i32", "H": "i32", "eps": "fp32", "timeout_ns": "i64",
-           "n_ctr": "i32", "KT_VEC": "constexpr",
+           "n_ctr": "i32", "KB_": "constexpr", "GT": "constexpr", "NF": "constexpr",
+           "TAIL": "constexpr",
            "STAGES": "constexpr", "WIDTH": "constexpr", "CTR_BLOCK": "constexpr",
            "WAITS": "constexpr", "MATH": "constexpr", "CLOCK": "constexpr",
            "num_warps": "constexpr"}
-    consts = dict(KT_VEC=48, STAGES=stages, WIDTH=isa.WIDTH, WAITS=1, MATH=1,
+    consts = dict(KB_=KB, GT=gt, NF=nf, TAIL=tail, STAGES=stages, WIDTH=isa.WIDTH, WAITS=1, MATH=1,
                   CLOCK=1,
                   CTR_BLOCK=64, num_warps=num_warps)
-    attrs = {(i,): [["tt.divisibility", 16]] for i in (0, 4, 5, 6, 7, 8, 9)}
+    attrs = {(i,): [["tt.divisibility", 16]] for i in (0, 6, 7, 8, 9, 10, 11)}
     k = triton.compile(GluonASTSource(mlp_stream_kernel, sig, constexprs=consts, attrs=attrs),
                        target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps))
     ptx = k.asm["ptx"]
