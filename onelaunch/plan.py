@@ -155,7 +155,7 @@ def layer_persistent(e, li: int) -> list[Launch]:
 
 
 def layer_clock(e, li: int, cfgs: dict):
-    """With ``ONELAUNCH_PERSIST_CLOCK=1`` (a measurement, ``ci/persistent_check.py``):
+    """With ``ONELAUNCH_PERSIST_CLOCK=1`` (a measurement, ``lab/persistent_check.py``):
     layer ``li``'s rows of the int64 buffer [layers, grid, 2 x phases] where each program
     of the persistent layer stamps its phases' start and end (``clock_phases``)."""
     if os.environ.get("ONELAUNCH_PERSIST_CLOCK") != "1":

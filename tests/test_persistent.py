@@ -3,7 +3,7 @@ interpreter: the same bits as the split-K plan, step after step, at any grid siz
 or without the next-phase prefetch; one launch a layer in the plan, with the bytes the
 unfused blocks claim; bad requests refused in one line. The interpreter runs one launch
 per phase (a spinning grid barrier cannot run there); the GPU runs all phases in one
-launch (``ci/persistent_check.py`` checks the same bits there). A last test compiles the
+launch (``lab/persistent_check.py`` checks the same bits there). A last test compiles the
 one-launch kernel for Hopper on the CPU (barrier included), where Triton's ptxas is there.
 """
 import os
