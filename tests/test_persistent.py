@@ -241,7 +241,6 @@ def test_tile_override_own_means_the_ops_tiles(monkeypatch):
 
 @pytest.mark.parametrize("kw,msg", [
     (dict(attention="plain"), "attention='splitk'"),
-    (dict(fuse_rope=True), "fuse_rope"),
     (dict(tp=object()), "leave out tp"),
 ])
 def test_bad_requests_say_what_to_use(w, kw, msg):
@@ -372,7 +371,7 @@ def test_ladder_rung_is_judged_then_timed(w):
 @pytest.mark.parametrize("grid", [1, 3])
 def test_rope_folded_into_attention(w, monkeypatch, grid):
     """``ONELAUNCH_PERSIST_FOLD_ROPE=1``: RoPE and the KV write inside the attention phase
-    (``attention_onekernel.rope_partial``), one barrier fewer: bit for bit the unfused
+    (``rope_attention_partial.rope_partial``), one barrier fewer: bit for bit the unfused
     reference across the split boundary, in one launch (grid 1: the barriers' targets one
     fewer after the missing one, the counters reset) and one launch per phase (grid 3).
     A group of phases ending at the missing barrier is refused in one line."""
