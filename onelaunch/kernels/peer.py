@@ -62,15 +62,6 @@ import triton.language as tl
 
 
 @triton.jit
-def system_fence(ENABLED: tl.constexpr):
-    """fence.acq_rel.sys: this thread's earlier stores (to peer memory too) are visible to
-    every GPU before its later ones. (The interpreter needs none.)"""
-    if ENABLED:
-        tl.inline_asm_elementwise("fence.acq_rel.sys; mov.u32 $0, 0;", "=r", [],
-                                  dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def peer_sum(y, offs_n, n_mask, tile, peer_ptr, WORLD: tl.constexpr,
              FENCE: tl.constexpr):
     """Sum over ranks, in rank order, of every rank's ``y`` (fp32, this program's values
