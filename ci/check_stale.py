@@ -17,7 +17,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "ci"))
-from notebooks import code_cells, read_source  # noqa: E402
+from chapter_source import code_cells, read_source  # noqa: E402
 
 
 def same_program(a: list[str], b: list[str]) -> bool:

@@ -44,10 +44,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "ci"))
+from chapter_source import read_source  # noqa: E402
+
 NOTEBOOKS = ROOT / "notebooks"
 SCRATCH = ROOT / "_build" / "cpu-notebooks"
 STAGE = ROOT / "_build" / "src"
-KERNELSPEC = {"name": "python3", "display_name": "Python 3", "language": "python"}
 DEFAULT_GPU = {"device": "cuda"}
 DEFAULT_GPU_MEM_GB = 24      # an RTX 4090: every chapter must fit (book/run_yourself.md)
 
@@ -65,19 +66,6 @@ def chapters(names=()) -> list[Path]:
             sys.exit(f"no chapter {n!r}; chapters: {', '.join(p.stem for p in found)}")
         out += hit
     return out
-
-
-def read_source(src: Path):
-    import jupytext
-    nb = jupytext.read(src)
-    nb.metadata["kernelspec"] = dict(KERNELSPEC)  # papermill needs one
-    return nb
-
-
-def code_cells(nb) -> list[str]:
-    """Code cells as the source has them (papermill's injected cell left out)."""
-    return [c.source.strip() for c in nb.cells if c.cell_type == "code"
-            and "injected-parameters" not in c.get("metadata", {}).get("tags", [])]
 
 
 def gpu_parameters(nb) -> dict:

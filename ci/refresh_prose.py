@@ -17,7 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "ci"))
 from check_stale import stale  # noqa: E402
-from notebooks import read_source  # noqa: E402
+from chapter_source import read_source  # noqa: E402
 
 
 def refresh(nb_path: Path) -> bool:

@@ -30,23 +30,15 @@ from .kernels import config
 from .oracle import Oracle
 from .specs import get_spec
 from .timing import read_bandwidth, time_ms
-from .weights import random_weights
-
-try:                                   # the packer is moving from the engine to weights
-    from .weights import pack_weights
-except ImportError:                    # pragma: no cover - until that move lands
-    from .engine import pack_weights
+from .weights import pack_weights, random_weights
 
 RUNGS = ("fused eager", "fused + graph", "+ split-K", "+ PDL")
-# "+ RoPE in attention" (ladder_rows(rungs=...) runs it) measured slower than + PDL on the
-# H200 and is not a rung of the ladder: NOTES.md, entry 8
 # how each rung builds and runs its engine (rung_engine; ladder_rows, profile.profile_rows)
 RUNG_SETTINGS = {
     "fused eager": dict(attention="plain", graph=False, pdl=False),
     "fused + graph": dict(attention="plain", graph=True, pdl=False),
     "+ split-K": dict(attention="splitk", graph=True, pdl=False),
     "+ PDL": dict(attention="splitk", graph=True, pdl=True),
-    "+ RoPE in attention": dict(attention="splitk", graph=True, pdl=True, fuse_rope=True),
     # one launch a dense layer (kernels/layer_persistent.py), chapter 8: each GEMV phase
     # with a register ring (STAGES 0), without and with the next phase's weight tiles
     # requested before each grid barrier; then streamed through shared memory (the table)
@@ -64,7 +56,7 @@ def rung_supported(spec, rung: str) -> bool:
     st = RUNG_SETTINGS[rung]
     stages = st.get("cfgs", {}).get("layer_persistent", {}).get("STAGES")
     return not (st.get("persistent") and persistent_refusal(
-        spec, st["attention"], fuse_rope=st.get("fuse_rope", False), stages=stages))
+        spec, st["attention"], stages=stages))
 
 
 def rung_engine(spec, w, rung: str, max_ctx: int) -> Engine:
@@ -72,7 +64,7 @@ def rung_engine(spec, w, rung: str, max_ctx: int) -> Engine:
     rung's settings into an engine, for the ladder and the profile."""
     st = RUNG_SETTINGS[rung]
     return Engine(spec, w, max_ctx=max_ctx, attention=st["attention"], pdl=st["pdl"],
-                  fuse_rope=st.get("fuse_rope", False), persistent=st.get("persistent", False),
+                  persistent=st.get("persistent", False),
                   cfgs=st.get("cfgs"))
 
 

@@ -512,7 +512,7 @@ def cover(e, seed: int = 0) -> dict:
     prompt = _cover_prompt(spec, seed)
     w = tied_router(spec, e.hf_weights, prompt) if spec.is_moe else e.hf_weights
     c = Engine(spec, w, max_ctx=COVER_CTX, attention=p["attention"], pdl=e.pdl,
-               fuse_rope=p["fuse_rope"], persistent=p["persistent"], cfgs=covering_cfgs(e),
+               persistent=p["persistent"], cfgs=covering_cfgs(e),
                live_cap=COVER_LIVE_CAP)
     prefill(c, prompt, progress=False)
     router, step_logits = [], []

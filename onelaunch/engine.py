@@ -18,9 +18,6 @@ Modes: ``graph=False`` runs the same launches eagerly (the "fused eager" rung);
 ``attention="plain"`` uses one program per query head, ``"splitk"`` the
 flash-decode pair;
 ``pdl=True`` launches every kernel with programmatic dependent launch (Hopper+);
-``fuse_rope=True`` (with split-K) does RoPE and the KV write inside the split-K partial
-kernel, one launch fewer per layer (``kernels/attention_onekernel.py``); on the H200 it
-measured 0.01-0.03 ms a token slower than the separate RoPE kernel, so no rung uses it.
 ``persistent=True`` (split-K, dense models, one GPU) runs each layer as one persistent
 launch whose phases are the unfused kernels' bodies separated by grid barriers
 (``kernels/layer_persistent.py``): layers + 2 launches a step, same bits.
@@ -42,15 +39,14 @@ from . import plan
 from .kernels import config
 from .oracle import rope_cos_sin
 from .specs import get_spec
-from .weights import pack_weights  # noqa: F401  (re-exported: engine.pack_weights)
+from .weights import pack_weights
 
 
 class EngineError(ValueError):
     """Bad input to the engine: the message says what to do."""
 
 
-def persistent_refusal(spec, attention: str = "splitk", tp=None, fuse_rope: bool = False,
-                       stages: int | None = None):
+def persistent_refusal(spec, attention: str = "splitk", tp=None, stages: int | None = None):
     """Why an engine with ``persistent=True`` cannot be built for these settings (one line
     saying what to use), or None: the one rule the engine and the ladder's rungs share.
     ``stages``: the persistent entry's STAGES (None: the table's, which streams)."""
@@ -63,14 +59,12 @@ def persistent_refusal(spec, attention: str = "splitk", tp=None, fuse_rope: bool
     if tp is not None:
         return ("persistent=True runs on one GPU: leave out tp (or use persistent=False "
                 "under tensor parallelism)")
-    if fuse_rope:
-        return "persistent=True has RoPE in its own phase: leave out fuse_rope"
     return None
 
 
 class Engine:
     def __init__(self, spec, weights: dict[str, torch.Tensor], max_ctx: int | None = None,
-                 attention: str = "splitk", pdl: bool = False, fuse_rope: bool = False,
+                 attention: str = "splitk", pdl: bool = False,
                  device=None, cfgs: dict | None = None, tp=None, persistent: bool = False,
                  live_cap: int | None = 0):
         self.spec = spec = get_spec(spec)
@@ -89,14 +83,10 @@ class Engine:
                               f"({spec.max_ctx}); build the engine with max_ctx <= {spec.max_ctx}")
         self.attention = attention
         self.pdl = bool(pdl) and config.pdl_supported(self.device)
-        if fuse_rope and (spec.qk_norm or attention != "splitk"):
-            raise EngineError("fuse_rope needs split-K attention and a model without q/k norm "
-                              "(whose RMS spans all heads)")
-        self.fuse_rope = bool(fuse_rope)
         stages = K.layer_persistent_entry(dict(
             config.get("layer_persistent", self.device),
             **(cfgs or {}).get("layer_persistent", {})))["STAGES"] if persistent else None
-        why = persistent_refusal(spec, attention, tp, fuse_rope, stages) if persistent else None
+        why = persistent_refusal(spec, attention, tp, stages) if persistent else None
         if why:
             raise EngineError(why)
         self.persistent = bool(persistent)
@@ -168,9 +158,6 @@ class Engine:
         for launch in self.plan:
             launch.run()
 
-    def plan_table(self, ctx: int = 0) -> list[dict]:
-        return plan.table(self.plan, ctx)
-
     # ---- what runs: read from the plan's launches, not from the arguments -------------
     def trace(self) -> list[dict]:
         """The kernel calls one step makes, without running a kernel: every entry of the
@@ -210,7 +197,7 @@ class Engine:
     def ran_paths(self) -> dict:
         """What this engine's step runs, read from its kernel calls (``trace``), so that a
         setting which silently fell back shows: ``attention`` ("splitk" or "plain"),
-        ``fuse_rope``, ``persistent``, ``pdl`` (True, False, or "mixed" when only some
+        ``persistent``, ``pdl`` (True, False, or "mixed" when only some
         launches use it), ``tp`` (None on one GPU; else how the ranks' partial sums
         meet: "fused", "p2p", "symm", the all-reduce's backend, or "none") and
         ``launches`` (a step's)."""
@@ -218,7 +205,7 @@ class Engine:
         kernels = {c["kernel"] for c in calls}
         pdl = {bool(c["args"]["use_pdl"]) for c in calls if "use_pdl" in c["args"]}
         attention = None
-        if kernels & {"attention_partial", "attention_onekernel", "layer_persistent"}:
+        if kernels & {"attention_partial", "layer_persistent"}:
             attention = "splitk"
         elif "attention" in kernels:
             attention = "plain"
@@ -234,8 +221,7 @@ class Engine:
                 tp = "fused"
             else:
                 tp = "none"
-        return {"attention": attention, "fuse_rope": "attention_onekernel" in kernels,
-                "persistent": "layer_persistent" in kernels,
+        return {"attention": attention, "persistent": "layer_persistent" in kernels,
                 "pdl": (pdl.pop() if len(pdl) == 1 else "mixed") if pdl else False,
                 "tp": tp, "launches": len(self.plan)}
 
@@ -244,7 +230,7 @@ class Engine:
         GPU")."""
         p = self.paths
         words = [{"splitk": "split-K attention", "plain": "plain attention"}.get(
-            p["attention"], "no attention") + (" (RoPE inside)" if p["fuse_rope"] else "")]
+            p["attention"], "no attention")]
         if p["persistent"]:
             words.append("persistent layers")
         words.append({True: "PDL on", False: "PDL off"}.get(p["pdl"], "PDL on some launches"))

@@ -67,36 +67,26 @@ def attention(e, li: int) -> list[Launch]:
     out = [Launch("rms_qkv", li, lambda: K.rms_qkv(e.x, L["input_norm"], L["w_qkv"], L["b_qkv"], qkv,
                                                    s.rms_eps, use_pdl=pdl, cfg=c_qkv),
                   _nbytes(L["input_norm"], L["w_qkv"], L["b_qkv"]))]
-    if e.fuse_rope:       # RoPE + KV write inside the split-K partial kernel (no rung)
+    q = e.buf("q", (s.q_size,))                   # q after RoPE
+    qn, kn = L.get("q_norm"), L.get("k_norm")
+    norm = {}
+    if s.qk_norm and e.tp is not None:            # the RMS spans every rank's heads
+        launches, ss = qk_sumsq(e, li, qkv)
+        out += launches
+        norm = dict(ss=ss, q_total=e.tp.full.q_size, k_total=e.tp.full.kv_size)
+    out.append(Launch("rope_kv_write", li, lambda: K.rope_kv_write(
+        qkv, q, kc, vc, e.cos, e.sin, e.pos, s.heads, s.kv_heads, s.head_dim, use_pdl=pdl,
+        q_norm=qn, k_norm=kn, eps=s.rms_eps, **norm), _nbytes(qn, kn)))
+    if e.attention == "plain":
+        c = e.cfg("attention")
+        out.append(Launch("attention", li, lambda: K.attention(
+            q, kc, vc, attn, e.pos, s.heads, s.kv_heads, s.head_dim, c, use_pdl=pdl), 0, kv_ctx))
+    else:
         c = e.cfg("attn_split")
         pm, pl, po = e.partials()
-        cnt = e.buf("attn_counter", (s.kv_heads,), I32)
-        out.append(Launch("attention_onekernel", li, lambda: K.attention_onekernel(
-            qkv, kc, vc, e.cos, e.sin, attn, e.pos, po, pm, pl, cnt, s.heads, s.kv_heads,
-            s.head_dim, e.chunk, c, use_pdl=pdl, fuse_reduce=False, launch_reduce=False,
-            live_cap=e.live_cap),
-            0, kv_ctx))
-    else:
-        q = e.buf("q", (s.q_size,))                   # q after RoPE
-        qn, kn = L.get("q_norm"), L.get("k_norm")
-        norm = {}
-        if s.qk_norm and e.tp is not None:            # the RMS spans every rank's heads
-            launches, ss = qk_sumsq(e, li, qkv)
-            out += launches
-            norm = dict(ss=ss, q_total=e.tp.full.q_size, k_total=e.tp.full.kv_size)
-        out.append(Launch("rope_kv_write", li, lambda: K.rope_kv_write(
-            qkv, q, kc, vc, e.cos, e.sin, e.pos, s.heads, s.kv_heads, s.head_dim, use_pdl=pdl,
-            q_norm=qn, k_norm=kn, eps=s.rms_eps, **norm), _nbytes(qn, kn)))
-        if e.attention == "plain":
-            c = e.cfg("attention")
-            out.append(Launch("attention", li, lambda: K.attention(
-                q, kc, vc, attn, e.pos, s.heads, s.kv_heads, s.head_dim, c, use_pdl=pdl), 0, kv_ctx))
-        else:
-            c = e.cfg("attn_split")
-            pm, pl, po = e.partials()
-            out.append(Launch("attention_partial", li, lambda: K.attention_partial(
-                q, kc, vc, e.pos, po, pm, pl, s.heads, s.kv_heads, s.head_dim, e.chunk, c,
-                use_pdl=pdl, live_cap=e.live_cap), 0, kv_ctx))
+        out.append(Launch("attention_partial", li, lambda: K.attention_partial(
+            q, kc, vc, e.pos, po, pm, pl, s.heads, s.kv_heads, s.head_dim, e.chunk, c,
+            use_pdl=pdl, live_cap=e.live_cap), 0, kv_ctx))
     if e.attention == "splitk":
         pm, pl, po = e.partials()
         rw = e.cfg("attn_split").get("reduce_warps", 4)
@@ -155,7 +145,7 @@ def layer_persistent(e, li: int) -> list[Launch]:
 
 
 def layer_clock(e, li: int, cfgs: dict):
-    """With ``ONELAUNCH_PERSIST_CLOCK=1`` (a measurement, ``ci/persistent_check.py``):
+    """With ``ONELAUNCH_PERSIST_CLOCK=1`` (a measurement, ``lab/persistent_check.py``):
     layer ``li``'s rows of the int64 buffer [layers, grid, 2 x phases] where each program
     of the persistent layer stamps its phases' start and end (``clock_phases``)."""
     if os.environ.get("ONELAUNCH_PERSIST_CLOCK") != "1":

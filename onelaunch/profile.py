@@ -48,7 +48,6 @@ OP_KERNELS: dict[str, tuple[str, ...]] = {
     "attention": ("_attention_kernel",),
     "attention_partial": ("_attn_partial_kernel",),
     "attention_reduce": ("_attn_reduce_kernel",),
-    "attention_onekernel": ("_attn_onekernel_kernel",),
     "o_proj_residual": ("_o_proj_residual_kernel",),
     "rms_gate_up_swiglu": ("_rms_gate_up_swiglu_kernel",),
     "down_residual": ("_down_residual_kernel",),

@@ -33,7 +33,7 @@ def test_executed_chapters_match_sources():
 def test_check_stale_catches_changed_code(tmp_path):
     """A notebook whose code cell was edited after its run is reported."""
     import nbformat
-    from notebooks import read_source
+    from chapter_source import read_source
     src = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.md"))[0]
     nb = read_source(src)
     code = [c for c in nb.cells if c.cell_type == "code"]
@@ -49,7 +49,7 @@ def test_check_stale_allows_layout_but_not_values(tmp_path):
     """Re-wrapping a cell or editing a comment leaves the syntax tree as it ran: not stale.
     Changing a number in it is."""
     import nbformat
-    from notebooks import read_source
+    from chapter_source import read_source
     src = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.md"))[0]
     text = src.read_text()
     nb = read_source(src)

@@ -23,13 +23,12 @@ def w():
     return random_weights(SPEC, 0)     # bf16, what the kernels read
 
 
-@pytest.mark.parametrize("attention,fuse_rope", [("plain", False), ("splitk", False),
-                                                 ("splitk", True)])
-def test_engine_matches_oracle(w, attention, fuse_rope):
+@pytest.mark.parametrize("attention", ["plain", "splitk"])
+def test_engine_matches_oracle(w, attention):
     prompt = torch.randint(0, SPEC.vocab, (5,), generator=torch.Generator().manual_seed(7))
     ref = Oracle(SPEC, w, max_ctx=64).generate(prompt, 4).cpu()
-    e = Engine(SPEC, w, max_ctx=64, attention=attention, fuse_rope=fuse_rope)
-    assert e.launches_per_step() == 2 + SPEC.layers * (6 + (attention == "splitk") - fuse_rope)
+    e = Engine(SPEC, w, max_ctx=64, attention=attention)
+    assert e.launches_per_step() == 2 + SPEC.layers * (6 + (attention == "splitk"))
     assert e.launches_per_step() == len(e.plan)
     chunks = []
     got = e.generate(prompt, 4, graph=False, on_tokens=chunks.append, read_every=3)
@@ -51,8 +50,6 @@ def test_engine_rejects_bad_input(w):
         Engine(SPEC, w, max_ctx=SPEC.max_ctx + 1)
     with pytest.raises(EngineError, match="bf16"):
         Engine(SPEC, {k: v.float() for k, v in w.items()})
-    with pytest.raises(EngineError, match="fuse_rope needs split-K"):
-        Engine(SPEC, w, attention="plain", fuse_rope=True)
 
 
 def test_bench_table_never_prints_a_refused_time():

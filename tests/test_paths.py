@@ -23,10 +23,9 @@ def w():
 
 
 @pytest.mark.parametrize("kw, want", [
-    ({}, dict(attention="splitk", fuse_rope=False, persistent=False)),
-    ({"attention": "plain"}, dict(attention="plain", fuse_rope=False, persistent=False)),
-    ({"fuse_rope": True}, dict(attention="splitk", fuse_rope=True, persistent=False)),
-    ({"persistent": True}, dict(attention="splitk", fuse_rope=False, persistent=True)),
+    ({}, dict(attention="splitk", persistent=False)),
+    ({"attention": "plain"}, dict(attention="plain", persistent=False)),
+    ({"persistent": True}, dict(attention="splitk", persistent=True)),
 ])
 def test_engine_reports_the_attention_it_built(w, kw, want):
     e = Engine(SPEC, w, max_ctx=64, **kw)

@@ -3,7 +3,7 @@ interpreter: the same bits as the split-K plan, step after step, at any grid siz
 or without the next-phase prefetch; one launch a layer in the plan, with the bytes the
 unfused blocks claim; bad requests refused in one line. The interpreter runs one launch
 per phase (a spinning grid barrier cannot run there); the GPU runs all phases in one
-launch (``ci/persistent_check.py`` checks the same bits there). A last test compiles the
+launch (``lab/persistent_check.py`` checks the same bits there). A last test compiles the
 one-launch kernel for Hopper on the CPU (barrier included), where Triton's ptxas is there.
 """
 import os
@@ -241,7 +241,6 @@ def test_tile_override_own_means_the_ops_tiles(monkeypatch):
 
 @pytest.mark.parametrize("kw,msg", [
     (dict(attention="plain"), "attention='splitk'"),
-    (dict(fuse_rope=True), "fuse_rope"),
     (dict(tp=object()), "leave out tp"),
 ])
 def test_bad_requests_say_what_to_use(w, kw, msg):
@@ -372,7 +371,7 @@ def test_ladder_rung_is_judged_then_timed(w):
 @pytest.mark.parametrize("grid", [1, 3])
 def test_rope_folded_into_attention(w, monkeypatch, grid):
     """``ONELAUNCH_PERSIST_FOLD_ROPE=1``: RoPE and the KV write inside the attention phase
-    (``attention_onekernel.rope_partial``), one barrier fewer: bit for bit the unfused
+    (``rope_attention_partial.rope_partial``), one barrier fewer: bit for bit the unfused
     reference across the split boundary, in one launch (grid 1: the barriers' targets one
     fewer after the missing one, the counters reset) and one launch per phase (grid 3).
     A group of phases ending at the missing barrier is refused in one line."""

@@ -176,10 +176,7 @@ def test_every_op_of_every_rung_has_its_kernel_name():
         spec = get_spec(name)
         w = random_weights(spec, 0)
         for rung, st in bench.RUNG_SETTINGS.items():
-            if st.get("fuse_rope") and spec.qk_norm:
-                continue
-            e = Engine(spec, w, max_ctx=32, attention=st["attention"], pdl=st["pdl"],
-                       fuse_rope=st.get("fuse_rope", False))
+            e = Engine(spec, w, max_ctx=32, attention=st["attention"], pdl=st["pdl"])
             assert {L.op for L in e.plan} <= set(profile.OP_KERNELS), (name, rung)
 
 
@@ -217,11 +214,11 @@ def test_ladder_uses_bench_rung_settings(monkeypatch):
 
     monkeypatch.setattr(bench, "Engine", FakeEngine)
     monkeypatch.setitem(bench.RUNG_SETTINGS, "+ split-K",
-                        dict(attention="plain", graph=True, pdl=False, fuse_rope=True))
+                        dict(attention="plain", graph=True, pdl=True))
     ref = (torch.zeros(2, dtype=torch.long), torch.zeros(2, 8))
     with pytest.raises(Stop):
         bench.ladder_rows("tiny-qwen2", {}, "cpu", ctx=4, rungs=("+ split-K",), ref=ref)
-    assert seen[-1]["attention"] == "plain" and seen[-1]["fuse_rope"] is True
+    assert seen[-1]["attention"] == "plain" and seen[-1]["pdl"] is True
     for rung in ("fused eager", "+ split-K"):
         monkeypatch.setitem(bench.RUNG_SETTINGS, rung, dict(
             bench.RUNG_SETTINGS[rung], attention="splitk" if rung == "fused eager" else "plain"))

@@ -136,20 +136,6 @@ def case_attention_splitk(spec):
             yield {**c, "CHUNK": chunk}
 
 
-def case_attention_onekernel(spec):
-    from onelaunch import kernels as K
-    D = spec.head_dim
-    for c in _sm89_configs("attn_split"):
-        for chunk in _chunks(spec):
-            for fuse in (True, False):
-                C, parts = _splitk_buffers(spec, chunk)
-                K.attention_onekernel(_t(spec.qkv_size), _t(spec.kv_heads, C, D),
-                                      _t(spec.kv_heads, C, D), _t(C, D), _t(C, D), _t(spec.q_size),
-                                      _t(1, dtype="i32"), *parts, _t(spec.kv_heads, dtype="i32"),
-                                      spec.heads, spec.kv_heads, D, chunk, c, fuse_reduce=fuse)
-                yield {**c, "CHUNK": chunk, "fuse_reduce": fuse}
-
-
 def case_o_proj(spec):
     from onelaunch import kernels as K
     for c in _sm89_configs("o_proj"):
@@ -323,7 +309,7 @@ def case_layer_persistent(spec):
 
 
 CASES = [case_embed, case_rms_qkv, case_rope_kv, case_attention, case_attention_splitk,
-         case_attention_onekernel, case_o_proj, case_gate_up, case_down, case_lm_head, case_moe,
+         case_o_proj, case_gate_up, case_down, case_lm_head, case_moe,
          case_tp, case_layer_persistent]
 
 

@@ -6,7 +6,6 @@ from .attention import attention  # noqa: F401
 from .attention_splitk import (attention_partial, attention_reduce, attention_splitk,  # noqa: F401
                               chunk_for, default_live_cap, live_share,
                               live_splits_host, n_splits_for)
-from .attention_onekernel import attention_onekernel  # noqa: F401
 from .o_proj_residual import o_proj_residual  # noqa: F401
 from .rms_gate_up_swiglu import rms_gate_up_swiglu  # noqa: F401
 from .down_residual import down_residual  # noqa: F401

@@ -57,13 +57,13 @@ from . import config
 from ._common import pdl_wait, rms_rstd, row_tiles, stream_gemv, thread_fence
 from .attention_splitk import (BLOCK_S, block_m, live_share, live_splits, partial_early,
                                partial_rest, reduce_head, split_range)
-from .attention_onekernel import rope_partial
 from .down_residual import down_first, down_split, down_tile
 from .moe_experts import stream_experts_down, stream_experts_gate_up
 from .moe_router import route
 from .o_proj_residual import o_proj_tile
 from .rms_gate_up_swiglu import gate_up_first, gate_up_tile
 from .rms_qkv import rms_qkv_tile
+from .rope_attention_partial import rope_partial
 from .rope_kv import rope_kv_head
 
 PHASES = ("rms_qkv", "rope_kv_write", "attention_partial", "attention_reduce", "o_proj_residual",
@@ -480,7 +480,7 @@ def layer_persistent(x, L: dict, qkv, q, attn, h, k_cache, v_cache, cos, sin, po
             raise ValueError("the layer's clock reads %globaltimer: a GPU measurement, not "
                              "for Triton's interpreter (leave ONELAUNCH_PERSIST_CLOCK unset)")
         assert clock.dtype == torch.int64 and clock.numel() >= P * slots, "clock too small"
-    # RoPE folded into the attention phase (``attention_onekernel.rope_partial``): one
+    # RoPE folded into the attention phase (``rope_attention_partial.rope_partial``): one
     # barrier fewer a layer; not where q and k are normed over all heads (OLMoE)
     fold = bool(c_p.get("FOLD_ROPE")) and qn is None
     if fold and any(a <= 1 and z == 2 for a, z in ranges):

@@ -49,7 +49,7 @@ exchange falls to the last of several (split-K's down, the MoE's slots). (The fi
 version hung on split-K downs: every warp read the exchange number and one warp stored
 the next, so a late warp could read the new number and wait for words that never come.
 The number is now read behind a barrier; 100 checked replays of each fused kernel on two
-H200s, ``ci/tp_peer_check.py``.) ``reset`` zeroes this rank's slots, flags and seqno (all
+H200s, ``lab/tp_peer_check.py``.) ``reset`` zeroes this rank's slots, flags and seqno (all
 ranks, with a barrier before and after), so a replay after an interrupted one starts clean.
 """
 from __future__ import annotations
@@ -59,15 +59,6 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
-
-
-@triton.jit
-def system_fence(ENABLED: tl.constexpr):
-    """fence.acq_rel.sys: this thread's earlier stores (to peer memory too) are visible to
-    every GPU before its later ones. (The interpreter needs none.)"""
-    if ENABLED:
-        tl.inline_asm_elementwise("fence.acq_rel.sys; mov.u32 $0, 0;", "=r", [],
-                                  dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit

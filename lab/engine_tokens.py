@@ -1,8 +1,15 @@
-"""Tokens and step time of one engine build, for comparing two versions of the package
-(run once with each on PYTHONPATH, in the same GPU session): free-running greedy tokens,
-teacher-forced argmax over the same forced ids, and the graph step's median ms.
+"""Lab probe (GPU): does a refactor move the engine's tokens or its step time? Tokens and
+step time of one engine build, for comparing two versions of the package (run once with
+each on PYTHONPATH, in the same GPU session): free-running greedy tokens, teacher-forced
+argmax over the same forced ids, and the graph step's median ms.
 
-    python ci/engine_tokens.py MODEL CTX OUT.json [--pdl]
+    PYTHONPATH=OLD python lab/engine_tokens.py MODEL CTX OUT.json [--pdl]
+    PYTHONPATH=NEW python lab/engine_tokens.py MODEL CTX OUT.json [--pdl]
+    bash ci/gpu_run.sh tokens     # both, twice each (carry .old: the older package)
+
+Measured (NOTES.md entry 24, `results/h200/session12/engine_tokens_*.json`): issue 23's
+changes left 32 free-running and 32 teacher-forced tokens bit-identical for both models
+and the step within 0.1% (Qwen 1.184 ms, OLMoE 1.009 ms with PDL at ctx 512).
 """
 import json
 import sys

@@ -1,4 +1,21 @@
-"""RoPE + KV-cache write + split-K flash-decode attention + its reduction, in one launch.
+"""Lab variant (refuted; GPU or Triton's interpreter): is one launch for RoPE + KV-cache
+write + split-K flash-decode attention + its reduction faster than the three launches it
+replaces? Not imported by the package; its device function ``rope_partial`` (steps 1-3
+below) is, as the persistent layer's attention phase with RoPE folded in
+(``onelaunch/kernels/rope_attention_partial.py``).
+
+    python -m pytest lab/test_attention_onekernel.py   # bit for bit against the chain
+                                                       # (interpreted on a CPU)
+
+Measured (NOTES.md entry 8, `results/h200/session3/ladder_d5af865030f4.json`; entry 18,
+`results/h200/session10/rope_check.json`): as the engine's "+ RoPE in attention" rung
+(``fuse_reduce=False``, 170 launches a step against 198), 1.196 against 1.185 ms at ctx
+512 in session 3, and no difference beyond the noise at ctx 512 and 2048 in session 10:
+28 launches fewer a step bought nothing measurable. The fully fused version (merge by
+last arrival) is slower still where GROUP is large (the table below). The engine's
+``fuse_rope`` flag and the rung were removed with this file's move.
+
+RoPE + KV-cache write + split-K flash-decode attention + its reduction, in one launch.
 
 Replaces ``rope_kv_write`` followed by ``attention_splitk`` (its partial and reduce
 kernels): three launches per layer become one (two with ``fuse_reduce=False``), with
@@ -77,76 +94,20 @@ The split-K stage is Dao et al.'s flash-decoding; the in-kernel merge is the las
 ("threadfence") reduction of the CUDA samples, which keeps the merge order fixed
 (deterministic), unlike atomic accumulation.
 """
+import sys
+from pathlib import Path
+
 import torch
 import triton
 import triton.language as tl
 
-from . import config
-from ._common import bf16_round, pdl_wait, thread_fence
-from .attention_splitk import (BLOCK_S, NEW_T, attention_reduce, block_m, live_share,
-                              live_splits, load_kv_tile, merge_head, split_partial,
-                              split_range, store_partials)
-from .rope_kv import _rope_pair
-
-
-@triton.jit
-def rope_partial(qkv_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, part_o_ptr, part_m_ptr,
-                 part_l_ptr, pos, kh, split, start, end, k0, v0, tm0, stride_c_h, stride_c_t,
-                 n_splits, scale, HQ, HKV, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
-                 D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr,
-                 DOT_F32: tl.constexpr):
-    """Steps 1-3 above for the live share [start, end) of kv head ``kh`` (split
-    ``split``), after the wait: the GROUP query heads rotated in registers, the new token
-    (where the share holds it) rotated, written to the cache at pos and folded in from
-    registers, then the split-K partial from the early tile (k0, v0, tm0) on. Also the
-    persistent layer's attention phase with RoPE folded in (``layer_persistent``)."""
-    HALF: tl.constexpr = D // 2
-    d = tl.arange(0, BLOCK_D)
-    dm = d < D
-    base = kh * stride_c_h
-    length = pos + 1
-    # ---- RoPE, as rope_kv_write: rotate_half as a gather with a sign -----------------
-    partner = tl.where(d < HALF, d + HALF, d - HALF)
-    sign = tl.where(d < HALF, -1.0, 1.0)
-    cos_row = cos_ptr + pos * D
-    sin_row = sin_ptr + pos * D
-    holds_pos = end == length                        # this share holds the new token
-    # the new token as a tile whose only valid row is row 0: what _attn_partial_kernel
-    # loads from slot pos (zeros elsewhere), built from registers
-    r = tl.arange(0, NEW_T)
-    row0 = (r == 0)[:, None] & dm[None, :]
-    kn = tl.zeros([NEW_T, BLOCK_D], tl.float32).to(k_cache_ptr.dtype.element_ty)
-    vn = kn
-    if holds_pos:
-        y = _rope_pair(qkv_ptr + (HQ + kh) * D, cos_row, sin_row, d, partner, sign, dm,
-                       qkv_ptr, 1.0, False)
-        k_new = bf16_round(y)                        # the bf16 value rope_kv_write stores
-        v_new = tl.load(qkv_ptr + (HQ + HKV + kh) * D + d, mask=dm, other=0.0)
-        slot = base + pos * stride_c_t
-        tl.store(k_cache_ptr + slot + d, k_new.to(k_cache_ptr.dtype.element_ty), mask=dm)
-        tl.store(v_cache_ptr + slot + d, v_new, mask=dm)
-        kn = tl.where(row0, k_new[None, :], 0.0).to(k_cache_ptr.dtype.element_ty)
-        vn = tl.where(row0, v_new.to(tl.float32)[None, :], 0.0).to(v_cache_ptr.dtype.element_ty)
-    tmn = (r == 0) & holds_pos
-    # the GROUP query heads of this kv head, rotated in registers ([GROUP_PAD, BLOCK_D];
-    # element-wise the same arithmetic as rope_kv_write's, so the same bits)
-    g = tl.arange(0, GROUP_PAD)
-    gm = g < GROUP
-    heads = kh * GROUP + g
-    qm = gm[:, None] & dm[None, :]
-    q = _rope_pair(qkv_ptr + heads[:, None] * D, cos_row, sin_row, d[None, :],
-                   partner[None, :], sign[None, :], qm, qkv_ptr, 1.0, False)
-    q = bf16_round(q)                                # the bf16 value rope_kv_write stores
-    if DOT_F32:
-        q = q.to(tl.float32)
-    else:
-        q = q.to(k_cache_ptr.dtype.element_ty)       # exact: q is already a bf16 value
-    # ---- split-K partial: the helpers _attn_partial_kernel uses ----------------------
-    m_i, l_i, acc = split_partial(q, k_cache_ptr, v_cache_ptr, base, start, end, pos,
-                                  stride_c_t, d, dm, scale, k0, v0, tm0, kn, vn, tmn,
-                                  GROUP_PAD, BLOCK_D, BLOCK_T, DOT_F32)
-    store_partials(part_o_ptr, part_m_ptr, part_l_ptr, heads, gm, split, n_splits, m_i, l_i,
-                   acc, d, dm, D)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from onelaunch.kernels import config  # noqa: E402
+from onelaunch.kernels._common import bf16_round, pdl_wait, thread_fence  # noqa: E402
+from onelaunch.kernels.attention_splitk import (BLOCK_S, attention_reduce,  # noqa: E402
+                                                block_m, live_share, live_splits,
+                                                load_kv_tile, merge_head, split_range)
+from onelaunch.kernels.rope_attention_partial import rope_partial  # noqa: E402
 
 
 @triton.jit
@@ -222,3 +183,4 @@ def attention_onekernel(qkv, k_cache, v_cache, cos, sin, out, pos, part_o, part_
         num_warps=cfg["num_warps"], **kw)
     if not fuse_reduce and launch_reduce:                # two launches: the reduce kernel
         attention_reduce(part_o, part_m, part_l, out, pos, head_dim, chunk, use_pdl, live_cap=live_cap)
+

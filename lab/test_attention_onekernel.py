@@ -9,7 +9,10 @@ multiples plus and minus one, and the maximum; and the arrival counter must be l
 so the next call (the next layer, the next step) can use it.
 
 Runs in Triton's interpreter on the CPU; on a GPU machine the same tests compile the
-kernels and check the same identities there.
+kernels and check the same identities there. A lab check (the kernel is
+``lab/attention_onekernel.py``), outside the CPU suite:
+
+    python -m pytest lab/test_attention_onekernel.py
 """
 import importlib
 
@@ -21,7 +24,7 @@ from onelaunch.oracle import rope_cos_sin
 
 from test_kernels import ref_attention as attention_ref, rel, rnd
 
-AO = importlib.import_module("onelaunch.kernels.attention_onekernel")
+AO = importlib.import_module("attention_onekernel")      # lab/, on the path (conftest)
 AS = importlib.import_module("onelaunch.kernels.attention_splitk")
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"

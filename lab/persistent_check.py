@@ -1,11 +1,22 @@
-"""GPU check of the persistent layer (one launch a dense layer) on Qwen2.5-1.5B, full shape,
-seeded random weights: bits against the split-K + PDL engine, then ms per token.
+"""Lab probe (GPU): is the persistent layer (one launch a dense layer) bit-identical to
+the chain at full shape, and how many ms a token does it take at each num_warps, grid,
+pipeline depth and tile? Qwen2.5-1.5B (or ``--model``), seeded random weights: bits
+against the split-K + PDL engine, then ms per token.
 
-    python ci/persistent_check.py [OUT.json] [--ctx 512] [--warps 4,8] [--grids 1,2]
-                                  [--timeout 150] [--variants 4:4:8x512:2,8:6:8x512:1]
+    python lab/persistent_check.py [OUT.json] [--ctx 512] [--warps 4,8] [--grids 1,2]
+                                   [--timeout 150] [--variants 4:4:8x512:2,8:6:8x512:1]
 
-(On a CPU, ``TRITON_INTERPRET=1 python ci/persistent_check.py /tmp/p.json --model
+(On a CPU, ``TRITON_INTERPRET=1 python lab/persistent_check.py /tmp/p.json --model
 tiny-qwen2 --ctx 8 --steps 2 --iters 2 --warps 4 --grids 1`` is a dry run of the script.)
+
+Measured (NOTES.md; every variant bit-identical to its reference): entry 13
+(`results/h200/session6/persistent_check.json`): the register ring, best at 4 warps and
+2 programs an SM, 1.904 ms against the chain's 1.19; entry 14
+(`results/h200/session7/persistent_stream.json`): streamed through shared memory, 1.54
+ms; entry 16 (`results/h200/session8/`): each op's own tiles; entry 17
+(`results/h200/session9/`): 3-4 programs an SM slower, and the phases' clock (a layer
+50 us, a quarter of it in the three weightless phases); entry 18: RoPE folded into the
+attention phase (``ONELAUNCH_PERSIST_FOLD_ROPE``).
 
 Writes OUT.json (default $OUT/persistent.json, else ./persistent.json) and prints it.
 Each num_warps runs in a child process under a timeout (a persistent kernel whose

@@ -1,8 +1,16 @@
-"""The fused TP kernels on 2 GPUs: bit-for-bit against the unfused path, replayed in a
-CUDA graph, and timed per call inside a graph.
+"""Lab probe (2 GPUs): are the fused TP kernels bit-for-bit the unfused path, replayed in
+a CUDA graph, and what does the exchange cost per call inside a graph?
 
-    NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 torchrun --nproc-per-node 2 ci/tp_peer_check.py
-    python ci/tp_peer_check.py            # the same: spawns the 2 ranks itself
+    NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 torchrun --nproc-per-node 2 \
+        lab/tp_peer_check.py
+    python lab/tp_peer_check.py            # the same: spawns the 2 ranks itself
+    TP_CHECK_ONLY=down python lab/tp_peer_check.py   # the fused split-K down alone
+
+Measured (NOTES.md entries 11 and 13, `results/h200/session6/tp_peer_check.json`): the
+fused exchange hung on 50 fused downs in one graph (entry 11), a race in ``peer_sum``
+found and fixed (entry 13); after the fix 100 checked replays bit-identical on both
+ranks, the split-K down 7.2 us a call fused against 4.8 plain, the MoE expert down 11.0
+against 8.9.
 
 Shapes are one rank's of TP=2 on the real models: Qwen2.5-1.5B (hidden 1536; O K = 768,
 down K = 4480, lm_head 75968 rows per rank) and OLMoE-1B-7B (hidden 2048; O K = 1024; 64
