@@ -264,3 +264,31 @@ def test_count_launches_eager_vs_compiled_on_gpu():
     assert eager.unit == "cuda kernels"
     assert eager.count >= 7 * spec.layers + 1                 # at least one GEMV per weight
     assert comp.count > 0
+
+
+def test_bench_judges_peers_and_rungs_on_one_prompt_one_oracle_one_bandwidth(monkeypatch):
+    """``bench``'s run (``ladder.bench_rows``): the peer rows and the rung rows name the
+    same prompt (the one of ``--seed``), every check is against ONE oracle run, and every
+    row's floor, ratio and bandwidth come from ONE bandwidth (here given: no GPU)."""
+    from onelaunch.measure import agree, ladder
+    from onelaunch.prompt import prompt_digest
+    spec = get_spec("tiny-qwen2")
+    w = random_weights(spec, 0)                      # bf16: what the kernels read
+    runs, greedy = [], []
+    oracle_tokens = agree.oracle_tokens
+    monkeypatch.setattr(agree, "oracle_tokens", lambda *a: runs.append(a) or oracle_tokens(*a))
+    og = rungs.oracle_greedy
+    monkeypatch.setattr(rungs, "oracle_greedy",
+                        lambda *a, **k: greedy.append(k) or og(*a, **k))
+    bw, ctx, seed = 1.5, 6, 3
+    rows = ladder.bench_rows(spec, w, "cpu", ctx=ctx, tokens=2, iters=1, seed=seed,
+                             read_tbps=bw, peers=("HF eager", "oracle eager"),
+                             peer_tokens=2, rungs=("fused eager",))
+    assert [r["rung"] for r in rows] == ["HF eager", "oracle eager", "fused eager"]
+    assert len(runs) == 1 and not [k for k in greedy if k.get("return_logits")]
+    assert {r["prompt"] for r in rows} == {prompt_digest(random_prompt(spec, ctx, seed))}
+    floor = spec.floor_ms(bw, ctx)
+    for r in rows:
+        assert r["read_tbps"] == bw and r["floor_ms"] == pytest.approx(floor, abs=5e-5)
+        assert r["x_floor"] == pytest.approx(r["ms_per_token"] / floor, 1e-2), r["rung"]
+        assert r["agree"] in (None, "2/2"), r

@@ -74,7 +74,7 @@ def ladder_rows(spec, w, device="cuda", ctx=512, tokens=12, iters=100, read_tbps
 
 
 def bench_rows(spec, w, device="cuda", ctx=512, tokens=12, iters=100, seed=0,
-               read_tbps=None, peers: bool = True, peer_tokens: int | None = None,
+               read_tbps=None, peers: bool | tuple = True, peer_tokens: int | None = None,
                peer_iters: int | None = None, rungs=LADDER) -> list[dict]:
     """``bench``'s run: the peers, then every rung of the ladder, on ONE prompt (seed
     ``seed``), judged against ONE oracle run over the weights ``w`` that all of them use,
@@ -82,7 +82,8 @@ def bench_rows(spec, w, device="cuda", ctx=512, tokens=12, iters=100, seed=0,
     every row's ``floor_ms``, ``x_floor`` and ``read_tbps``. Every row names the prompt
     (``prompt``: :func:`onelaunch.prompt.prompt_digest`).
 
-    ``peer_tokens``: the peers' checked and timed tokens (32 on a GPU, 4 on the CPU);
+    ``peers``: True (every peer), False, or the peers' names; ``peer_tokens``: the
+    peers' checked and timed tokens (32 on a GPU, 4 on the CPU);
     ``peer_iters``: their timed steps (``min(iters, 50)``); ``rungs``: ours."""
     cuda = torch.device(device).type == "cuda"
     peer_tokens = peer_tokens or (32 if cuda else 4)
@@ -92,10 +93,11 @@ def bench_rows(spec, w, device="cuda", ctx=512, tokens=12, iters=100, seed=0,
     ids, logits = agree.oracle_tokens(spec, w, prompt, n_ref, max_ctx)
     rows = []
     if peers:
-        from ..peers.rungs import peer_rungs
+        from ..peers.rungs import RUNGS as PEERS, peer_rungs
         rows += peer_rungs(spec, ctx=ctx, device=device, iters=peer_iters or min(iters, 50),
                            new_tokens=peer_tokens, seed=seed, weights=w, prompt=prompt,
-                           ref=(ids, logits), read_tbps=read_tbps)
+                           ref=(ids, logits), read_tbps=read_tbps,
+                           rungs=PEERS if peers is True else tuple(peers))
     rows += ladder_rows(spec, w, device, ctx=ctx, tokens=tokens, iters=iters,
                         read_tbps=read_tbps, max_ctx=max_ctx, seed=seed, rungs=rungs,
                         ref=(ids[:tokens], logits[:tokens]))
