@@ -70,8 +70,9 @@ has tune && run tune 330 python3 -m onelaunch.bench --what sweepcfg --write-tabl
 has bench && run bench 400 python3 -m onelaunch.bench --what kernels,ladder,sweep,long --json work/bench.json
 has peers && run peers 400 python3 -c "
 import json
-from onelaunch.peers import peer_rungs
-rows = peer_rungs('qwen2.5-1.5b', ctx=512, device='cuda')
+from onelaunch.peers.rungs import peer_rungs
+from onelaunch.specs import get_spec
+rows = peer_rungs(get_spec('qwen2.5-1.5b'), ctx=512, device='cuda')
 for r in rows: print(json.dumps(r))
 json.dump(rows, open('work/peers.json', 'w'), indent=1)
 "

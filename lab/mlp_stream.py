@@ -27,7 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from onelaunch.megakernel import isa  # noqa: E402
 from onelaunch.megakernel.gluon_mlp import KB, TK, TN, MLPStream, reference  # noqa: E402
-from onelaunch.timing import read_bandwidth  # noqa: E402
+from onelaunch.measure.timing import read_bandwidth  # noqa: E402
 
 
 def graph_us(run, iters: int, reps: int = 10) -> list[float]:

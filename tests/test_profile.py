@@ -151,12 +151,12 @@ def test_kernels_that_do_not_map_onto_the_plan_are_an_error():
 
 
 def test_kernel_events_from_a_chrome_trace():
-    trace = {"traceEvents": [
+    chrome = {"traceEvents": [
         {"ph": "X", "cat": "kernel", "name": "_embed_kernel", "ts": 10.5, "dur": 2.0},
         {"ph": "X", "cat": "gpu_memset", "name": "Memset", "ts": 9.0, "dur": 1.0},
         {"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": 1.0, "dur": 5.0},
         {"ph": "X", "cat": "Kernel", "name": "_rms_qkv_kernel", "ts": 13, "dur": 1}]}
-    assert trace.kernel_events(trace) == [("_embed_kernel", 10.5, 12.5),
+    assert trace.kernel_events(chrome) == [("_embed_kernel", 10.5, 12.5),
                                             ("_rms_qkv_kernel", 13.0, 14.0)]
 
 

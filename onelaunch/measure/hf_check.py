@@ -202,7 +202,7 @@ def _report(spec, device, oracle_dtype, prompt, given, seed, ids, o_logits, h_lo
     err = (o_logits - h_logits).abs().max().item()
     std = h_logits.std().item()
     margins = _top2_margin(h_logits)                                            # [N]
-    # the one agreement rule (onelaunch.agree): HF's teacher-forced logits judge the
+    # the one agreement rule (onelaunch.measure.agree): HF's teacher-forced logits judge the
     # oracle's token at every step
     j = agree.judge_tokens(h_logits, ids)
     disagreements = [dict(r, oracle_token=r["got_token"], hf_token=r["ref_token"],

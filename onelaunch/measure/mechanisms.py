@@ -305,7 +305,7 @@ def check_mechanisms(e, seed: int = 0) -> tuple[bool, str]:
 
 @torch.no_grad()
 def judge_generated(spec, weights, prompt, ids, max_ctx: int) -> dict:
-    """The agreement rule (:mod:`onelaunch.agree`) on tokens an engine generated: the
+    """The agreement rule (:mod:`onelaunch.measure.agree`) on tokens an engine generated: the
     oracle is fed the engine's own tokens, and each of the engine's choices is judged
     against the oracle's logits for the same prefix (in chunks: a long prompt fits)."""
     ids = torch.as_tensor(ids).cpu().long()

@@ -6,7 +6,7 @@
 
 Four peers, each checked against the eager oracle over the same prompt, then timed per
 decode token at context ``ctx``. The check is the one our rungs pass
-(:mod:`onelaunch.agree`): each peer is teacher-forced along the oracle's greedy tokens
+(:mod:`onelaunch.measure.agree`): each peer is teacher-forced along the oracle's greedy tokens
 (fed the oracle's token at every step, its own argmax recorded), every step is judged by
 the agreement rule, and a peer with a real flip is refused: its row gets no time.
 

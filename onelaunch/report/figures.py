@@ -32,7 +32,7 @@ def _short_x(x: float) -> str:
 
 def value_text(r: dict, floor_ms: float | None) -> tuple[str, str | None, str]:
     """What a figure writes beside a rung: (first line, second line or None, colour),
-    from the same fields and the same rule (:func:`~onelaunch.results.check_status`) as
+    from the same fields and the same rule (:func:`~onelaunch.report.results.check_status`) as
     the ladder page's table."""
     status = check_status(r)
     if status == "refused":
@@ -205,7 +205,7 @@ def bandwidth_figure(rows: list[dict], read_tbps: float, head: str = "", smoke: 
                      highlight=("attention (plain)",)):
     """Chapter 3's kernels: each kernel's bytes over its time (GB/s, whole numbers), with
     the streaming-read bandwidth of the same run as a dashed line; the values sit right of
-    the axes, where the line does not cross them. ``rows``: ``bench.kernel_rows`` rows
+    the axes, where the line does not cross them. ``rows``: ``kernel_rows.kernel_rows`` rows
     (``kernel``, ``gbps``, ``pct_of_read``, ``bytes``); rows with no time are left out and
     named in the caption."""
     import matplotlib
@@ -257,7 +257,7 @@ def bandwidth_figure(rows: list[dict], read_tbps: float, head: str = "", smoke: 
 def sweep_figure(rows: list[dict], head: str = "", smoke: bool = False):
     """Chapter 5's sweep: ms per token of the final step against the context, with the
     floor of the same run; each point's ratio to the floor on a white ground above it, so
-    no line crosses a label. ``rows``: ``bench.sweep_rows`` rows."""
+    no line crosses a label. ``rows``: ``sweeps.sweep_rows`` rows."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
