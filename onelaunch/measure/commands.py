@@ -52,7 +52,8 @@ def bench_main(argv=None) -> int:
     what = a.what.split(",")
     failed = []
     if "sweepplan" in what:
-        out["plan_sweep"] = plan_config_sweep(spec, w, dev, ctx=a.ctx, read_tbps=bw)
+        out["plan_sweep"] = plan_config_sweep(spec, w, dev, ctx=a.ctx, read_tbps=bw,
+                                             seed=a.seed)
         if a.write_table:
             print("wrote", write_plan_table(out["plan_sweep"], spec.name))
     if "sweepcfg" in what:
@@ -75,23 +76,25 @@ def bench_main(argv=None) -> int:
             failed += agree.failures(out["peers"])
         ladder = [r for r in rows if r.get("kind") == "ours"]
     for key, fn in (("kernels", lambda: [] if spec.is_moe else kernel_rows(spec, w, dev, ctx=a.ctx, read_tbps=bw)),
-                    ("ops", lambda: plan_op_rows(spec, w, dev, ctx=a.ctx, read_tbps=bw)),
+                    ("ops", lambda: plan_op_rows(spec, w, dev, ctx=a.ctx, read_tbps=bw, seed=a.seed)),
                     ("ladder", lambda: ladder),
-                    ("sweep", lambda: sweep_rows(spec, w, dev, ctxs=ctxs, read_tbps=bw)),
+                    ("sweep", lambda: sweep_rows(spec, w, dev, ctxs=ctxs, read_tbps=bw, seed=a.seed)),
                     # the same step in an engine for 1024 positions and the default
                     ("maxctx", lambda: maxctx_rows(spec, w, dev, ctx=a.ctx, max_ctxs=(1024, None),
-                                                   iters=a.iters, read_tbps=bw)),
+                                                   iters=a.iters, read_tbps=bw, seed=a.seed)),
                     # the long contexts with the live splits capped at 256..32 programs, or not
                     ("splitcap", lambda: sweep_rows(
                         spec, w, dev, ctxs=tuple(c for c in ctxs if c >= 2048), read_tbps=bw,
-                        live_caps=(None,) + tuple(-(-p // spec.kv_heads) for p in (256, 128, 64, 32))))):
+                        live_caps=(None,) + tuple(-(-p // spec.kv_heads) for p in (256, 128, 64, 32)),
+                        seed=a.seed))):
         if key in what:
             out[key] = fn()
             for r in out[key]:
                 print(json.dumps(r))
             failed += agree.failures(out[key])
     if "long" in what:
-        out["long"] = long_context_agreement(spec, w, dev, ctx=min(32768, 4000 if spec.is_moe else longest))
+        out["long"] = long_context_agreement(spec, w, dev, seed=a.seed,
+                                             ctx=min(32768, 4000 if spec.is_moe else longest))
         print(json.dumps(out["long"]))
         if not out["long"]["ok"]:
             failed.append(out["long"])

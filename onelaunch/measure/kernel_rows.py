@@ -182,7 +182,7 @@ def kernel_rows(spec, w, device="cuda", ctx: int = 512, iters: int = 50, read_tb
 
 
 def plan_op_rows(spec, w, device="cuda", ctx: int = 512, iters: int = 50, read_tbps=None,
-                 pdl: bool = False, tokens: int = 8) -> list[dict]:
+                 pdl: bool = False, tokens: int = 8, seed: int = 0) -> list[dict]:
     """Microseconds per launch of each op of the plan, in the step's own buffers and
     configurations: an engine is checked against the oracle (teacher-forced, the ladder's
     rule) and run to position ``ctx``; then, for each op, all its launches of one step
@@ -190,7 +190,7 @@ def plan_op_rows(spec, w, device="cuda", ctx: int = 512, iters: int = 50, read_t
     ``excess_us`` is the time beyond what the bytes need at the measured bandwidth.
     Returns one refusal row if the engine fails the oracle check."""
     dev = torch.device(device)
-    prompt = random_prompt(spec, ctx, 11)
+    prompt = random_prompt(spec, ctx, 11 + seed)
     max_ctx = run_ctx(ctx, tokens, 0)
     e = make_engine(spec, w, max_ctx=max_ctx, attention="splitk", pdl=pdl)
     ref = agree.oracle_tokens(spec, w, prompt, tokens, max_ctx)

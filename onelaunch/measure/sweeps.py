@@ -58,7 +58,7 @@ def timed_if_agreed(e, r: dict, j: dict, ctx: int, floor, iters: int, dev) -> di
 
 def sweep_rows(spec, w, device="cuda", ctxs=(128, 512, 2048, 8192, 16384, 32768), iters=50,
                read_tbps=None, pdl=True, attention="splitk", check_tokens: int = 2,
-               live_caps=(0,)) -> list[dict]:
+               live_caps=(0,), seed: int = 0) -> list[dict]:
     """ms/token of the graph-captured step at each context (one engine sized for the largest).
 
     The cache holds the keys and values of a real prompt: random token ids run through the
@@ -73,11 +73,12 @@ def sweep_rows(spec, w, device="cuda", ctxs=(128, 512, 2048, 8192, 16384, 32768)
     reported refused, with no time.
 
     ``live_caps``: the cap on live splits a kv head (``Engine(live_cap=)``: 0 the default,
-    None none), one pass over ``ctxs`` each, the same engine and cache recaptured."""
+    None none), one pass over ``ctxs`` each, the same engine and cache recaptured.
+    ``seed``: the run's seed (the prompt's stream is seed 2 + ``seed``)."""
     dev = torch.device(device)
     max_ctx = max(ctxs) + iters + check_tokens + 16
     e = make_engine(spec, w, max_ctx=max_ctx, attention=attention, pdl=pdl)
-    g = torch.Generator(device="cpu").manual_seed(2)
+    g = torch.Generator(device="cpu").manual_seed(2 + seed)
     prefill(e, random_prompt(spec, max(ctxs) + 1, generator=g), progress=False)
     o = Oracle(spec, w, max_ctx=max_ctx)
     rows = []
@@ -97,7 +98,7 @@ def sweep_rows(spec, w, device="cuda", ctxs=(128, 512, 2048, 8192, 16384, 32768)
 
 
 def maxctx_rows(spec, w, device="cuda", ctx=512, max_ctxs=(1024, None), iters=100,
-                read_tbps=None, pdl=True, check_tokens=2) -> list[dict]:
+                read_tbps=None, pdl=True, check_tokens=2, seed: int = 0) -> list[dict]:
     """The step at one context in engines that differ only in the maximum context they
     were built for (None: the model's own), graph + split-K (+ PDL): the work past the live
     length should cost nothing, so the times should match. One row per engine, then a
@@ -111,7 +112,7 @@ def maxctx_rows(spec, w, device="cuda", ctx=512, max_ctxs=(1024, None), iters=10
     holds one unit in both, as at ctx 512)."""
     dev = torch.device(device)
     floor = floor_ms(spec, read_tbps, ctx)
-    g = torch.Generator(device="cpu").manual_seed(2)
+    g = torch.Generator(device="cpu").manual_seed(2 + seed)
     prompt = random_prompt(spec, ctx + 1, generator=g)
     forced = random_prompt(spec, check_tokens, generator=g)
     rows, first = [], None
@@ -146,13 +147,14 @@ def maxctx_rows(spec, w, device="cuda", ctx=512, max_ctxs=(1024, None), iters=10
     return rows
 
 
-def long_context_agreement(spec, w, device="cuda", ctx=32768, tokens=12, pdl=True, chunk=1024):
+def long_context_agreement(spec, w, device="cuda", ctx=32768, tokens=12, pdl=True, chunk=1024,
+                           seed: int = 0):
     """Oracle prefill of ``ctx`` random tokens (batched, in chunks) and its greedy
     continuation; the graph engine adopts the prefilled cache and is teacher-forced along
     that continuation; its choices are judged by the agreement rule."""
     dev = torch.device(device)
     max_ctx = ctx + tokens + 8
-    prompt = random_prompt(spec, ctx, 5, dev)
+    prompt = random_prompt(spec, ctx, 5 + seed, dev)
     o = Oracle(spec, w, max_ctx=max_ctx)
     with torch.no_grad():
         for lo in range(0, ctx - 1, chunk):

@@ -76,7 +76,8 @@ PLAN_SWEEP_WEIGHT = {"rms_qkv": "w_qkv", "o_proj": "w_o", "gate_up": "w_gate_up"
 
 
 def plan_config_sweep(spec, w, device="cuda", grid: dict | None = None, ctx: int = 512,
-                      iters: int = 100, tokens: int = 4, read_tbps=None, echo: bool = True) -> list[dict]:
+                      iters: int = 100, tokens: int = 4, read_tbps=None, echo: bool = True,
+                      seed: int = 0) -> list[dict]:
     """Launch configurations tried in the whole step, one op at a time (greedy: each op
     keeps the best found so far for the ops before it). Every trial engine is checked
     against the oracle (teacher-forced, the agreement rule) before its graph step is timed
@@ -94,7 +95,7 @@ def plan_config_sweep(spec, w, device="cuda", grid: dict | None = None, ctx: int
         "rms_qkv": [c(8, 2048, 1, 4), c(8, 512, 2, 4), c(16, 512, 2, 4), c(4, 512, 3, 4)],
         "o_proj": [c(8, 2048, 1, 8), c(4, 512, 2, 4), c(8, 512, 2, 4), c(16, 512, 2, 8)],
     } if spec.is_moe else {})
-    prompt = random_prompt(spec, ctx, 9)
+    prompt = random_prompt(spec, ctx, 9 + seed)
     max_ctx = run_ctx(ctx, tokens, iters)
     floor = floor_ms(spec, read_tbps, ctx)
     ref = agree.oracle_tokens(spec, w, prompt, tokens, max_ctx)
