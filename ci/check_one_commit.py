@@ -7,7 +7,7 @@ What is read:
 * every executed chapter, ``notebooks/NN_*.ipynb``: ``metadata.onelaunch.commit`` (and
   ``run_id``), written by ``ci/notebooks.py gpu``;
 * in the results folder the book draws (``results/<gpu>/``, the GPU of the ladder page:
-  ``onelaunch.widgets.ladder_sources``), every file a chapter writes or reads (found in the
+  ``onelaunch.report.ladder_file.ladder_sources``), every file a chapter writes or reads (found in the
   chapters' code: ``results.write("NAME"``, ``results.load("NAME"``, ``write_ladder``) and
   ``oracle_check.json`` (the ladder page reads it): ``meta.commit`` (and ``meta.run``) and
   each row's ``commit`` (and ``run``) where rows carry one.
@@ -44,9 +44,9 @@ def shown_results(root: Path) -> list[str]:
 
 
 def _preferred_gpus() -> tuple:
-    """``onelaunch.widgets.PREFERRED_GPUS``, read without importing torch."""
+    """``onelaunch.report.ladder_file.PREFERRED_GPUS``, read without importing torch."""
     import ast
-    tree = ast.parse((ROOT / "onelaunch" / "widgets.py").read_text())
+    tree = ast.parse((ROOT / "onelaunch" / "report" / "ladder_file.py").read_text())
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "PREFERRED_GPUS"
                                                 for t in node.targets):

@@ -57,7 +57,7 @@ for p in pathlib.Path("results").glob("*/*.json"):
         p.write_text(json.dumps(d, indent=1) + "\n")
 PYEOF
 # what moved against the committed results, and whether everything is one run
-GPU=$("$PY" -c 'from onelaunch.results import gpu_slug; print(gpu_slug())')
+GPU=$("$PY" -c 'from onelaunch.report.results import gpu_slug; print(gpu_slug())')
 mkdir -p "$(dirname "$ARCHIVE")"
 REPORT="$(dirname "$ARCHIVE")/regress.md"
 if [ -d "$BEFORE/$GPU" ]; then

@@ -267,7 +267,7 @@ def _drop_repeated_glue(nb) -> list[str]:
 def stage(reuse: bool, timeout: int) -> int:
     import nbformat
     sys.path.insert(0, str(ROOT))
-    from onelaunch.chapter import staleness_note
+    from onelaunch.report.chapter import staleness_note
     if STAGE.exists():
         shutil.rmtree(STAGE)
     (STAGE / "notebooks").mkdir(parents=True)

@@ -50,7 +50,7 @@ FILES = ("ladder", "sweep", "kernels", "attention", "oracle_check", "long_contex
 
 # ---- what is compared, per results file -----------------------------------------------
 def _ladder(rows):
-    from onelaunch.results import check_status, row_passes
+    from onelaunch.report.results import check_status, row_passes
     for r in rows:
         ok = row_passes(r)
         x = r["ms_per_token"] / r["floor_ms"] if ok and r.get("floor_ms") else None
@@ -77,7 +77,7 @@ def _attention(rows):
 
 
 def _oracle_check(rows):
-    from onelaunch.results import NEAR_TIE
+    from onelaunch.report.results import NEAR_TIE
     for r in rows:
         ties = all(d["hf_gap"] <= NEAR_TIE for d in r.get("disagreements", []))
         yield (r["model"],), "oracle vs HF", None, None, 0, \
@@ -85,7 +85,7 @@ def _oracle_check(rows):
 
 
 def _long_context(rows):
-    from onelaunch.results import agree_ok
+    from onelaunch.report.results import agree_ok
     for r in rows:
         yield ((r["model"], r["ctx"]), "long context", None, None, 0,
                ("pass" if agree_ok(r.get("agree")) else "FAIL", r.get("agree")))
@@ -117,7 +117,7 @@ def _items(folder: Path, name: str) -> dict:
     if rows is None:
         return {}
     if name == "ladder":   # the oracle's own row is judged by its check against HF
-        from onelaunch.results import attach_reference_flips
+        from onelaunch.report.results import attach_reference_flips
         attach_reference_flips(rows, _load(folder, "oracle_check") or [])
     return {(name, key, what): (v, band, sense, check)
             for key, what, v, band, sense, check in READERS[name](rows)}

@@ -18,7 +18,7 @@ import torch
 
 import onelaunch
 from onelaunch.engine import Engine
-from onelaunch.timing import time_ms
+from onelaunch.measure.timing import time_ms
 from onelaunch.weights import random_weights
 
 

@@ -140,8 +140,8 @@ def main() -> None:
     ref = w.float() @ x.float()
     out = torch.empty(N, device=dev, dtype=torch.float32)
     mb = w.numel() * 2 / 1e6
-    from onelaunch.bench import _graph_time
-    from onelaunch.timing import read_bandwidth
+    from onelaunch.measure.timing import graph_time as _graph_time
+    from onelaunch.measure.timing import read_bandwidth
     read_tbps = read_bandwidth(dev)          # the floor's denominator, this process
     rows = []
     spins = [int(s) for s in a.spins.split(",")]

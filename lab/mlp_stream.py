@@ -27,7 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from onelaunch.megakernel import gluon_mlp, isa  # noqa: E402
-from onelaunch.timing import read_bandwidth  # noqa: E402
+from onelaunch.measure.timing import read_bandwidth  # noqa: E402
 
 
 def kernel_module(path: str | None):

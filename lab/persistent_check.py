@@ -140,7 +140,7 @@ def child(a) -> int:
     from onelaunch import plan
     from onelaunch.engine import Engine
     from onelaunch.specs import get_spec
-    from onelaunch.timing import time_ms
+    from onelaunch.measure.timing import time_ms
     from onelaunch.weights import random_weights
     LP = __import__("importlib").import_module("onelaunch.kernels.layer_persistent")
 

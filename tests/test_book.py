@@ -98,27 +98,27 @@ def test_chapters_run_on_cpu():
 def test_ladder_slider_widget():
     """The slider is one frame per rung, linked in the browser (jslink), and a rung
     whose check failed is drawn without a time."""
-    from onelaunch import widgets
+    from onelaunch.report import ladder_file, results
     rows = [
         {"model": "m", "rung": "HF eager", "ctx": 8, "ms_per_token": 20.0, "floor_ms": 1.0, "agree": "8/8"},
         {"model": "m", "rung": "fused", "ctx": 8, "ms_per_token": 3.0, "floor_ms": 1.0, "agree": "6/8", "order": 2},
         {"model": "m", "rung": "graph", "ctx": 8, "ms_per_token": 2.0, "floor_ms": 1.0, "agree": "8/8", "order": 1},
         {"model": "m", "rung": "oracle compiled", "ctx": 8, "ms_per_token": 4.0, "floor_ms": 1.0, "agree": "8/8"},
     ]
-    assert widgets.rung_order(rows) == ["HF eager", "oracle compiled", "graph", "fused"]
-    assert not widgets.row_ok(rows[1]) and widgets.row_ok(rows[0])
-    assert widgets.summary(rows, "m")["best_peer"]["rung"] == "oracle compiled"
+    assert ladder_file.rung_order(rows) == ["HF eager", "oracle compiled", "graph", "fused"]
+    assert not results.row_passes(rows[1]) and results.row_passes(rows[0])
+    assert ladder_file.summary(rows, "m")["best_peer"]["rung"] == "oracle compiled"
     # a flip counts only at a recorded near tie of the reference's own logits
     tie = dict(rows[1], flips=[{"step": 3, "margin": 0.0, "near_tie_below": 0.125}])
     real = dict(rows[1], flips=[{"step": 3, "margin": 0.9, "near_tie_below": 0.125}])
-    assert widgets.row_ok(tie) and not widgets.row_ok(real)
-    assert not widgets.row_ok(dict(tie, refused="differs"))
+    assert results.row_passes(tie) and not results.row_passes(real)
+    assert not results.row_passes(dict(tie, refused="differs"))
 
 
 def test_figures_say_what_the_table_says():
     """A figure's words for a rung come from the same rule as the ladder table's column
     (results.check_status), and its caption is generated from the same rows."""
-    from onelaunch import widgets
+    from onelaunch.report import figures, ladder_file, results
     tie = [{"step": 0, "margin": 0.0, "near_tie_below": 0.125}]
     rows = [
         {"model": "m", "rung": "HF eager", "ctx": 8, "ms_per_token": 20.0, "floor_ms": 1.0, "agree": "8/8"},
@@ -129,26 +129,26 @@ def test_figures_say_what_the_table_says():
         {"model": "m", "rung": "fused", "ctx": 8, "ms_per_token": 3.0, "floor_ms": 1.0,
          "agree": "6/8", "flips": [{"step": 1, "margin": 3.0, "near_tie_below": 0.125}]},
     ]
-    assert [widgets.check_status(r) for r in rows] == ["pass", "refused", "near ties only", "refused"]
-    assert widgets.value_text(rows[0], 1.0)[:2] == ("20 ms, 20x floor", None)
-    assert widgets.value_text(rows[2], 1.0)[1] == "11/12, near ties"
-    assert widgets.value_text(rows[3], 1.0)[:2] == ("no time shown", "check failed (6/8)")
-    cap = widgets.figure_caption(rows, widgets.rung_order(rows), ["m"])
+    assert [results.check_status(r) for r in rows] == ["pass", "refused", "near ties only", "refused"]
+    assert figures.value_text(rows[0], 1.0)[:2] == ("20 ms, 20x floor", None)
+    assert figures.value_text(rows[2], 1.0)[1] == "11/12, near ties"
+    assert figures.value_text(rows[3], 1.0)[:2] == ("no time shown", "check failed (6/8)")
+    cap = figures.figure_caption(rows, ladder_file.rung_order(rows), ["m"])
     assert "a bar for 2 of its 4 rungs" in cap and "graph" in cap
     assert "oracle, eager (10/12); fused (6/8)" in cap
     # the oracle's own row is judged by its check against HF, as on the ladder page
     check = [{"model": "m", "agree": "10/12", "disagreements": [{"step": 2, "hf_gap": 0.01}]}]
     judged = [dict(r) for r in rows]
-    widgets.attach_reference_flips(judged, check)
-    assert widgets.check_status(judged[1]) == "near ties only"
-    fig = widgets.ladder_figure(rows, title="t", head="h")
+    results.attach_reference_flips(judged, check)
+    assert results.check_status(judged[1]) == "near ties only"
+    fig = figures.ladder_figure(rows, title="t", head="h")
     assert fig.png[:4] == b"\x89PNG" and fig.caption.startswith("The figure draws")
     import io
 
     from PIL import Image
     im = Image.open(io.BytesIO(fig.png))
     assert im.info["dpi"][0] >= 149.9          # 150 dpi, as written
-    one, left = widgets.one_run([dict(r, commit="a") for r in rows[:3]] + [dict(rows[3], commit="b")])
+    one, left = ladder_file.one_run([dict(r, commit="a") for r in rows[:3]] + [dict(rows[3], commit="b")])
     assert len(one) == 3 and [r["rung"] for r in left] == ["fused"]
 
 

@@ -115,10 +115,10 @@ def test_cli_bad_input_exits_2(argv, msg, capsys):
 def test_gpu_graph_engine_full_shape():
     """Qwen2.5-1.5B at full shape: graph replay gives bit-for-bit the eager step's tokens,
     and the oracle's, but for near ties (listed with their margins)."""
-    from onelaunch import bench
+    from onelaunch.measure import ladder
     spec = get_spec("qwen2.5-1.5b")
     w = random_weights(spec, 0, device="cuda")
-    rows = bench.ladder_rows(spec, w, "cuda", ctx=128, tokens=12, iters=10)
+    rows = ladder.ladder_rows(spec, w, "cuda", ctx=128, tokens=12, iters=10)
     assert [r["rung"] for r in rows][:3] == ["fused eager", "fused + graph", "+ split-K"]
     for r in rows:
         print(r["rung"], r["agree"], r["flips"], r["ms_per_token"])
@@ -133,9 +133,9 @@ def test_gpu_graph_engine_full_shape():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gpu_long_context_agreement():
-    from onelaunch import bench
+    from onelaunch.measure import sweeps
     spec = get_spec("qwen2.5-1.5b")
     w = random_weights(spec, 0, device="cuda")
-    r = bench.long_context_agreement(spec, w, "cuda", ctx=8192, tokens=12)
+    r = sweeps.long_context_agreement(spec, w, "cuda", ctx=8192, tokens=12)
     print(r)
     assert r["ok"], r["flips"]          # the agreement rule, at each step's own gap

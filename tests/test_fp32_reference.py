@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from onelaunch import check
+from onelaunch.measure import hf_check
 from onelaunch.specs import get_spec
 from onelaunch.weights import random_weights
 
@@ -15,8 +15,8 @@ def test_piecewise_reference_equals_one_piece(name):
     spec = get_spec(name)
     w = random_weights(spec, seed=1, dtype=torch.bfloat16)         # what the GPU oracle reads
     seq = torch.randint(0, spec.vocab, (1, 19), generator=torch.Generator().manual_seed(2))
-    whole = check.fp32_reference(spec, w, piecewise=False)
-    piece = check.fp32_reference(spec, w, piecewise=True)
+    whole = hf_check.fp32_reference(spec, w, piecewise=False)
+    piece = hf_check.fp32_reference(spec, w, piecewise=True)
     # while the layers are not running, the piecewise model holds them in bf16 only
     layers = [p for k, p in piece.named_parameters() if k.startswith("model.layers.")]
     assert layers and all(p.dtype == torch.bfloat16 for p in layers)
@@ -44,8 +44,8 @@ def test_piecewise_reference_equals_one_piece(name):
 
 def test_compare_with_hf_piecewise_or_not_same_report():
     """The whole check, bf16 oracle on the CPU: identical reports either way."""
-    r1 = check.compare_with_hf("tiny-olmoe", tokens=6, prompt_len=5,
+    r1 = hf_check.compare_with_hf(get_spec("tiny-olmoe"), tokens=6, prompt_len=5,
                                oracle_dtype=torch.bfloat16, piecewise=False)
-    r2 = check.compare_with_hf("tiny-olmoe", tokens=6, prompt_len=5,
+    r2 = hf_check.compare_with_hf(get_spec("tiny-olmoe"), tokens=6, prompt_len=5,
                                oracle_dtype=torch.bfloat16)          # default: piecewise
     assert r1 == r2

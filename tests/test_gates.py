@@ -1,9 +1,9 @@
 """The gates themselves, tested: each check fails loudly, judges the right quantity, and
 refuses what it should.
 
-* the agreement rule (``onelaunch.agree``): a far token at a near tie of two *other*
+* the agreement rule (``onelaunch.measure.agree``): a far token at a near tie of two *other*
   tokens is a flip; the threshold is strict;
-* a stub engine choosing a far token at a tie is refused by ``bench.judge``;
+* a stub engine choosing a far token at a tie is refused by ``agree.judge``;
 * a patched kernel (the QKV bias dropped) fails its kernel row and gets the rung refused,
   and the sweeps check what they time;
 * a failed gate fails the chapter (``chapter.require``), ``bench`` and the CLI.
@@ -13,7 +13,9 @@ CPU, Triton's interpreter, tiny-qwen2 at a few positions: about a minute.
 import pytest
 import torch
 
-from onelaunch import agree, bench, chapter, cli
+from onelaunch import cli
+from onelaunch.measure import agree, kernel_rows, ladder, references, sweeps, tune
+from onelaunch.report import chapter
 from onelaunch import kernels as K
 from onelaunch.specs import get_spec
 from onelaunch.weights import random_weights
@@ -101,28 +103,28 @@ def test_judge_refuses_a_far_token_at_a_tie():
     far, tied = StubEngine({0: 9}), StubEngine({0: 4})
     for e in (far, tied):
         e.ref = ref_ids
-    j = bench.judge(far, torch.tensor([1]), (ref_ids, ref_logits), graph=False)
+    j = agree.judge(far, torch.tensor([1]), (ref_ids, ref_logits), graph=False)
     assert not j["ok"] and j["agree"] == "2/3"
     assert j["flips"][0]["verdict"] == "flip" and "refused" not in j
-    assert "9" in bench.refusal(j["flips"])
-    j = bench.judge(tied, torch.tensor([1]), (ref_ids, ref_logits), graph=False)
+    assert "9" in agree.refusal(j["flips"])
+    j = agree.judge(tied, torch.tensor([1]), (ref_ids, ref_logits), graph=False)
     assert j["ok"] and j["flips"][0]["verdict"] == "near tie"
 
 
 # ---- a bug in a kernel fails the kernel row and refuses the rung -------------------------
 def test_kernel_rows_pass_and_fail_loudly(w, bias_dropped):
-    rows = {r["kernel"]: r for r in bench.kernel_rows(SPEC, w, "cpu", ctx=8, iters=1)}
+    rows = {r["kernel"]: r for r in kernel_rows.kernel_rows(SPEC, w, "cpu", ctx=8, iters=1)}
     bad = rows["rms_qkv"]
     assert bad["check"].startswith("FAIL") and bad["us"] is None and bad["gbps"] is None
-    assert bad["rel_err"] > 10 * bench.GEMV_TOL               # 6e-2: chapter 3 saw 5.97e-2
+    assert bad["rel_err"] > 10 * references.GEMV_TOL               # 6e-2: chapter 3 saw 5.97e-2
     # every other kernel passes, and was timed
     assert [k for k, r in rows.items() if r["check"] != "pass"] == ["rms_qkv"]
     assert all(r["us"] > 0 for k, r in rows.items() if k != "rms_qkv")
-    assert [r["kernel"] for r in bench.gate_failures(list(rows.values()))] == ["rms_qkv"]
+    assert [r["kernel"] for r in agree.failures(list(rows.values()))] == ["rms_qkv"]
 
 
 def test_ladder_refuses_a_rung_with_a_bug(w, bias_dropped):
-    rows = bench.ladder_rows(SPEC, w, "cpu", ctx=4, tokens=2, iters=1, rungs=("fused eager",))
+    rows = ladder.ladder_rows(SPEC, w, "cpu", ctx=4, tokens=2, iters=1, rungs=("fused eager",))
     r = rows[0]
     assert r["ms_per_token"] is None and r["refused"], r
     assert any(f["verdict"] == "flip" for f in r["flips"])
@@ -131,7 +133,7 @@ def test_ladder_refuses_a_rung_with_a_bug(w, bias_dropped):
 
 
 def test_sweep_checks_each_context_before_timing_it(w, monkeypatch):
-    rows = bench.sweep_rows(SPEC, w, "cpu", ctxs=(9,), iters=2, check_tokens=2)
+    rows = sweeps.sweep_rows(SPEC, w, "cpu", ctxs=(9,), iters=2, check_tokens=2)
     assert rows[0]["agree"] == "2/2" and rows[0]["ms_per_token"] > 0
     orig = K.o_proj_residual
 
@@ -140,8 +142,8 @@ def test_sweep_checks_each_context_before_timing_it(w, monkeypatch):
         return orig(attn, w_o, x, **kw)
     monkeypatch.setattr(K, "o_proj_residual", residual_lost)
     timed = []
-    monkeypatch.setattr(bench, "time_engine_step", lambda *a, **k: timed.append(a) or 1.0)
-    rows = bench.sweep_rows(SPEC, w, "cpu", ctxs=(9,), iters=2, check_tokens=3)
+    monkeypatch.setattr(sweeps, "time_engine_step", lambda *a, **k: timed.append(a) or 1.0)
+    rows = sweeps.sweep_rows(SPEC, w, "cpu", ctxs=(9,), iters=2, check_tokens=3)
     assert rows[0]["refused"] and rows[0]["ms_per_token"] is None and not timed
 
 
@@ -153,12 +155,12 @@ def test_config_sweep_checks_each_config_and_reports_failures(w, monkeypatch, ca
     monkeypatch.setattr(K, "rms_qkv", buggy_when_narrow)
     grid = {"rms_qkv": [dict(BLOCK_N=8, BLOCK_K=64, num_warps=4), dict(BLOCK_N=4, BLOCK_K=64, num_warps=4)],
             "o_proj": [dict(BLOCK_N=3, BLOCK_K=64, num_warps=4)]}        # not a power of 2: raises
-    rows = bench.config_sweep(SPEC, w, "cpu", iters=2, grid=grid)
+    rows = tune.config_sweep(SPEC, w, "cpu", iters=2, grid=grid)
     good, wrong, raised = rows
     assert good["check"] == "pass" and good["us"] > 0
     assert wrong["check"].startswith("FAIL") and "us" not in wrong
     assert "error" in raised and "us" not in raised and raised["traceback"]
-    assert bench.gate_failures(rows) == [wrong, raised]
+    assert agree.failures(rows) == [wrong, raised]
     assert "2 of 3 configurations failed" in capsys.readouterr().out
 
 
@@ -179,7 +181,7 @@ def test_require_raises_after_showing_the_rows(monkeypatch):
 def test_cli_bench_exits_1_on_a_refused_rung(monkeypatch, capsys):
     refused = {"model": "tiny-qwen2", "rung": "fused eager", "ctx": 8, "ms_per_token": None,
                "floor_ms": None, "agree": "1/3", "refused": "teacher-forced choices differ"}
-    monkeypatch.setattr(bench, "ladder_rows", lambda *a, **k: [dict(refused)])
+    monkeypatch.setattr(ladder, "ladder_rows", lambda *a, **k: [dict(refused)])
     assert cli.main(["bench", "--model", "tiny-qwen2", "--device", "cpu", "--no-peers",
                      "--ctx", "8", "--tokens", "3", "--iters", "2"]) == 1
     out = capsys.readouterr()
@@ -195,6 +197,6 @@ def test_gpu_long_context_by_the_rule():
     at that step, not by the smallest margin over all steps."""
     spec = get_spec("qwen2.5-1.5b")
     wq = random_weights(spec, 0, device="cuda")
-    r = bench.long_context_agreement(spec, wq, "cuda", ctx=8192, tokens=12)
+    r = sweeps.long_context_agreement(spec, wq, "cuda", ctx=8192, tokens=12)
     print(r)
     assert r["ok"], r["flips"]

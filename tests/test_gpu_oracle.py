@@ -14,21 +14,23 @@ Every figure, flips included, is printed and written to ``results/<gpu>/oracle_c
 import pytest
 import torch
 
-from onelaunch import results
-from onelaunch.check import compare_with_hf, format_report
+from onelaunch.measure.agree import NEAR_TIE_LOGITS
+from onelaunch.measure.hf_check import compare_with_hf, format_report
+from onelaunch.report import results
+from onelaunch.specs import get_spec
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 TOKENS, PROMPT_LEN = 12, 128
-NEAR_TIE = 0.5         # logits: about twice the bf16 logit error measured (0.27)
+NEAR_TIE = NEAR_TIE_LOGITS  # 0.5 logits: about twice the bf16 logit error measured (0.27)
 MAX_REL_ERR = 0.2      # max |logit error| over the logit std (0.09 measured for Qwen)
 MAX_FLIPS = 2          # of TOKENS steps, each one a near tie
 
 
 @pytest.mark.parametrize("name", ["qwen2.5-1.5b", "olmoe-1b-7b"])
 def test_full_shape_oracle_matches_hf(name):
-    r = compare_with_hf(name, device="cuda", tokens=TOKENS, prompt_len=PROMPT_LEN, seed=0)
+    r = compare_with_hf(get_spec(name), device="cuda", tokens=TOKENS, prompt_len=PROMPT_LEN, seed=0)
     print("\n" + format_report(r))
     row = {k: r[k] for k in ("model", "oracle_dtype", "reference_dtype", "prompt_len",
                              "tokens", "seed", "agree", "max_abs_err", "logit_std", "rel_err",

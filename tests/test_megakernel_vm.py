@@ -12,7 +12,7 @@ import dataclasses
 import pytest
 import torch
 
-from onelaunch.agree import bf16_ulp, judge_tokens
+from onelaunch.measure.agree import bf16_ulp, judge_tokens
 from onelaunch.megakernel import schedule as S
 from onelaunch.megakernel import vm as V
 from onelaunch.megakernel.isa import (LAYER, NONE, OP, OP_ARGMAX, OP_ATTN_MERGE,

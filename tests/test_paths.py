@@ -2,12 +2,13 @@
 plan's own kernel calls (``Engine.paths``, ``Engine.last_run``), ``generate`` prints it in
 its header, and a flag that silently fell back fails here (two runs that took the same
 path agree, so a comparison of runs cannot see it). And what the checks exercised: the
-mechanism rows of ``check.mechanisms``, the covering run of ``generate --check`` on the
+mechanism rows of ``mechanisms.mechanisms``, the covering run of ``generate --check`` on the
 CPU, the router ties ``check`` counts."""
 import pytest
 import torch
 
-from onelaunch import check, tp
+from onelaunch import tp
+from onelaunch.measure import hf_check, mechanisms
 from onelaunch.cli import main
 from onelaunch.engine import Engine
 from onelaunch.kernels import config
@@ -89,19 +90,19 @@ def test_mechanisms_follow_positions_and_tiles(w):
     at the interpreter's tiles reaches one split and one K tile; the covering engine's
     tiles and cap reach the rest at positions 129-130."""
     e = Engine(SPEC, w, max_ctx=70)
-    short = {m: ok for m, ok, _ in check.mechanisms(e, 2, 4)}
+    short = {m: ok for m, ok, _ in mechanisms.mechanisms(e, 2, 4)}
     assert not short["several live splits"] and not short["rms_qkv: several K tiles"]
-    assert {m: ok for m, ok, _ in check.mechanisms(e, 64, 65)}["several live splits"]
-    c = Engine(SPEC, w, max_ctx=check.COVER_CTX, cfgs=check.covering_cfgs(e),
-               live_cap=check.COVER_LIVE_CAP)
-    rows = check.mechanisms(c, check.COVER_PROMPT - 1, check.COVER_PROMPT)
+    assert {m: ok for m, ok, _ in mechanisms.mechanisms(e, 64, 65)}["several live splits"]
+    c = Engine(SPEC, w, max_ctx=mechanisms.COVER_CTX, cfgs=mechanisms.covering_cfgs(e),
+               live_cap=mechanisms.COVER_LIVE_CAP)
+    rows = mechanisms.mechanisms(c, mechanisms.COVER_PROMPT - 1, mechanisms.COVER_PROMPT)
     assert all(ok for _, ok, _ in rows), [r for r in rows if not r[1]]
     assert {m for m, _, _ in rows} == set(short)
-    assert check.covering_cfgs(e)["down"]["SPLIT_K"] >= 2
+    assert mechanisms.covering_cfgs(e)["down"]["SPLIT_K"] >= 2
 
 
 def test_router_ties_are_counted():
-    t = check.router_ties([torch.tensor([3.0, 3.0, 1.0, 0.5]),   # a tie inside the top 2
+    t = hf_check.router_ties([torch.tensor([3.0, 3.0, 1.0, 0.5]),   # a tie inside the top 2
                            torch.tensor([3.0, 2.0, 2.0, 0.5]),   # at the top-2 boundary
                            torch.tensor([4.0, 3.0, 2.0, 1.0])], top_k=2)
     assert t == {"calls": 3, "tied": 2, "boundary": 1, "top_k": 2}
@@ -110,11 +111,11 @@ def test_router_ties_are_counted():
 def test_check_counts_the_router_ties_it_saw():
     """``check`` (the oracle against HF) on the MoE model says whether the top-k's tie
     order was reached: one router call per token and layer."""
-    r = check.compare_with_hf("tiny-olmoe", tokens=3, prompt_len=4)
+    r = hf_check.compare_with_hf(get_spec("tiny-olmoe"), tokens=3, prompt_len=4)
     spec = get_spec("tiny-olmoe")
     assert r["ok"] and r["router_ties"]["calls"] == (4 + 3 - 1) * spec.layers
-    assert "router ties" in check.format_report(r)
-    assert check.compare_with_hf("tiny-qwen2", tokens=2, prompt_len=3)["router_ties"] is None
+    assert "router ties" in hf_check.format_report(r)
+    assert hf_check.compare_with_hf(get_spec("tiny-qwen2"), tokens=2, prompt_len=3)["router_ties"] is None
 
 
 def test_covering_run_reaches_the_moe_router_ties():
@@ -123,7 +124,7 @@ def test_covering_run_reaches_the_moe_router_ties():
     logits (read after each router launch) tie there too."""
     spec = get_spec("tiny-olmoe")
     e = Engine(spec, random_weights(spec, 0), max_ctx=64)
-    cov = check.cover(e)
+    cov = mechanisms.cover(e)
     rows = {m: (ok, how) for m, ok, how in cov["rows"]}
     assert cov["ok"], cov["agree"]
     assert rows["router ties"][0], rows["router ties"]

@@ -34,7 +34,7 @@ def _chapter(tmp_path, code: str) -> Path:
 
 
 def test_resolves_imports_and_same_cell_names(tmp_path):
-    p = _chapter(tmp_path, "import importlib\nfrom onelaunch import chapter, oracle\n"
+    p = _chapter(tmp_path, "import importlib\nfrom onelaunch import oracle\nfrom onelaunch.report import chapter\n"
                  "lp = importlib.import_module('onelaunch.kernels.layer_persistent')\n"
                  "n = 2\nchapter.show_source(oracle.rms_norm, lines=(0, n))\n"
                  "chapter.show_source(lp.grid_barrier.fn)")
@@ -44,7 +44,7 @@ def test_resolves_imports_and_same_cell_names(tmp_path):
 
 
 def test_unresolved_is_an_error(tmp_path):
-    p = _chapter(tmp_path, "from onelaunch import chapter\nchapter.show_source(nowhere.f)")
+    p = _chapter(tmp_path, "from onelaunch.report import chapter\nchapter.show_source(nowhere.f)")
     problems, _ = cpw.check([p])
     assert len(problems) == 1 and "cannot resolve" in problems[0]
 

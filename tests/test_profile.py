@@ -7,13 +7,14 @@ import io
 import pytest
 import torch
 
-from onelaunch import bench, profile
 from onelaunch.engine import Engine
-from onelaunch.profile import ProfileError, attribute, split_replays
+from onelaunch.measure import agree, commands, ladder, profile, rungs, trace
+from onelaunch.measure.trace import ProfileError, attribute, split_replays
+from onelaunch.report import profile_figures
 from onelaunch.specs import get_spec
 from onelaunch.weights import random_weights
 
-KNAME = {op: pats[0] for op, pats in profile.OP_KERNELS.items()}
+KNAME = {op: pats[0] for op, pats in trace.OP_KERNELS.items()}
 
 
 def layer_plan(layers=2, ops=("rms_qkv", "rope_kv_write", "attention_partial", "attention_reduce",
@@ -150,12 +151,12 @@ def test_kernels_that_do_not_map_onto_the_plan_are_an_error():
 
 
 def test_kernel_events_from_a_chrome_trace():
-    trace = {"traceEvents": [
+    chrome = {"traceEvents": [
         {"ph": "X", "cat": "kernel", "name": "_embed_kernel", "ts": 10.5, "dur": 2.0},
         {"ph": "X", "cat": "gpu_memset", "name": "Memset", "ts": 9.0, "dur": 1.0},
         {"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": 1.0, "dur": 5.0},
         {"ph": "X", "cat": "Kernel", "name": "_rms_qkv_kernel", "ts": 13, "dur": 1}]}
-    assert profile.kernel_events(trace) == [("_embed_kernel", 10.5, 12.5),
+    assert trace.kernel_events(chrome) == [("_embed_kernel", 10.5, 12.5),
                                             ("_rms_qkv_kernel", 13.0, 14.0)]
 
 
@@ -169,15 +170,15 @@ def test_every_op_of_every_rung_has_its_kernel_name():
     for m in pkgutil.iter_modules(K.__path__):
         mod = importlib.import_module(f"onelaunch.kernels.{m.name}")
         jit |= {n for n in vars(mod) if n.startswith("_") and n.endswith("_kernel")}
-    for op, pats in profile.OP_KERNELS.items():
+    for op, pats in trace.OP_KERNELS.items():
         if op != "all_reduce":
             assert pats[0] in jit, (op, pats)
     for name in ("tiny-qwen2", "tiny-olmoe"):
         spec = get_spec(name)
         w = random_weights(spec, 0)
-        for rung, st in bench.RUNG_SETTINGS.items():
-            e = Engine(spec, w, max_ctx=32, attention=st["attention"], pdl=st["pdl"])
-            assert {L.op for L in e.plan} <= set(profile.OP_KERNELS), (name, rung)
+        for rung, st in rungs.RUNGS.items():
+            e = Engine(spec, w, max_ctx=32, attention=st.attention, pdl=st.pdl)
+            assert {L.op for L in e.plan} <= set(trace.OP_KERNELS), (name, rung)
 
 
 def test_profile_needs_a_cuda_gpu():
@@ -187,21 +188,23 @@ def test_profile_needs_a_cuda_gpu():
         profile.step_profile(e, 4, replays=2)
     assert "\n" not in str(ex.value)
     with pytest.raises(ProfileError, match="needs a CUDA GPU"):
-        profile.profile_rows("tiny-qwen2", {}, "cpu", ctx=4)
+        profile.profile_rows(get_spec("tiny-qwen2"), {}, "cpu", ctx=4)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU's message")
 def test_cli_says_it_needs_a_gpu(capsys):
-    assert profile.main(["--model", "tiny-qwen2", "--ctx", "8"]) == 2
+    assert commands.profile_main(["--model", "tiny-qwen2", "--ctx", "8"]) == 2
     err = capsys.readouterr().err
     assert "needs a CUDA GPU" in err and err.count("\n") == 1
 
 
-def test_ladder_uses_bench_rung_settings(monkeypatch):
-    """ladder_rows builds each rung's engine from bench.RUNG_SETTINGS (the dict the
-    profile uses): a changed entry there changes the engine the ladder builds."""
-    assert set(bench.RUNGS) <= set(bench.RUNG_SETTINGS)
-    assert set(profile.PROFILE_RUNGS) <= set(bench.RUNG_SETTINGS)
+def test_ladder_uses_the_rung_registry(monkeypatch):
+    """ladder_rows builds each rung's engine from its Rung in rungs.RUNGS (the registry
+    the profile uses), through rungs.make_engine: a changed entry there changes the engine
+    the ladder builds."""
+    import dataclasses
+    assert set(rungs.LADDER) <= set(rungs.RUNGS)
+    assert set(profile.PROFILE_RUNGS) <= set(rungs.RUNGS)
     seen = []
 
     class Stop(Exception):
@@ -212,20 +215,21 @@ def test_ladder_uses_bench_rung_settings(monkeypatch):
             seen.append(kw)
             raise Stop
 
-    monkeypatch.setattr(bench, "Engine", FakeEngine)
-    monkeypatch.setitem(bench.RUNG_SETTINGS, "+ split-K",
-                        dict(attention="plain", graph=True, pdl=True))
+    spec = get_spec("tiny-qwen2")
+    monkeypatch.setattr(rungs, "Engine", FakeEngine)
+    monkeypatch.setitem(rungs.RUNGS, "+ split-K",
+                        rungs.Rung("+ split-K", attention="plain", graph=True, pdl=True))
     ref = (torch.zeros(2, dtype=torch.long), torch.zeros(2, 8))
     with pytest.raises(Stop):
-        bench.ladder_rows("tiny-qwen2", {}, "cpu", ctx=4, rungs=("+ split-K",), ref=ref)
+        ladder.ladder_rows(spec, {}, "cpu", ctx=4, rungs=("+ split-K",), ref=ref)
     assert seen[-1]["attention"] == "plain" and seen[-1]["pdl"] is True
     for rung in ("fused eager", "+ split-K"):
-        monkeypatch.setitem(bench.RUNG_SETTINGS, rung, dict(
-            bench.RUNG_SETTINGS[rung], attention="splitk" if rung == "fused eager" else "plain"))
+        monkeypatch.setitem(rungs.RUNGS, rung, dataclasses.replace(
+            rungs.RUNGS[rung], attention="splitk" if rung == "fused eager" else "plain"))
         with pytest.raises(Stop):
-            bench.ladder_rows("tiny-qwen2", {}, "cpu", ctx=4, rungs=(rung,), ref=ref)
-        assert seen[-1]["attention"] == bench.RUNG_SETTINGS[rung]["attention"]
-    assert "settings = {" not in inspect.getsource(bench.ladder_rows)
+            ladder.ladder_rows(spec, {}, "cpu", ctx=4, rungs=(rung,), ref=ref)
+        assert seen[-1]["attention"] == rungs.RUNGS[rung].attention
+    assert "settings = {" not in inspect.getsource(ladder.ladder_rows)
 
 
 def synthetic_rows():
@@ -253,7 +257,7 @@ def test_draw_profile_renders_with_labels():
     rows = synthetic_rows()
     rows += [{"model": "qwen2.5-1.5b", "rung": "+ RoPE in attention", "ctx": 512, "op": None,
               "ms": None, "refused": "teacher-forced choices differ"}]
-    fig = profile.draw_profile(rows)
+    fig = profile_figures.draw_profile(rows)
     w, h = fig.get_size_inches()
     assert w == pytest.approx(6.5) and fig.dpi >= 150
     texts = [t for t in fig.findobj(matplotlib.text.Text) if t.get_text().strip()]
@@ -270,9 +274,9 @@ def test_draw_profile_renders_with_labels():
     fig.savefig(buf, format="png", dpi=150)
     assert buf.getvalue()[:4] == b"\x89PNG"
     plt.close(fig)
-    assert profile.op_order(rows)[:6] == ["embed", "rms_qkv", "rope_kv_write", "attention",
+    assert profile_figures.op_order(rows)[:6] == ["embed", "rms_qkv", "rope_kv_write", "attention",
                                           "attention_partial", "attention_reduce"]
-    cap = profile.caption(rows)
+    cap = profile_figures.caption(rows)
     assert "+ PDL" in cap and "refused" in cap
 
 
@@ -298,7 +302,6 @@ def test_step_profile_flow_and_eager_fallback(monkeypatch):
     """The GPU path with the recorder replaced: bytes at ctx, the state put back, and
     when the graph's replays give no kernel events, the eager plan with a note."""
     from types import SimpleNamespace
-    import onelaunch.timing
     plan = [("embed", 10), ("rms_qkv", 100), ("lm_head_argmax", 50)]
     e = FakeEngine(plan)
     e.pos.fill_(7)
@@ -310,7 +313,7 @@ def test_step_profile_flow_and_eager_fallback(monkeypatch):
         return [] if graph else events_for(plan, replays, dur=lambda k: 2.0)
     monkeypatch.setattr(profile, "_record", record)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
-    monkeypatch.setattr(onelaunch.timing, "time_ms",
+    monkeypatch.setattr(profile, "time_ms",
                         lambda fn, **kw: SimpleNamespace(median_ms=0.01))
     rows = profile.step_profile(e, 64, replays=4, read_tbps=1e-3)
     assert calls == [(True, 62), (False, 62)]                  # from ctx - lead-in
@@ -330,7 +333,7 @@ def test_step_profile_flow_and_eager_fallback(monkeypatch):
 
 
 def test_profile_rows_checks_each_rung_first(monkeypatch):
-    """Each rung's engine is built from RUNG_SETTINGS and judged before it is profiled; a
+    """Each rung's engine is built from its Rung (rungs.RUNGS) and judged before it is profiled; a
     rung that fails the check is one refused row, never profiled."""
     judged, profiled = [], []
 
@@ -346,26 +349,26 @@ def test_profile_rows_checks_each_rung_first(monkeypatch):
         return [{"op": "embed", "ms": 0.1, "span_ms": 0.1}]
     monkeypatch.setattr(profile, "_require_cuda", lambda dev: None)
     monkeypatch.setattr(profile, "step_profile", step_profile)
-    monkeypatch.setattr(bench, "judge", judge)
-    monkeypatch.setattr(bench, "oracle_tokens", lambda *a: (None, None))
+    monkeypatch.setattr(agree, "judge", judge)
+    monkeypatch.setattr(agree, "oracle_tokens", lambda *a: (None, None))
     spec = get_spec("tiny-qwen2")
-    rows = profile.profile_rows(spec.name, random_weights(spec, 0), "cpu", ctx=6,
+    rows = profile.profile_rows(spec, random_weights(spec, 0), "cpu", ctx=6,
                                 rungs=("fused eager", "fused + graph", "+ split-K"),
                                 read_tbps=1.0)
     assert judged == [("plain", False, False, 6), ("plain", False, True, 6), ("splitk", False, True, 6)]
     assert profiled == [("plain", False, 6, 6 + 12 + 100 + 64), ("plain", True, 6, 182)]
     assert [r["rung"] for r in rows] == ["fused eager", "fused + graph", "+ split-K"]
     assert rows[-1]["refused"] and rows[-1]["ms"] is None and rows[0]["agree"] == "2/2"
-    from onelaunch.agree import failures
+    from onelaunch.measure.agree import failures
     assert failures(rows) == [rows[-1]]
     def fails(e, ctx, replays, read_tbps, graph=True, trace_path=None):
         raise ProfileError("kernel 3 of 9 ('x') should be launch 3")
     monkeypatch.setattr(profile, "step_profile", fails)
-    rows = profile.profile_rows(spec.name, random_weights(spec, 0), "cpu", ctx=6,
+    rows = profile.profile_rows(spec, random_weights(spec, 0), "cpu", ctx=6,
                                 rungs=("fused + graph",), read_tbps=1.0)
     assert len(rows) == 1 and rows[0]["error"].startswith("ProfileError: kernel 3")
     assert failures(rows) == rows
-    fig = profile.draw_profile(synthetic_rows() + [dict(rows[0], model="qwen2.5-1.5b",
+    fig = profile_figures.draw_profile(synthetic_rows() + [dict(rows[0], model="qwen2.5-1.5b",
                                                         rung="+ RoPE in attention")])
     import matplotlib
     words = " ".join(t.get_text() for t in fig.findobj(matplotlib.text.Text))
@@ -373,7 +376,7 @@ def test_profile_rows_checks_each_rung_first(monkeypatch):
     import matplotlib.pyplot as plt
     plt.close(fig)
     with pytest.raises(ProfileError, match="unknown rung"):
-        profile.profile_rows(spec.name, {}, "cpu", rungs=("+ nothing",))
+        profile.profile_rows(spec, {}, "cpu", rungs=("+ nothing",))
 
 
 def test_lead_in_leaves_out_a_sessions_lost_or_corrupt_head():
@@ -423,7 +426,7 @@ def clock_rows():
 
 def test_phase_rows_needs_a_cuda_gpu():
     with pytest.raises(ProfileError, match="needs a CUDA GPU"):
-        profile.phase_rows("tiny-qwen2", {}, "cpu", ctx=4)
+        profile.phase_rows(get_spec("tiny-qwen2"), {}, "cpu", ctx=4)
 
 
 @pytest.mark.parametrize("name", ["tiny-qwen2", "tiny-olmoe"])
@@ -431,7 +434,7 @@ def test_the_chains_launches_pair_with_the_phases(name):
     """phase_rows takes each phase's bytes from the chain's launch in the same place."""
     lp = __import__("importlib").import_module("onelaunch.kernels.layer_persistent")
     spec = get_spec(name)
-    chain = bench.rung_engine(spec, random_weights(spec, 0), "+ PDL", 32)
+    chain = rungs.RUNGS["+ PDL"].engine(spec, random_weights(spec, 0), 32)
     ops = [L.op for L in chain.plan if L.layer == 0]
     phases = lp.MOE_PHASES if spec.is_moe else lp.PHASES
     assert len(ops) == len(phases)
@@ -443,7 +446,7 @@ def test_draw_phases_and_its_caption_add_up():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     rows = clock_rows() + [{"model": "olmoe-1b-7b", "phase": None, "error": "x"}]
-    fig = profile.draw_phases(rows)
+    fig = profile_figures.draw_phases(rows)
     assert fig.get_size_inches()[0] == pytest.approx(6.5)
     texts = [t for t in fig.findobj(matplotlib.text.Text) if t.get_text().strip()]
     words = " ".join(t.get_text() for t in texts)
@@ -452,12 +455,12 @@ def test_draw_phases_and_its_caption_add_up():
     assert "waiting for the slowest program" in words
     assert min(t.get_fontsize() for t in texts) >= 10
     plt.close(fig)
-    cap = profile.phase_caption(rows)
+    cap = profile_figures.phase_caption(rows)
     assert cap.startswith(f"qwen2.5-1.5b: one layer takes {total:.3g} us")
     assert "(rope_kv_write, attention_partial, attention_reduce)" in cap and "most in attention_partial" in cap
     assert f"{total * 28 / 1e3:.3g} ms" in cap and "olmoe" not in cap
     with pytest.raises(ValueError, match="no rows"):
-        profile.draw_phases([{"model": "m", "phase": None}])
+        profile_figures.draw_phases([{"model": "m", "phase": None}])
 
 
 def test_a_folded_phase_has_no_barrier_of_its_own():
@@ -470,10 +473,10 @@ def test_a_folded_phase_has_no_barrier_of_its_own():
     rows = clock_rows()
     rows[1].update(span_us=0.25, work_us=0.0, wait_us=0.25, release_us=-0.25,
                    inside="attention_partial")
-    cap = profile.phase_caption(rows)
+    cap = profile_figures.phase_caption(rows)
     rel = sum(r["release_us"] for i, r in enumerate(rows) if i != 1)
     assert f"the 6 releases take {rel:.2g} us (rope_kv_write runs inside attention_partial" in cap
-    fig = profile.draw_phases(rows)
+    fig = profile_figures.draw_phases(rows)
     words = " ".join(t.get_text() for t in fig.findobj(matplotlib.text.Text))
     assert "rope_kv_write (in the next)" in words
     plt.close(fig)
