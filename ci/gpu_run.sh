@@ -31,11 +31,11 @@
 #              and the one-kernel attention's bit-identity tests compiled on the GPU
 #     stream   Qwen: the persistent layer with its GEMV phases streamed through shared memory
 #              (stream_gemv), several stages/tiles/grids, each bit-checked then timed
-#     clock    both models: the persistent layer's per-phase clock (ONELAUNCH_PERSIST_CLOCK=1,
+#     clock    both models: the persistent layer's per-phase clock (--persist clock=1,
 #              ci/persistent_check.py: span, work, skew and release of every phase), with the
 #              table's PDL setting and with PDL forced on (about 4 minutes)
 #     fold     Qwen: the persistent layer with RoPE folded into its attention phase
-#              (ONELAUNCH_PERSIST_FOLD_ROPE=1) against the table's, each with the phases'
+#              (--persist fold_rope=1) against the table's, each with the phases'
 #              clock, bit-checked then timed (about 2 minutes)
 #     hold     Gluon probe: weight tiles held in shared memory through an idle stretch,
 #              against the same tiles requested after it; each checked, then timed
@@ -102,11 +102,11 @@ has attn && run attn_sweep 400 python3 -m onelaunch.bench --model qwen2.5-1.5b -
 has attn && run attn_tests 300 python3 -m pytest -q tests/test_attention_onekernel.py
 has stream && run stream 560 python3 ci/persistent_check.py work/persistent_stream.json --timeout 110 --variants "${STREAM_VARIANTS:-4:4:8x512:2,4:6:8x512:2,8:8:8x512:1,4:3:16x512:2,8:4:16x512:1}"
 for m in qwen2.5-1.5b olmoe-1b-7b; do   # the phases' clock, with the table's PDL and with PDL on
-  has clock && run clock_${m%%-*} 120 env ONELAUNCH_PERSIST_CLOCK=1 python3 ci/persistent_check.py work/clock_$m.json --model $m --timeout 100 --variants 4:4::2
-  has clock && run clock_${m%%-*}_pdl 120 env ONELAUNCH_PERSIST_CLOCK=1 ONELAUNCH_PERSIST_PDL=1 python3 ci/persistent_check.py work/clock_${m}_pdl.json --model $m --timeout 100 --variants 4:4::2
+  has clock && run clock_${m%%-*} 120 python3 ci/persistent_check.py work/clock_$m.json --model $m --timeout 100 --variants 4:4::2 --persist clock=1
+  has clock && run clock_${m%%-*}_pdl 120 python3 ci/persistent_check.py work/clock_${m}_pdl.json --model $m --timeout 100 --variants 4:4::2 --persist clock=1,pdl=1
 done
 for f in 0 1; do   # RoPE in its own phase (the table) and folded into attention
-  has fold && run fold_qwen_$f 150 env ONELAUNCH_PERSIST_FOLD_ROPE=$f ONELAUNCH_PERSIST_CLOCK=1 python3 ci/persistent_check.py work/fold_qwen_$f.json --timeout 110 --variants 4:4::2
+  has fold && run fold_qwen_$f 150 python3 ci/persistent_check.py work/fold_qwen_$f.json --timeout 110 --variants 4:4::2 --persist fold_rope=$f,clock=1
 done
 has hold && run hold 240 python3 ci/hold_probe.py work/hold.json
 has book && run book 560 bash ci/gpu_book.sh "$OUT/book-gpu.tar.gz"

@@ -111,8 +111,8 @@ MUTANTS = [
            "if [p for a, b in ranges for p in range(a, b + 1)] != list(range(last + 1)):",
            "if False:", PERSIST_OPTS),
     Mutant("persistent layer: the table's PDL=0 ignored", "layer_persistent.py",
-           'pdl = _env_int("ONELAUNCH_PERSIST_PDL", (c_p or {}).get("PDL", 1))',
-           'pdl = _env_int("ONELAUNCH_PERSIST_PDL", 1)', PERSIST_OPTS),
+           'pdl = opts.pdl if opts.pdl is not None else int((c_p or {}).get("PDL", 1))',
+           'pdl = opts.pdl if opts.pdl is not None else 1', PERSIST_OPTS),
     Mutant("persistent layer's clock: release from the first arrival", "layer_persistent.py",
            "rel = nxt - en.amax(1)", "rel = nxt - en.amin(1)", PERSIST_OPTS),
     # the checks' blind spots (issue 23): a wrong constant in a full-size spec, which every

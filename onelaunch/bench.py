@@ -67,13 +67,13 @@ def rung_supported(spec, rung: str) -> bool:
         spec, st["attention"], fuse_rope=st.get("fuse_rope", False), stages=stages))
 
 
-def rung_engine(spec, w, rung: str, max_ctx: int) -> Engine:
+def rung_engine(spec, w, rung: str, max_ctx: int, persist=None) -> Engine:
     """The engine of ladder rung ``rung`` (:data:`RUNG_SETTINGS`): one place that turns a
     rung's settings into an engine, for the ladder and the profile."""
     st = RUNG_SETTINGS[rung]
     return Engine(spec, w, max_ctx=max_ctx, attention=st["attention"], pdl=st["pdl"],
                   fuse_rope=st.get("fuse_rope", False), persistent=st.get("persistent", False),
-                  cfgs=st.get("cfgs"))
+                  cfgs=st.get("cfgs"), persist=persist)
 
 
 def f32(t):

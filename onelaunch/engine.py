@@ -23,7 +23,8 @@ kernel, one launch fewer per layer (``kernels/attention_onekernel.py``); on the 
 measured 0.01-0.03 ms a token slower than the separate RoPE kernel, so no rung uses it.
 ``persistent=True`` (split-K, dense models, one GPU) runs each layer as one persistent
 launch whose phases are the unfused kernels' bodies separated by grid barriers
-(``kernels/layer_persistent.py``): layers + 2 launches a step, same bits.
+(``kernels/layer_persistent.py``): layers + 2 launches a step, same bits; ``persist``
+(``options.PersistentOptions``) overrides its launch table entry for a measurement.
 
 The step itself is data: ``self.plan``, a list of launches built from the spec by the
 block builders in ``plan.py`` (embedding, attention, dense MLP or mixture of experts,
@@ -40,6 +41,7 @@ import torch.distributed
 from . import kernels as K
 from . import plan
 from .kernels import config
+from .options import PersistentOptions
 from .oracle import rope_cos_sin
 from .specs import get_spec
 from .weights import pack_weights  # noqa: F401  (re-exported: engine.pack_weights)
@@ -72,7 +74,7 @@ class Engine:
     def __init__(self, spec, weights: dict[str, torch.Tensor], max_ctx: int | None = None,
                  attention: str = "splitk", pdl: bool = False, fuse_rope: bool = False,
                  device=None, cfgs: dict | None = None, tp=None, persistent: bool = False,
-                 live_cap: int | None = 0):
+                 live_cap: int | None = 0, persist: PersistentOptions | None = None):
         self.spec = spec = get_spec(spec)
         if attention not in ("plain", "splitk"):
             raise EngineError("attention must be 'plain' or 'splitk'")
@@ -93,9 +95,10 @@ class Engine:
             raise EngineError("fuse_rope needs split-K attention and a model without q/k norm "
                               "(whose RMS spans all heads)")
         self.fuse_rope = bool(fuse_rope)
+        self.persist = persist or PersistentOptions()   # the persistent layer's switches
         stages = K.layer_persistent_entry(dict(
             config.get("layer_persistent", self.device),
-            **(cfgs or {}).get("layer_persistent", {})))["STAGES"] if persistent else None
+            **(cfgs or {}).get("layer_persistent", {})), self.persist)["STAGES"] if persistent else None
         why = persistent_refusal(spec, attention, tp, fuse_rope, stages) if persistent else None
         if why:
             raise EngineError(why)

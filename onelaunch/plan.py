@@ -19,7 +19,6 @@ layer) kept as plain Python: a later persistent kernel can serialise the same li
 from __future__ import annotations
 
 import importlib
-import os
 from dataclasses import dataclass
 from typing import Callable
 
@@ -149,20 +148,22 @@ def layer_persistent(e, li: int) -> list[Launch]:
     run = lambda: K.layer_persistent(
         e.x, L, e.qkv, e.q, e.attn, h, kc, vc, e.cos, e.sin, e.pos, po, pm, pl,
         scratch, counter, bar, s.heads, s.kv_heads, s.head_dim, s.rms_eps,
-        e.chunk, cfgs, use_pdl=e.pdl, live_cap=e.live_cap, moe=moe, clock=clock)
+        e.chunk, cfgs, use_pdl=e.pdl, live_cap=e.live_cap, moe=moe, clock=clock,
+        persist=e.persist)
     return [Launch("layer_persistent", li, run, sum(u.weight_bytes for u in unfused),
                    sum(u.kv_bytes_per_ctx for u in unfused))]
 
 
 def layer_clock(e, li: int, cfgs: dict):
-    """With ``ONELAUNCH_PERSIST_CLOCK=1`` (a measurement, ``ci/persistent_check.py``):
-    layer ``li``'s rows of the int64 buffer [layers, grid, 2 x phases] where each program
-    of the persistent layer stamps its phases' start and end (``clock_phases``)."""
-    if os.environ.get("ONELAUNCH_PERSIST_CLOCK") != "1":
+    """With ``PersistentOptions(clock=True)`` (a measurement, ``ci/persistent_check.py``,
+    ``profile.phase_rows``): layer ``li``'s rows of the int64 buffer [layers, grid,
+    2 x phases] where each program of the persistent layer stamps its phases' start and
+    end (``clock_phases``)."""
+    if not e.persist.clock:
         return None
     LP = importlib.import_module("onelaunch.kernels.layer_persistent")
     s = e.spec
-    P = LP.grid_size(e.device, cfgs["layer_persistent"])
+    P = LP.grid_size(e.device, cfgs["layer_persistent"], e.persist)
     slots = 2 * (LP.LAST_PHASE + 1 + s.is_moe)
     return e.buf("layer_clock", (s.layers, P, slots), torch.int64)[li]
 
@@ -174,7 +175,8 @@ def persistent_cfgs(e, li: int = 0) -> dict:
     the bit-for-bit reference of the persistent rung."""
     L = e.W["layers"][li]
     c_p = K.layer_persistent_entry(dict(config.get("layer_persistent", e.device),
-                                        **e.cfgs.get("layer_persistent", {})))
+                                        **e.cfgs.get("layer_persistent", {})),
+                                   e.persist)
     mlp = ((("router", L["w_router"]), ("moe_gate_up", L["w_experts_gate_up"]),
             ("moe_down", L["w_experts_down"])) if e.spec.is_moe
            else (("gate_up", L["w_gate_up"]), ("down", L["w_down"])))

@@ -431,7 +431,7 @@ def phase_rows(spec_name, weights, device="cuda", ctx: int = 512, tokens: int = 
                replays: int = 20, read_tbps: float | None = None, seed: int = 0,
                ref=None) -> list[dict]:
     """One launch a layer from the inside. The ``+ persistent layer`` rung is built with
-    the phases' clock (``ONELAUNCH_PERSIST_CLOCK=1``: every program stamps the GPU's
+    the phases' clock (``PersistentOptions(clock=True)``: every program stamps the GPU's
     global clock at each phase's start and end), checked against the oracle as the
     ladder checks it, then replayed ``replays`` times from position ``ctx``. One row per
     phase (``layer_persistent.clock_phases``: the last replay, median over layers), in
@@ -444,6 +444,7 @@ def phase_rows(spec_name, weights, device="cuda", ctx: int = 512, tokens: int = 
     computed here when not given."""
     import importlib
     from . import bench
+    from .options import PersistentOptions
     from .specs import get_spec
     from .timing import read_bandwidth
     LP = importlib.import_module("onelaunch.kernels.layer_persistent")
@@ -455,15 +456,7 @@ def phase_rows(spec_name, weights, device="cuda", ctx: int = 512, tokens: int = 
     if ref is None:
         ref = bench.oracle_tokens(spec, weights, prompt, tokens, max_ctx)
     rung = "+ persistent layer"
-    was = os.environ.get("ONELAUNCH_PERSIST_CLOCK")
-    os.environ["ONELAUNCH_PERSIST_CLOCK"] = "1"     # read once, when the plan is built
-    try:
-        e = bench.rung_engine(spec, weights, rung, max_ctx)
-    finally:
-        if was is None:
-            del os.environ["ONELAUNCH_PERSIST_CLOCK"]
-        else:
-            os.environ["ONELAUNCH_PERSIST_CLOCK"] = was
+    e = bench.rung_engine(spec, weights, rung, max_ctx, persist=PersistentOptions(clock=True))
     base = {"model": spec.name, "rung": rung, "ctx": ctx}
     j = bench.judge(e, prompt, ref, graph=True)
     if not j["ok"]:

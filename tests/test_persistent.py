@@ -17,6 +17,7 @@ import torch
 from onelaunch import plan
 from onelaunch.kernels import config
 from onelaunch.engine import Engine, EngineError
+from onelaunch.options import PersistentOptions
 from onelaunch.specs import get_spec
 from onelaunch.weights import random_weights
 
@@ -130,14 +131,14 @@ def test_one_launch_of_one_program(w, monkeypatch, nxt, stages):
 
 
 def test_phase_groups_one_launch_each(w, monkeypatch):
-    """``ONELAUNCH_PERSIST_SPLIT=0-4,5-6``: the attention block in one launch and the MLP
+    """``PersistentOptions(split="0-4,5-6")``: the attention block in one launch and the MLP
     in another (grid 1, so the barriers inside each run here), same bits; a grouping that
     skips or repeats a phase is refused in one line."""
     LP = __import__("importlib").import_module("onelaunch.kernels.layer_persistent")
     launches = spy_launches(monkeypatch)
-    monkeypatch.setenv("ONELAUNCH_PERSIST_SPLIT", "0-4,5-6")
     eng = Engine(SPEC, w, max_ctx=MAX_CTX, persistent=True,
-                 cfgs={"layer_persistent": {"GRID": 1}})
+                 cfgs={"layer_persistent": {"GRID": 1}},
+                 persist=PersistentOptions(split="0-4,5-6"))
     ref = Engine(SPEC, w, max_ctx=MAX_CTX, cfgs=plan.persistent_cfgs(eng))
     run_both(ref, eng, 2)
     assert {(first, last) for _, first, last in launches} == {(0, 4), (5, 6)}
@@ -146,16 +147,18 @@ def test_phase_groups_one_launch_each(w, monkeypatch):
         LP.phase_ranges(dict(split=True, groups="0-3,5-6"), 1, 6)
 
 
-def test_pdl_from_the_table_and_the_environment(monkeypatch):
+def test_pdl_from_the_table_and_the_options():
     """The layer kernel launches with PDL when the engine does, unless its table entry
-    says PDL=0 (the H200's: NOTES.md 16); ONELAUNCH_PERSIST_PDL overrides either way."""
+    says PDL=0 (the H200's: NOTES.md 16); ``PersistentOptions.pdl`` overrides either
+    way."""
     LP = __import__("importlib").import_module("onelaunch.kernels.layer_persistent")
-    monkeypatch.delenv("ONELAUNCH_PERSIST_PDL", raising=False)
     assert LP.launch_options("cpu", True, {})["pdl"]
     assert not LP.launch_options("cpu", True, {"PDL": 0})["pdl"]
     assert not LP.launch_options("cpu", False, {"PDL": 1})["pdl"]
-    monkeypatch.setenv("ONELAUNCH_PERSIST_PDL", "1")
-    assert LP.launch_options("cpu", True, {"PDL": 0})["pdl"]
+    on, off = PersistentOptions(pdl=True), PersistentOptions(pdl=False)
+    assert LP.launch_options("cpu", True, {"PDL": 0}, on)["pdl"]
+    assert not LP.launch_options("cpu", True, {"PDL": 1}, off)["pdl"]
+    assert not LP.launch_options("cpu", False, {}, on)["pdl"]
     assert config.TABLE["sm_90"]["layer_persistent"]["PDL"] == 0
 
 
@@ -177,9 +180,9 @@ def test_clock_phases_reads_the_stamps():
     assert [r["phase"] for r in LP.clock_phases(clock, ["a", "b"])] == ["b"]
 
 
-def test_clock_refused_in_the_interpreter(w, monkeypatch):
-    monkeypatch.setenv("ONELAUNCH_PERSIST_CLOCK", "1")
-    eng = Engine(SPEC, w, max_ctx=MAX_CTX, persistent=True)
+def test_clock_refused_in_the_interpreter(w):
+    eng = Engine(SPEC, w, max_ctx=MAX_CTX, persistent=True,
+                 persist=PersistentOptions(clock=True))
     with pytest.raises(ValueError, match="globaltimer"):
         eng.generate(torch.tensor([1, 2, 3]), 1)
 
@@ -222,16 +225,15 @@ def test_reference_cfgs_run_the_same_tiles(w):
     assert ref.launches_per_step() == 2 + 7 * get_spec(SPEC).layers
 
 
-def test_tile_override_own_means_the_ops_tiles(monkeypatch):
-    """``ONELAUNCH_PERSIST_TILE=own`` drops a table's TILE (the ops' own tiles stream);
+def test_tile_override_own_means_the_ops_tiles():
+    """``PersistentOptions(tile="own")`` drops a table's TILE (the ops' own tiles stream);
     a ``BNxBK`` value replaces it; unset, the table's stays."""
     from onelaunch import kernels as K
     c_p = {"num_warps": 4, "STAGES": 4, "TILE": "8x512"}
     assert K.layer_persistent_entry(c_p)["TILE"] == "8x512"
-    monkeypatch.setenv("ONELAUNCH_PERSIST_TILE", "own")
-    assert "TILE" not in K.layer_persistent_entry(c_p)
-    monkeypatch.setenv("ONELAUNCH_PERSIST_TILE", "16x256")
-    assert K.layer_persistent_entry(c_p)["TILE"] == "16x256"
+    assert "TILE" not in K.layer_persistent_entry(c_p, PersistentOptions(tile="own"))
+    tile = K.layer_persistent_entry(c_p, PersistentOptions(tile="16x256"))["TILE"]
+    assert tile == "16x256"
     ops = {"gate_up": {"BLOCK_N": 8, "BLOCK_K": 512, "PREFETCH": 2},
            "down": {"BLOCK_N": 2, "BLOCK_K": 1024, "SPLIT_K": 3}, "attn_split": {}}
     own = plan.persistent_tiles({"num_warps": 4, "STAGES": 4}, ops)
@@ -371,16 +373,16 @@ def test_ladder_rung_is_judged_then_timed(w):
 
 @pytest.mark.parametrize("grid", [1, 3])
 def test_rope_folded_into_attention(w, monkeypatch, grid):
-    """``ONELAUNCH_PERSIST_FOLD_ROPE=1``: RoPE and the KV write inside the attention phase
+    """``PersistentOptions(fold_rope=True)``: RoPE and the KV write inside the attention phase
     (``attention_onekernel.rope_partial``), one barrier fewer: bit for bit the unfused
     reference across the split boundary, in one launch (grid 1: the barriers' targets one
     fewer after the missing one, the counters reset) and one launch per phase (grid 3).
     A group of phases ending at the missing barrier is refused in one line."""
     LP = __import__("importlib").import_module("onelaunch.kernels.layer_persistent")
     launches = spy_launches(monkeypatch)
-    monkeypatch.setenv("ONELAUNCH_PERSIST_FOLD_ROPE", "1")
+    fold = PersistentOptions(fold_rope=True)
     eng = Engine(SPEC, w, max_ctx=MAX_CTX, persistent=True,
-                 cfgs={"layer_persistent": {"GRID": grid}})
+                 cfgs={"layer_persistent": {"GRID": grid}}, persist=fold)
     cfgs = plan.persistent_cfgs(eng)
     assert cfgs["layer_persistent"]["FOLD_ROPE"] == 1
     ref = Engine(SPEC, w, max_ctx=MAX_CTX, cfgs=cfgs)
@@ -391,8 +393,8 @@ def test_rope_folded_into_attention(w, monkeypatch, grid):
     assert {(first, last) for _, first, last in launches} == (
         {(0, 6)} if grid == 1 else {(p, p) for p in range(7)})
     if grid == 1:
-        monkeypatch.setenv("ONELAUNCH_PERSIST_SPLIT", "0-2,3-6")
         bad = Engine(SPEC, w, max_ctx=MAX_CTX, persistent=True,
-                     cfgs={"layer_persistent": {"GRID": 1}})
+                     cfgs={"layer_persistent": {"GRID": 1}},
+                     persist=PersistentOptions(fold_rope=True, split="0-2,3-6"))
         with pytest.raises(ValueError, match="cannot end at phase 2"):
             bad.step(False)

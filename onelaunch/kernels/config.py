@@ -20,6 +20,8 @@ import os
 
 import torch
 
+from .. import env
+
 # op -> dict of launch parameters
 _DEFAULT = {
     "rms_qkv":     dict(BLOCK_N=16, BLOCK_K=512, num_warps=4),
@@ -97,7 +99,7 @@ def tuned(arch_name: str) -> dict:
 
 
 def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    return env.interpreting()
 
 
 @functools.lru_cache(maxsize=None)
