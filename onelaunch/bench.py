@@ -23,10 +23,10 @@ import traceback
 import torch
 import torch.nn.functional as F
 
-from . import agree
+from . import agree, plan
 from . import kernels as K
 from .engine import Engine, persistent_refusal
-from .kernels import config
+from .kernels import config, tuned
 from .oracle import Oracle
 from .specs import get_spec
 from .timing import read_bandwidth, time_ms
@@ -804,53 +804,41 @@ def plan_config_sweep(spec, w, device="cuda", grid: dict | None = None, ctx: int
 
 def write_plan_table(rows: list[dict], model: str) -> str:
     """Merge the fastest config of each (op, shape) of a step sweep into
-    ``kernels/tuned/<arch>.json``, keyed by the weight shape."""
-    import os
+    ``kernels/tuned/<arch>.json`` (``tuned.write_table``), keyed by the weight shape."""
     import datetime
     best = {}
     for r in rows:
         if r.get("ms_per_token") is None:
             continue
-        k = (r["op"], config.shape_key(r["shape"]))
+        k = (r["op"], tuned.shape_key(r["shape"]))
         if k not in best or r["ms_per_token"] < best[k]["ms_per_token"]:
             best[k] = r
-    arch = config.arch(0)
-    p = os.path.join(config.TUNED_DIR, f"{arch}.json")
-    d = json.load(open(p)) if os.path.exists(p) else {"arch": arch, "ops": {}}
+    entries, notes = {}, {}
     for (op, key), r in best.items():
-        entries = d["ops"].setdefault(op, {})
-        if "BLOCK_N" in entries:                         # a flat entry of an older sweep
-            entries = d["ops"][op] = {}
-        entries[key] = r["cfg"]
-        d.setdefault("step_sweeps", {})[f"{op} {key}"] = {
-            "model": model, "ms_per_token": r["ms_per_token"], "date": datetime.date.today().isoformat()}
-    with open(p, "w") as f:
-        json.dump(d, f, indent=1)
-    config.tuned.cache_clear()
-    return p
+        entries.setdefault(op, {})[key] = r["cfg"]
+        notes[f"{op} {key}"] = {"model": model, "ms_per_token": r["ms_per_token"],
+                                "date": datetime.date.today().isoformat()}
+    return tuned.write_table(config.arch(0), entries, notes={"step_sweeps": notes})
 
 
 def write_table(sweep: list[dict], read_tbps: float, model: str) -> str:
-    """Keep the fastest configuration of each op (ties: the first in grid order), among
-    the configurations that passed their check."""
-    import os
+    """Merge the fastest configuration of each op (ties: the first in grid order), among
+    the configurations that passed their check, into ``kernels/tuned/<arch>.json``
+    (``tuned.write_table``: keyed by ``model``'s weight shape; other entries stay)."""
     import datetime
     best = {}
     for r in sweep:
         if r.get("check") == "pass" and r.get("us") is not None and \
                 (r["op"] not in best or r["us"] < best[r["op"]]["us"]):
             best[r["op"]] = r
-    arch = config.arch(0)
-    os.makedirs(config.TUNED_DIR, exist_ok=True)
-    p = os.path.join(config.TUNED_DIR, f"{arch}.json")
-    with open(p, "w") as f:
-        json.dump({"arch": arch, "gpu": torch.cuda.get_device_name(), "model": model,
-                   "read_tbps": read_tbps, "date": datetime.date.today().isoformat(),
-                   "ops": {op: r["cfg"] for op, r in best.items()},
-                   "measured": {op: {"us": r["us"], "pct_of_read": r["pct_of_read"]} for op, r in best.items()}},
-                  f, indent=1)
-    config.tuned.cache_clear()
-    return p
+    spec = get_spec(model)
+    key = {op: tuned.shape_key(plan.weight_shape(spec, op)) for op in best}
+    meta = {"gpu": torch.cuda.get_device_name(), "model": model, "read_tbps": read_tbps,
+            "date": datetime.date.today().isoformat()}
+    measured = {f"{op} {key[op]}": {"us": r["us"], "pct_of_read": r["pct_of_read"]}
+                for op, r in best.items()}
+    return tuned.write_table(config.arch(0), {op: {key[op]: r["cfg"]} for op, r in best.items()},
+                             meta=meta, notes={"measured": measured})
 
 
 def _check_one(op, c, x, L0, P, s, eps, pdl, dev):

@@ -329,6 +329,17 @@ def bytes_per_step(plan: list[Launch], ctx: int = 0) -> int:
     return sum(L.bytes_at(ctx) for L in plan)
 
 
+def weight_shape(spec, op: str) -> tuple[int, int]:
+    """(N, K) of the weight GEMV ``op`` reads in one layer (one expert's for the MoE
+    ops): the shape its launch configuration is keyed by (``kernels/tuned.py``)."""
+    s = spec
+    return {"rms_qkv": (s.qkv_size, s.hidden), "o_proj": (s.hidden, s.q_size),
+            "gate_up": (2 * s.intermediate, s.hidden), "down": (s.hidden, s.intermediate),
+            "lm_head": (s.vocab, s.hidden), "router": (s.experts, s.hidden),
+            "moe_gate_up": (2 * s.intermediate, s.hidden),
+            "moe_down": (s.hidden, s.intermediate)}[op]
+
+
 def default_cfg(op: str, device, weight: torch.Tensor | None = None) -> dict:
     shape = None if weight is None else tuple(weight.shape[-2:])
     return config.get(op, device, shape)

@@ -58,12 +58,12 @@ _SWEEP: dict[str, list[dict]] = {}
 def _sm89_configs(op: str) -> list[dict]:
     """The configurations ``config.get(op)`` can return on an sm_89 GPU, now or after a
     sweep there."""
-    from onelaunch.kernels import config
+    from onelaunch.kernels import config, tuned
     if not _SWEEP:
         _SWEEP.update(_sweep_candidates())
     out = []
     for c in (config.TABLE["sm_89"].get(op, config.TABLE["default"][op]),
-              config.tuned("sm_89").get(op), *_SWEEP.get(op, [])):
+              *tuned.read("sm_89").get(op, {}).values(), *_SWEEP.get(op, [])):
         if c is not None and dict(c) not in out:
             out.append(dict(c))
     return out
