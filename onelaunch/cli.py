@@ -15,9 +15,11 @@ import sys
 
 import torch
 
-from .check import UsageError, compare_with_hf, format_report
+from .measure.hf_check import compare_with_hf, format_report
+from .prompt import UsageError
 from .specs import SPECS, UnknownModel, get_spec
 from .tp import RUNGS as RUNG_NAMES
+from .measure.timing import run_ctx
 from .weights import CheckpointError
 
 
@@ -137,7 +139,7 @@ def cmd_check(args) -> int:
     if args.model is None and args.checkpoint is None:
         raise UsageError("check needs --model NAME or --checkpoint PATH "
                          f"(known models: {', '.join(SPECS)})")
-    from .check import make_prompt, validate_prompt
+    from .prompt import make_prompt, validate_prompt
     from .weights import inspect_checkpoint, load_checkpoint
     spec = get_spec(args.model) if args.model else None
     if args.checkpoint is not None:            # its config, before any weight is read
@@ -181,7 +183,7 @@ def _bandwidth(args) -> tuple[float, str]:
     if not torch.cuda.is_available():
         raise UsageError("no GPU here to measure the bandwidth on; pass --bandwidth TBPS "
                          "(e.g. --bandwidth 4.0 for an H200's streaming read)")
-    from .timing import read_bandwidth
+    from .measure.timing import read_bandwidth
     return read_bandwidth("cuda"), f"measured now on {torch.cuda.get_device_name()}"
 
 
@@ -245,7 +247,7 @@ def cmd_generate(args) -> int:
     import time
     device = _device(args.device)
     _kernels_on(device)
-    from .check import make_prompt, validate_prompt
+    from .prompt import make_prompt, validate_prompt
     from .engine import Engine, EngineError
     from .text import TextStream, encode, load_tokenizer, progress, stop_ids
     from .weights import inspect_checkpoint, load_checkpoint, random_weights
@@ -287,7 +289,7 @@ def cmd_generate(args) -> int:
                          f"({tokens}) = {n + tokens}: use --max-ctx {n + tokens} or more "
                          "(or leave it out)")
     validate_prompt(spec, prompt, tokens, args.max_ctx or spec.max_ctx)
-    max_ctx = args.max_ctx or min(spec.max_ctx, n + tokens + 64)
+    max_ctx = args.max_ctx or min(spec.max_ctx, run_ctx(n, tokens, 0))
     if args.tp > 1:                            # every rank loads its own weights
         return _generate_tp(args, spec, prompt, tokens, max_ctx, tok, device)
     if args.checkpoint:
@@ -353,8 +355,8 @@ def cmd_generate(args) -> int:
         line += "; the reply ended (a stop token)"
     print(line + note)
     if args.check:
-        from . import agree
-        from .check import check_mechanisms, judge_generated
+        from .measure import agree
+        from .measure.mechanisms import check_mechanisms, judge_generated
         j = judge_generated(spec, w, prompt, torch.tensor(got), max_ctx)
         print(f"oracle: {agree.describe(j)}" + ("" if j["ok"] else "; REFUSED"))
         covered, report = check_mechanisms(e, args.seed)   # what it exercised; CPU: the rest
@@ -454,7 +456,7 @@ def _fmt(v, spec=".3f"):
 def print_ladder(rows: list[dict], out=sys.stdout) -> None:
     """One line per rung: ms/token and the ratio to the floor of the same run, or why
     there is no time. A rung whose oracle check failed never shows one."""
-    from .results import row_passes
+    from .report.results import row_passes
     print(f"{'model':14} {'rung':16} {'ctx':>6} {'ms/token':>9} {'x floor':>8} {'agree':>7}  check",
           file=out)
     for r in rows:
@@ -476,13 +478,14 @@ def cmd_bench(args) -> int:
     device = _device(args.device)
     spec = get_spec(args.model)
     _kernels_on(device)
-    from . import bench
-    from .timing import read_bandwidth
+    from .measure import agree
+    from .measure.ladder import bench_rows
+    from .measure.timing import run_bandwidth
     from .weights import random_weights
     if device == "cpu" and spec.name not in ("tiny-qwen2", "tiny-olmoe"):
         raise UsageError("on the CPU the kernels run in Triton's interpreter: use --model "
                          "tiny-qwen2 or tiny-olmoe")
-    room = spec.max_ctx - args.tokens - args.iters - 64   # the engine holds ctx + these
+    room = spec.max_ctx - run_ctx(0, args.tokens, args.iters)   # the engine holds ctx + these
     if room < 1:
         raise UsageError(f"--tokens {args.tokens} + --iters {args.iters} leave no context in "
                          f"{spec.name}'s {spec.max_ctx} tokens: use fewer --iters or --tokens")
@@ -490,19 +493,11 @@ def cmd_bench(args) -> int:
         raise UsageError(f"--ctx must be between 1 and {room}")
     if args.tp > 1:
         return _bench_tp(args, spec, device)
-    bw = read_bandwidth(device) if device == "cuda" else None
-    rows = []
+    bw = run_bandwidth(device)                               # one bandwidth for the run
     w = random_weights(spec, args.seed, device=device)      # one set, shared by every rung
-    if args.peers:
-        from .peers import peer_rungs
-        rows += peer_rungs(spec.name, ctx=args.ctx, device=device, iters=min(args.iters, 50),
-                           new_tokens=32 if device == "cuda" else 4,
-                           weights=w if device == "cuda" else None)
-        if bw is not None:   # one floor for the whole report: the bandwidth measured here
-            for r in rows:
-                r["floor_ms"] = spec.floor_ms(bw, args.ctx)
-    rows += bench.ladder_rows(spec, w, device, ctx=args.ctx, tokens=args.tokens, iters=args.iters,
-                              read_tbps=bw)
+    # the peers and the rungs on one prompt (--seed), judged against one oracle run
+    rows = bench_rows(spec, w, device, ctx=args.ctx, tokens=args.tokens, iters=args.iters,
+                      seed=args.seed, read_tbps=bw, peers=args.peers)
     head = (f"{spec.name}, batch 1, ctx {args.ctx}, on {torch.cuda.get_device_name() if device == 'cuda' else 'CPU'}"
             + (f"; read bandwidth {bw:.2f} TB/s, floor {spec.floor_ms(bw, args.ctx):.3f} ms/token"
                if bw else "; CPU smoke run (Triton interpreter): times are not speeds"))
@@ -512,7 +507,7 @@ def cmd_bench(args) -> int:
         with open(args.json, "w") as f:
             json.dump({"read_tbps": bw, "rows": rows}, f, indent=1)
         print(f"wrote {args.json}")
-    refused = bench.gate_failures(rows)
+    refused = agree.failures(rows)
     if refused:   # the table above shows them; the run fails
         print(f"FAILED: {len(refused)} rung(s) refused by the oracle check: "
               + ", ".join(r["rung"] for r in refused), file=sys.stderr)
@@ -522,7 +517,8 @@ def cmd_bench(args) -> int:
 
 def _bench_tp(args, spec, device) -> int:
     """bench --tp N: the one-GPU step and every all-reduce rung, measured in one run."""
-    from . import results, tp
+    from . import tp
+    from .report import results
     rungs = tuple(r.strip() for r in args.tp_rungs.split(",") if r.strip())
     if device == "cpu":
         rungs = tp.CPU_RUNGS

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from . import env
-from .check import UsageError
+from .prompt import UsageError
 from .weights import CheckpointError
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")

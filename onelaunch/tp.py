@@ -390,7 +390,7 @@ def sync_points(e) -> int:
 
 def _alone_us(e, device, iters: int = 50) -> float | None:
     """The step's all-reduce launches by themselves, captured in one graph: µs per call."""
-    from .timing import time_ms
+    from .measure.timing import time_ms
     runs = [L.run for L in e.plan if L.op in ("all_reduce", "allreduce_residual")]
     if not runs or torch.device(device).type != "cuda":
         return None
@@ -419,25 +419,27 @@ def bench_job(rank, world, device, model, ctx=512, tokens=12, iters=100, rungs=R
     run stopped by its timeout still shows what it measured."""
     import json
     import torch.distributed as dist
-    from . import agree, bench, plan
+    from . import plan
     from .engine import Engine
-    from .timing import read_bandwidth
+    from .measure import agree
+    from .measure.timing import read_bandwidth, run_ctx, time_engine_step
+    from .prompt import random_prompt
     from .weights import random_weights
     spec = get_spec(model)
     cuda = torch.device(device).type == "cuda"
     bw = read_bandwidth(device) if cuda else None
-    max_ctx = ctx + tokens + iters + 64
-    prompt = torch.randint(0, spec.vocab, (ctx,), generator=torch.Generator().manual_seed(seed))
+    max_ctx = run_ctx(ctx, tokens, iters)
+    prompt = random_prompt(spec, ctx, seed)
     ref, one = None, None
     if rank == 0:                          # the reference and the one-GPU step, same run
         w = random_weights(spec, seed, device=device)
-        ref = bench.oracle_tokens(spec, w, prompt, tokens, max_ctx)
+        ref = agree.oracle_tokens(spec, w, prompt, tokens, max_ctx)
         e = Engine(spec, w, max_ctx=max_ctx, attention="splitk", pdl=True)
-        j = bench.judge(e, prompt, ref, graph=True)
+        j = agree.judge(e, prompt, ref, graph=True)
         one = {"model": spec.name, "tp": 1, "rung": "one GPU", "ctx": ctx, "agree": j["agree"],
                "flips": j["flips"], "ok": j["ok"], "launches": e.launches_per_step(),
                "read_tbps": bw, "floor_ms": plan.bytes_per_step(e.plan, ctx) / (bw * 1e9) if bw else None,
-               "ms_per_token": bench.time_engine_step(e, True, iters, device) if j["ok"] else None}
+               "ms_per_token": time_engine_step(e, True, iters, device) if j["ok"] else None}
         del e, w
         if cuda:
             torch.cuda.empty_cache()
@@ -451,10 +453,10 @@ def bench_job(rank, world, device, model, ctx=512, tokens=12, iters=100, rungs=R
             e.teacher_forced(prompt, ref[0], graph=True)
             j = None
         else:
-            j = bench.judge(e, prompt, ref, graph=True)
+            j = agree.judge(e, prompt, ref, graph=True)
         ok_all = _gather(None if j is None else j["ok"])      # every rank times, or none
         timed = all(ok is not False for ok in ok_all)
-        ms = bench.time_engine_step(e, True, iters, device) if timed else None
+        ms = time_engine_step(e, True, iters, device) if timed else None
         floor = plan.bytes_per_step(e.plan, ctx) / (bw * 1e9) if bw else None
         alone = _alone_us(e, device) if timed else None
         per_rank = _gather({"ms": ms, "floor_ms": floor, "read_tbps": bw, "alone_us": alone})
@@ -470,7 +472,7 @@ def bench_job(rank, world, device, model, ctx=512, tokens=12, iters=100, rungs=R
                      rule=f"gap < {agree.NEAR_TIE_ULPS} bf16 ulps of the top logit")
             if not r["ok"]:
                 r["ms_per_token"] = None
-                r["refused"] = bench.refusal(j["flips"])
+                r["refused"] = agree.refusal(j["flips"])
         else:
             r["note"] = "compute only: no reduction, tokens not valid; not a result"
         rows.append(r)
@@ -509,22 +511,23 @@ def compare_job(rank, world, device, model, rung="gloo", seed=0, prompt_len=6, t
                 peers=None):
     """The sharded step against the unsharded one (CI, on the CPU): teacher-forced argmax
     along the oracle's tokens, the agreement verdict, and the residual stream after."""
-    from . import bench
     from .engine import Engine
+    from .measure import agree
+    from .prompt import random_prompt
     from .weights import random_weights
     spec = get_spec(model)
     w = random_weights(spec, seed, device=device)
-    prompt = torch.randint(0, spec.vocab, (prompt_len,), generator=torch.Generator().manual_seed(seed))
+    prompt = random_prompt(spec, prompt_len, seed)
     max_ctx = prompt_len + tokens + 8
-    ref = bench.oracle_tokens(spec, w, prompt, tokens, max_ctx)
+    ref = agree.oracle_tokens(spec, w, prompt, tokens, max_ctx)
     e = rank_engine(spec, shard_weights(spec, w, rank, world), rank, world, rung, device,
                     max_ctx, peers=peers)
-    j = bench.judge(e, prompt, ref, graph=True)
+    j = agree.judge(e, prompt, ref, graph=True)
     out = {"tokens": j["teacher_forced"], "ok": j["ok"], "agree": j["agree"],
            "x": e.x.float().cpu(), "launches": e.launches_per_step()}
     if rank == 0:
         one = Engine(spec, w, max_ctx=max_ctx, attention="splitk", pdl=True)
-        j1 = bench.judge(one, prompt, ref, graph=True)
+        j1 = agree.judge(one, prompt, ref, graph=True)
         out["one_gpu"] = {"tokens": j1["teacher_forced"], "ok": j1["ok"], "x": one.x.float().cpu()}
     return out
 
@@ -533,8 +536,9 @@ def generate_job(rank, world, device, model, prompt, tokens, rung="fused", seed=
                  checkpoint=None, max_ctx=None, check=False):
     """``generate --tp``: every rank decodes (the prompt step by step); rank 0 reports the
     ids, time to first token and ms/token, and with ``check`` the oracle's verdict."""
-    from . import agree
-    from .check import judge_generated
+    from .measure import agree
+    from .measure.mechanisms import judge_generated
+    from .measure.timing import run_ctx
     from .weights import load_checkpoint, random_weights
     spec = get_spec(model)
     cuda = torch.device(device).type == "cuda"
@@ -545,7 +549,7 @@ def generate_job(rank, world, device, model, prompt, tokens, rung="fused", seed=
             del full
     else:
         w = rank_weights(spec, seed, rank, world, device)
-    max_ctx = max_ctx or min(spec.max_ctx, prompt.numel() + tokens + 64)
+    max_ctx = max_ctx or min(spec.max_ctx, run_ctx(prompt.numel(), tokens, 0))
     e = rank_engine(spec, w, rank, world, rung, device, max_ctx)
     if cuda:                                   # compile, capture and warm up
         e.generate(prompt[:16], 1, graph=True)

@@ -7,7 +7,8 @@ import json
 import pytest
 import torch
 
-from onelaunch import bench, plan
+from onelaunch import plan
+from onelaunch.measure import tune
 from onelaunch.kernels import config, tuned
 from onelaunch.specs import get_spec
 from onelaunch.weights import pack_weights, random_weights
@@ -35,12 +36,12 @@ def test_sweepcfg_keeps_the_shape_keyed_entries(table_dir):
     step = [{"op": "router", "shape": [64, 2048], "cfg": cfg(2), "ms_per_token": 1.0},
             {"op": "o_proj", "shape": [2048, 2048], "cfg": cfg(8), "ms_per_token": 1.0},
             {"op": "o_proj", "shape": [2048, 2048], "cfg": cfg(16), "ms_per_token": 1.5}]
-    p = bench.write_plan_table(step, olmoe.name)
+    p = tune.write_plan_table(step, olmoe.name)
     kern = [{"op": "o_proj", "cfg": cfg(4), "check": "pass", "us": 2.0, "pct_of_read": 50},
             {"op": "o_proj", "cfg": cfg(2), "check": "FAIL (x)", "us": None},
             {"op": "down", "cfg": dict(cfg(2, 1024), SPLIT_K=1), "check": "pass", "us": 9.0,
              "pct_of_read": 70}]
-    assert bench.write_table(kern, 4.2, qwen.name) == p
+    assert tune.write_table(kern, 4.2, qwen.name) == p
     d = json.loads(open(p).read())
     assert d["ops"] == {"router": {"64,2048": cfg(2)},
                         "o_proj": {"2048,2048": cfg(8), "1536,1536": cfg(4)},
@@ -49,7 +50,7 @@ def test_sweepcfg_keeps_the_shape_keyed_entries(table_dir):
     assert set(d["step_sweeps"]) == {"router 64,2048", "o_proj 2048,2048"}
     assert set(d["measured"]) == {"o_proj 1536,1536", "down 1536,8960"}
     # and the step sweep afterwards keeps the kernel sweep's entries in turn
-    bench.write_plan_table([{"op": "o_proj", "shape": [2048, 2048], "cfg": cfg(4, 2048),
+    tune.write_plan_table([{"op": "o_proj", "shape": [2048, 2048], "cfg": cfg(4, 2048),
                              "ms_per_token": 0.9}], olmoe.name)
     ops = tuned.read("sm_89")
     assert ops["o_proj"] == {"2048,2048": cfg(4, 2048), "1536,1536": cfg(4)}

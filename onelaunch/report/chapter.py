@@ -15,7 +15,7 @@ import sys
 import threading
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 
 # the MIME prefix myst-nb reads back when the value was glued with display=False
 GLUE_PREFIX = "application/papermill.record/"
@@ -233,7 +233,7 @@ def require(rows, what: str, show: bool = False) -> None:
     sweep rows, or one result dict) failed its check: refused, a ``check`` other than
     "pass", an ``error``, or ``ok`` False. Call it after the cell has shown the rows, or
     with ``show=True`` to show them (as a table) before raising."""
-    from .agree import failures
+    from ..measure.agree import failures
     bad = failures(rows)
     if not bad:
         return

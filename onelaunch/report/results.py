@@ -17,7 +17,9 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
+from ..measure.agree import NEAR_TIE_LOGITS
+
+ROOT = Path(__file__).resolve().parent.parent.parent
 RESULTS = ROOT / "results"
 
 
@@ -60,7 +62,7 @@ def meta(device="cuda", parameters: dict | None = None) -> dict:
     import triton
     import transformers
 
-    from .memcap import cap_gb
+    from ..memcap import cap_gb
     return {
         "gpu": gpu_slug(device),
         "gpu_name": gpu_name(device),
@@ -127,7 +129,8 @@ def write_ladder(rows: list[dict], device="cuda", parameters=None, gpu=None) -> 
 
 
 # ---- what a row's oracle check says ------------------------------------------------------
-NEAR_TIE = 0.5   # logits; the peers' rule for a flip that rounding, not a bug, decides
+# logits: the agreement rule for records with a gap but no top logit (agree.NEAR_TIE_LOGITS)
+NEAR_TIE = NEAR_TIE_LOGITS
 
 
 def attach_reference_flips(rows: list[dict], check_rows: list[dict]) -> None:
@@ -157,7 +160,7 @@ def agree_ok(agree) -> bool:
 
 def flips_are_near_ties(row: dict) -> bool | None:
     """Whether every recorded disagreement is a near tie by the agreement rule
-    (:mod:`onelaunch.agree`: each row carries its verdict); rows of older runs carry a
+    (:mod:`onelaunch.measure.agree`: each row carries its verdict); rows of older runs carry a
     margin and a threshold instead. None: nothing recorded."""
     if row.get("flips") is not None:
         return all(f["verdict"] != "flip" if "verdict" in f else f["margin"] <= f["near_tie_below"]

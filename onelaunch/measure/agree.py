@@ -1,4 +1,5 @@
-"""The one agreement rule: when may a token differ from the reference's?
+"""The one agreement rule: when may a token differ from the reference's? And the oracle
+run every rung is judged against (:func:`oracle_tokens`, :func:`judge`).
 
 Every comparison of greedy tokens in this project goes through :func:`judge_tokens`: the
 oracle against Hugging Face (``check``), each rung of the engine against the oracle
@@ -38,9 +39,13 @@ deliberate bugs of ``ci/mutants.py``).
 """
 from __future__ import annotations
 
+import json
 import math
+from dataclasses import dataclass
 
 import torch
+
+from ..oracle import Oracle
 
 # The near-tie threshold, in bf16 ulps of the reference's top logit (module docstring).
 NEAR_TIE_ULPS = 8
@@ -54,6 +59,11 @@ def bf16_ulp(x: float) -> float:
     if a == 0.0 or not math.isfinite(a):
         return 2.0 ** (-126 - BF16_MANTISSA_BITS) if a == 0.0 else math.inf
     return 2.0 ** (math.floor(math.log2(a)) - BF16_MANTISSA_BITS)
+
+
+# The same rule in logits, for records that keep a gap but not the top logit (the
+# oracle's check against HF, older ladder rows): 8 ulps at a top logit in [8, 16), 0.5.
+NEAR_TIE_LOGITS = NEAR_TIE_ULPS * bf16_ulp(8.0)
 
 
 def threshold(ref_top: float) -> float:
@@ -143,3 +153,71 @@ def failures(rows) -> list[dict]:
                 (chk is not None and chk != "pass"):
             bad.append(r)
     return bad
+
+
+# ---- judging a run against the oracle ------------------------------------------------
+def oracle_tokens(spec, w, prompt, tokens, max_ctx):
+    """The oracle's greedy ids [tokens] and the logits that chose them [tokens, V] (fp32,
+    on the CPU): the reference every rung is judged against (:func:`judge_tokens`)."""
+    o = Oracle(spec, w, max_ctx=max_ctx)
+    ids, logits = o.generate(prompt, tokens, return_logits=True)
+    del o
+    return ids.cpu(), logits.float().cpu()
+
+
+@dataclass
+class Agreement:
+    """Free-running greedy tokens of a rung against the reference's: ``k`` is the length
+    of the common prefix (after the first flip the two runs continue from different
+    contexts, so later positions say nothing; the check that gates a peer is
+    teacher-forced: :func:`judge`)."""
+    k: int
+    n: int
+    first_flip: int | None = None
+
+    def __str__(self):
+        return f"{self.k}/{self.n}"
+
+    @property
+    def full(self) -> bool:
+        return self.k == self.n
+
+
+def agreement(ids, ref_ids) -> Agreement:
+    """Compare greedy ids [n] with the reference's [>= n] (prefix agreement)."""
+    a = torch.as_tensor(ids).flatten().cpu()
+    b = torch.as_tensor(ref_ids).flatten().cpu()[: a.numel()]
+    n = a.numel()
+    diff = (a != b).nonzero()
+    if diff.numel() == 0:
+        return Agreement(n, n)
+    i = int(diff[0])
+    return Agreement(i, n, i)
+
+
+def judge(engine, prompt, ref, graph: bool) -> dict:
+    """The oracle check of one engine mode, by the agreement rule (this module's rule).
+
+    The engine runs teacher-forced: fed the oracle's own tokens, it records its argmax at
+    every step, so each step is judged from the oracle's prefix and one early near tie
+    cannot hide the later steps. A step passes when the engine's token is the oracle's,
+    or when the oracle's logit for the engine's token is strictly within the near-tie
+    threshold of the oracle's top logit. Every step that differs is listed (``flips``,
+    with both logits, the gap and the verdict); ``ok`` is False on any real flip. The
+    free-running tokens (the path the GPU feeds back to itself) are reported too."""
+    ref_ids, ref_logits = ref
+    n = ref_ids.numel()
+    free = engine.generate(prompt, n, graph=graph)
+    tf = engine.teacher_forced(prompt, ref_ids, graph=graph)
+    j = judge_tokens(ref_logits, tf)
+    return {"agree": j["agree"], "agree_free": str(agreement(free, ref_ids)),
+            "flips": disagreements(j), "ok": j["ok"], "tokens": free.tolist(),
+            "teacher_forced": tf.tolist()}
+
+
+def refusal(flips: list[dict]) -> str:
+    """The reason a row is refused: its real flips, as the agreement rule judged them."""
+    real = [{k: f[k] for k in ("step", "ref_token", "got_token", "ref_top", "ref_got", "gap",
+                               "threshold", "verdict")} for f in flips if f["verdict"] == "flip"]
+    return ("teacher-forced choices differ from the oracle beyond a near tie "
+            f"(gap >= {NEAR_TIE_ULPS} bf16 ulps of the top logit): " + json.dumps(real))

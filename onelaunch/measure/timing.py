@@ -4,6 +4,12 @@
 many calls. ``read_bandwidth`` measures the streaming-read bandwidth of the GPU in the
 same process, so every ratio to the floor uses a floor measured in the same run.
 On the CPU both fall back to wall-clock (their numbers are for smoke runs, never published).
+
+The rules of a run live here once: :func:`floor_ms` (the bandwidth floor of a step, from
+the spec's bytes and the bandwidth measured in this run), :func:`run_bandwidth` (that
+bandwidth, measured once per run and handed on), :func:`run_ctx` (the positions an engine
+needs for a run: context, checked tokens, timed steps and a margin), :func:`graph_time`
+(a launch captured in a CUDA graph, per launch) and :func:`time_engine_step`.
 """
 from __future__ import annotations
 
@@ -75,3 +81,49 @@ def copy_bandwidth(device="cuda", gib: float = 2.0, iters: int = 20) -> float:
     t = time_ms(lambda: b.copy_(a), iters=iters, warmup=3, device=device)
     del a, b
     return 2 * n * 2 / (t.median_ms * 1e-3) / 1e12
+
+
+def run_bandwidth(device) -> float | None:
+    """The bandwidth of a run: :func:`read_bandwidth` on a GPU, measured once and passed
+    to everything the run reports; None on the CPU (no floor for a smoke run)."""
+    return read_bandwidth(device) if torch.device(device).type == "cuda" else None
+
+
+def floor_ms(spec, read_tbps: float | None, ctx: int) -> float | None:
+    """The floor of one step at context ``ctx``: the spec's bytes at ``read_tbps``
+    (``ModelSpec.floor_ms``); None when there is no bandwidth (the CPU)."""
+    return spec.floor_ms(read_tbps, ctx) if read_tbps else None
+
+
+# An engine for a run holds the context, the checked tokens, the timed steps and this
+# margin (the warm-up steps and the profile's lead-in).
+CTX_MARGIN = 64
+
+
+def run_ctx(ctx: int, tokens: int, iters: int) -> int:
+    """The positions an engine needs for a run at context ``ctx`` that checks ``tokens``
+    tokens and times ``iters`` steps: ``ctx + tokens + iters + 64``."""
+    return ctx + tokens + iters + CTX_MARGIN
+
+
+def graph_time(launch, n_launch: int, device, iters: int) -> float:
+    """Median microseconds per launch, ``launch()`` recording ``n_launch`` launches."""
+    if torch.device(device).type != "cuda":
+        t = time_ms(launch, iters=max(2, iters // 10), warmup=1, device=device)
+        return t.median_ms * 1e3 / n_launch
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        launch()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        launch()
+    t = time_ms(g.replay, iters=iters, warmup=5, device=device)
+    return t.median_ms * 1e3 / n_launch
+
+
+def time_engine_step(e, graph: bool, iters: int, device) -> float:
+    """Median ms of one step of engine ``e`` (its CUDA graph when ``graph``)."""
+    t = time_ms(lambda: e.step(graph), iters=iters, warmup=min(5, iters), device=device)
+    return t.median_ms

@@ -1,131 +1,28 @@
-"""The ladder slider: ms/token of every rung so far, one pre-rendered frame per rung.
+"""Figures, in one style: every figure here and in :mod:`.profile_figures` is drawn at
+:data:`DPI` with no text under :data:`FONT` points, :data:`FIG_W` (the ladder's frames)
+or :data:`PAGE_W` (a page's text width) inches wide, and each comes with a caption
+generated from the same rows.
 
-An ``IntSlider`` over the rungs is linked with ``jslink`` to a ``Stack`` of ``Image``
-widgets, so moving it needs no kernel: the static book page switches frames in the
-browser (the widget JavaScript is served from the book's ``_static/``). Frame *k* draws
-the rungs 0..k for each model, with two reference lines measured in the same run: the
-bandwidth floor and the best peer (the fastest thing a user could pick instead).
-
-Rows come from ``results/<gpu>/ladder.json`` (see :mod:`onelaunch.results`). Rung order:
-the peers first, in :data:`PEER_RUNGS` order, then ours, by the row's ``order`` field if
-it has one, else in the order the rungs first appear in the file. A new rung written by a
-later chapter therefore shows up as a new frame with no change here. Optional row fields:
-``label`` (shown instead of the rung name), ``peer`` (true for a peer not in
-:data:`PEER_RUNGS`), ``order``. A row whose oracle check failed (``agree`` short of full,
-or no ``ms_per_token``) is drawn as "check failed", never as a number.
+The ladder's frame (:func:`render_frame`, one per rung for the slider of
+:mod:`.widgets`; :func:`ladder_figure`, the last frame with its caption, for a chapter),
+and the kernel and sweep figures. A row whose oracle check failed is drawn as "check
+failed", never as a number (:func:`onelaunch.report.results.check_status`).
 """
 from __future__ import annotations
 
 import io
-import json
-import math
-from pathlib import Path
 
-from .results import RESULTS
-from .results import NEAR_TIE, agree_ok, flips_are_near_ties  # noqa: F401  (re-exported)
-from .results import attach_reference_flips, check_status
+from .ladder_file import _reference_flips_for, label, rung_order, summary, is_peer
+from .results import agree_ok, check_status
 from .results import row_passes as row_ok
 
-# the peers, in the order the slider shows them (chapters 1, 2 and 8 measure them)
-PEER_RUNGS = ("HF eager", "HF static", "oracle eager", "oracle compiled", "gpt-fast compiled")
-RUNG_LABELS = {
-    "HF eager": "HF generate, eager",
-    "HF static": "HF generate, static cache",
-    "oracle eager": "oracle, eager",
-    "oracle compiled": "oracle, torch.compile",
-}
-PREFERRED_GPUS = ("h200",)
 
-
-# ---- reading the ladder ---------------------------------------------------------------
-def ladder_sources(root: Path = RESULTS) -> list[str]:
-    """GPU slugs that have a ladder, best first: the preferred GPUs, any other GPU, then
-    the CPU smoke run."""
-    have = sorted(p.parent.name for p in Path(root).glob("*/ladder.json"))
-    rank = lambda g: (0 if g in PREFERRED_GPUS else 2 if g == "cpu" else 1, g)
-    return sorted(have, key=rank)
-
-
-def load_ladder(gpu: str | None = None, root: Path = RESULTS) -> dict | None:
-    """The ladder file of ``gpu`` (default: the best source there is), or ``None``."""
-    if gpu is None:
-        srcs = ladder_sources(root)
-        if not srcs:
-            return None
-        gpu = srcs[0]
-    p = Path(root) / gpu / "ladder.json"
-    if not p.exists():
-        return None
-    data = json.loads(p.read_text())
-    data.setdefault("meta", {}).setdefault("gpu", gpu)
-    _attach_reference_flips(data, Path(root) / gpu / "oracle_check.json")
-    return data
-
-
-def _attach_reference_flips(data: dict, check_path: Path) -> None:
-    """The "oracle eager" row's ``agree`` is the oracle against Hugging Face (chapter 2);
-    its disagreements, with HF's logit gap at each, live in ``oracle_check.json``."""
-    if check_path.exists():
-        attach_reference_flips(data.get("rows", []),
-                               json.loads(check_path.read_text()).get("rows", []))
-
-
-def is_peer(row_or_rung) -> bool:
-    if isinstance(row_or_rung, dict):
-        return bool(row_or_rung.get("peer")) or row_or_rung["rung"] in PEER_RUNGS
-    return row_or_rung in PEER_RUNGS
-
-
-def rung_order(rows: list[dict]) -> list[str]:
-    """Peers first (in :data:`PEER_RUNGS` order), then ours (by ``order``, then first
-    appearance)."""
-    first, order, peer = {}, {}, {}
-    for i, r in enumerate(rows):
-        g = r["rung"]
-        first.setdefault(g, i)
-        if "order" in r:
-            order[g] = r["order"]
-        peer[g] = peer.get(g, False) or is_peer(r)
-    known = {g: i for i, g in enumerate(PEER_RUNGS)}
-    def key(g):
-        if peer[g]:
-            return (0, known.get(g, len(known)), first[g])
-        return (1, order.get(g, math.inf), first[g])
-    return sorted(first, key=key)
-
-
-def pick_ctx(rows: list[dict]) -> int | None:
-    """The context length with the most rows (the one the chapters share)."""
-    counts = {}
-    for r in rows:
-        counts[r["ctx"]] = counts.get(r["ctx"], 0) + 1
-    return max(counts, key=lambda c: (counts[c], c)) if counts else None
-
-
-def summary(rows: list[dict], model: str) -> dict:
-    """Floor and best peer for one model, from the same run's rows: the floor is the
-    median of the floors its rows recorded; the best peer the fastest peer that passed
-    its check."""
-    mine = [r for r in rows if r["model"] == model]
-    floors = sorted(r["floor_ms"] for r in mine if isinstance(r.get("floor_ms"), (int, float)))
-    floor = floors[len(floors) // 2] if floors else None
-    peers = [r for r in mine if is_peer(r) and row_ok(r)]
-    best = min(peers, key=lambda r: r["ms_per_token"]) if peers else None
-    return {"floor_ms": floor, "best_peer": best}
-
-
-def label(row_or_rung, rows=()) -> str:
-    g = row_or_rung["rung"] if isinstance(row_or_rung, dict) else row_or_rung
-    for r in rows:
-        if r["rung"] == g and r.get("label"):
-            return r["label"]
-    return RUNG_LABELS.get(g, g)
-
-
-# ---- drawing --------------------------------------------------------------------------
 DPI = 150                # every figure: 150 dpi or more
 FONT = 10                # points, the smallest text in a figure
+
+
 FIG_W = 7.9              # inches: shown about 760 px wide, so 10 pt reads as 10 pt
+PAGE_W = 6.5             # inches: a page's text width (the profile's figures)
 LABEL_W, VALUE_W = 2.1, 1.65    # inches: rung names left of the bars, values right of them
 
 
@@ -279,18 +176,6 @@ class _Figure:
         display(Markdown(self.caption))
 
 
-def _reference_flips_for(rows: list[dict], root: Path = RESULTS) -> list[dict]:
-    """``rows`` with each "oracle eager" row judged by its check against HF: the
-    disagreements come from an ``oracle_check.json`` of the same commit."""
-    rows = [dict(r) for r in rows]
-    for p in sorted(Path(root).glob("*/oracle_check.json")):
-        data = json.loads(p.read_text())
-        commit = data.get("meta", {}).get("commit")
-        same = [r for r in rows if r.get("commit") in (None, commit)]
-        attach_reference_flips(same, data.get("rows", []))
-    return rows
-
-
 def ladder_figure(rows: list[dict], smoke: bool = False, title: str = "",
                   head: str = "", dpi: int = DPI):
     """One static picture of every rung in ``rows`` (a chapter's own rows), followed by
@@ -300,23 +185,6 @@ def ladder_figure(rows: list[dict], smoke: bool = False, title: str = "",
     rungs = rung_order(rows)
     png = render_frame(rows, rungs, len(rungs) - 1, models, title, smoke, dpi, head=head)
     return _Figure(png, figure_caption(rows, rungs, models))
-
-
-def run_key(row: dict):
-    """The run a row comes from: its ``run`` id where it has one, else its commit."""
-    return row.get("run") or row.get("commit")
-
-
-def one_run(rows: list[dict]) -> tuple[list[dict], list[dict]]:
-    """(rows of one run, rows left out). The run kept is the one with the most rows (the
-    latest by date among equals): a page never mixes measurements of two runs."""
-    groups: dict = {}
-    for r in rows:
-        groups.setdefault(run_key(r), []).append(r)
-    if len(groups) <= 1:
-        return list(rows), []
-    keep = max(groups, key=lambda g: (len(groups[g]), str(g)))
-    return groups[keep], [r for g, rs in groups.items() if g != keep for r in rs]
 
 
 def _png(fig) -> bytes:
@@ -421,47 +289,3 @@ def sweep_figure(rows: list[dict], head: str = "", smoke: bool = False):
            f"{max(cs):,} tokens: between {min(xs):.2f} and {max(xs):.2f} times the floor."
            if rows else "No sweep rows.")
     return _Figure(_png(fig), cap)
-
-
-def ladder_frames(data: dict, ctx: int | None = None, models: list[str] | None = None):
-    """(rungs, frames, info) for a ladder file's rows of one run at one context length;
-    ``info["left_out"]`` lists the rows of other runs, which are not drawn."""
-    rows = [r for r in data.get("rows", []) if "rung" in r and "model" in r]
-    rows, left_out = one_run(rows)
-    ctx = pick_ctx(rows) if ctx is None else ctx
-    rows = [r for r in rows if r["ctx"] == ctx]
-    if models is None:
-        models = list(dict.fromkeys(r["model"] for r in rows))
-    rows = [r for r in rows if r["model"] in models]
-    rungs = rung_order(rows)
-    meta = data.get("meta", {})
-    smoke = meta.get("gpu") == "cpu"
-    commits = sorted({str(r.get("commit")) for r in rows if r.get("commit")})
-    title = (f"{meta.get('gpu_name', meta.get('gpu', '?'))}, torch {meta.get('torch', '?')}, "
-             f"triton {meta.get('triton', '?')}"
-             + (f", commit {commits[0]}" if len(commits) == 1 else ""))
-    frames = [render_frame(rows, rungs, k, models, title, smoke) for k in range(len(rungs))]
-    return rungs, frames, {"ctx": ctx, "models": models, "smoke": smoke, "meta": meta,
-                           "rows": rows, "left_out": left_out, "commits": commits}
-
-
-def ladder_slider(gpu: str | None = None, ctx: int | None = None,
-                  models: list[str] | None = None, root: Path = RESULTS):
-    """The widget: a slider over the rungs, jslinked to a Stack of pre-rendered frames.
-    Starts on the last rung. Returns ``None`` when there is no ladder yet."""
-    import ipywidgets as w
-    data = load_ladder(gpu, root)
-    if data is None or not data.get("rows"):
-        return None
-    rungs, frames, info = ladder_frames(data, ctx, models)
-    images = [w.Image(value=png, format="png", layout=w.Layout(width="100%", max_width="760px"))
-              for png in frames]
-    stack = w.Stack(images, selected_index=len(images) - 1)
-    slider = w.IntSlider(value=len(images) - 1, min=0, max=len(images) - 1, step=1,
-                         description="rung", continuous_update=True, readout=False,
-                         layout=w.Layout(width="min(100%, 560px)"))
-    w.jslink((slider, "value"), (stack, "selected_index"))
-    box = w.VBox([slider, stack])
-    box.add_class("onelaunch-ladder")
-    box._onelaunch_info = {**info, "rungs": rungs}
-    return box

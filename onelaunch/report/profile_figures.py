@@ -1,0 +1,272 @@
+"""The step profile's figures: where each rung's step time goes, per op
+(:func:`draw_profile`), and one persistent layer phase by phase (:func:`draw_phases`),
+each with a caption written from the same rows. Drawn in the book's one figure style
+(:mod:`onelaunch.report.figures`).
+"""
+from __future__ import annotations
+
+import statistics
+
+from .figures import DPI, FONT, PAGE_W
+
+
+def op_order(rows: list[dict]) -> list[str]:
+    """The ops of every rung in step order: each rung's order, an op a later rung adds
+    (split-K's partial and reduce) placed just before the op that follows it there."""
+    merged: list[str] = []
+    for rung in dict.fromkeys(r["rung"] for r in rows):
+        seq = [r["op"] for r in sorted((r for r in rows if r["rung"] == rung and r.get("op")),
+                                       key=lambda r: r.get("step", 0))]
+        for i, op in enumerate(seq):
+            if op not in merged:
+                after = next((o for o in seq[i + 1:] if o in merged), None)
+                merged.insert(merged.index(after) if after else len(merged), op)
+    return merged
+
+
+def op_colors(ops: list[str]) -> dict[str, tuple]:
+    """op -> (solid colour, light colour): tab20's pairs but its grey (the legend's
+    solid/hatched keys are black and white), then tab20b's."""
+    import matplotlib
+    t20, t20b = matplotlib.colormaps["tab20"], matplotlib.colormaps["tab20b"]
+    pairs = [(t20(2 * i), t20(2 * i + 1)) for i in range(10) if i != 7]
+    pairs += [(t20b(4 * j), t20b(4 * j + 2)) for j in range(5)]
+    return {op: pairs[i % len(pairs)] for i, op in enumerate(ops)}
+
+
+def draw_profile(rows: list[dict], model: str | None = None, head: str = "",
+                 smoke: bool = False, per_op: bool = True):
+    """One figure for one model's profile rows (:func:`profile_rows`).
+
+    Top: one horizontal bar per rung, stacked from the left in step order; each op is
+    the time its bytes need at the measured read bandwidth (solid) and the time it adds
+    beyond that (light, hatched). The step's span and its ratio to the floor (the dashed
+    line: every byte of the plan at the read bandwidth) stand right of each bar, with how
+    much the rung removed from the one above. Bottom (``per_op``): the time beyond the
+    bytes per op, one bar per rung: where each rung's savings came from. Returns the
+    matplotlib Figure (6.5 inches wide, 150 dpi, no text under 10 pt)."""
+    import matplotlib
+    import matplotlib.pyplot as plt      # (no backend switch: a notebook keeps its own)
+    from matplotlib.patches import Patch
+
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    if not models:
+        raise ValueError("draw_profile: no rows")
+    model = model or models[0]
+    rows = [r for r in rows if r["model"] == model]
+    rungs = list(dict.fromkeys(r["rung"] for r in rows))
+    ops = op_order(rows)
+    colors = op_colors(ops)
+    by = {(r["rung"], r.get("op")): r for r in rows}
+    refused = {}                                  # rung -> why it has no bar
+    for r in rows:
+        if r.get("refused"):
+            refused[r["rung"]] = "check failed: not profiled"
+        elif r.get("error"):
+            refused.setdefault(r["rung"], "no profile (error)")
+    first = {g: next(r for r in rows if r["rung"] == g) for g in rungs}
+    n = len(rungs)
+
+    label_w = 0.15 + 0.075 * max(len(g) for g in rungs)
+    value_w = 1.8
+    ax_w = PAGE_W - label_w - value_w - 0.1
+    head_lines = [head or f"{model}: where the step's time goes, context "
+                          f"{first[rungs[0]].get('ctx', '')}"]
+    if smoke:
+        head_lines.append("CPU SMOKE RUN, NOT A MEASUREMENT")
+    head_h = 0.15 + 0.22 * len(head_lines)
+    top_h = 0.45 * n + 0.1
+    floors = [first[g].get("floor_ms") for g in rungs if first[g].get("floor_ms")]
+    floor = statistics.median(floors) if floors else None
+    leg_rows = -(-(len(ops) + 2 + bool(floor)) // 3)
+    leg_h = 0.22 * leg_rows + 0.15
+    gap1 = 0.6                                   # x label of the top axes
+    bot_h, bot_lab = (2.3, 0.5 + 0.075 * max(len(o) for o in ops) * 0.6) if per_op else (0, 0)
+    gap2 = 0.45 if per_op else 0
+    fig_h = head_h + 0.25 + top_h + gap1 + leg_h + gap2 + bot_h + bot_lab + 0.1
+    fig = plt.figure(figsize=(PAGE_W, fig_h), dpi=DPI)
+    y = lambda inch: 1 - inch / fig_h            # inches from the top -> figure fraction
+
+    fig.text(0.012, y(0.1), "\n".join(head_lines), va="top", ha="left", fontsize=FONT + 1,
+             color="#c92a2a" if smoke else "black", linespacing=1.35)
+
+    # ---- top: stacked bars, one per rung ------------------------------------------------
+    t0 = head_h + 0.25
+    ax = fig.add_axes([label_w / PAGE_W, y(t0 + top_h), ax_w / PAGE_W, top_h / fig_h])
+    side = ax.get_yaxis_transform()
+    totals, prev = [], None
+    for i, g in enumerate(rungs):
+        if g in refused:
+            ax.text(0.02, i, refused[g], transform=side, va="center",
+                    fontsize=FONT, color="#c92a2a", zorder=5,
+                    bbox=dict(facecolor="white", edgecolor="none", pad=1.5))
+            ax.text(1.03, i, "no time shown", transform=side, va="center", fontsize=FONT,
+                    color="#c92a2a", clip_on=False)
+            continue
+        left = 0.0
+        for op in ops:
+            r = by.get((g, op))
+            if r is None or r.get("ms") is None:
+                continue
+            dark, light = colors[op]
+            solid = r["ms"] if r.get("bytes_ms") is None else min(r["ms"], r["bytes_ms"])
+            ax.barh(i, solid, left=left, height=0.62, color=dark, lw=0)
+            left += solid
+            extra = r["ms"] - solid
+            if extra > 0:
+                ax.barh(i, extra, left=left, height=0.62, color=light, edgecolor=dark,
+                        hatch="///", lw=0)
+                left += extra
+        totals.append(left)
+        span = first[g].get("span_ms")
+        line1 = f"{span:.3g} ms" + (f", {span / floor:.2f}x floor" if span and floor else "")
+        ax.text(1.03, i - 0.17, line1, transform=side, va="center", fontsize=FONT,
+                clip_on=False)
+        if prev is not None and span is not None:
+            ax.text(1.03, i + 0.24, f"{span - prev:+.3g} ms vs above", transform=side,
+                    va="center", fontsize=FONT, color="#555555", clip_on=False)
+        elif first[g].get("note"):
+            ax.text(1.03, i + 0.24, "eager (not a graph)", transform=side, va="center",
+                    fontsize=FONT, color="#555555", clip_on=False)
+        prev = span if span is not None else prev
+    hi = max(totals + [floor or 0, 1e-9])
+    ax.set_xlim(0, hi * 1.04)
+    ax.set_ylim(n - 0.5, -0.5)
+    ax.set_yticks(range(n))
+    ax.set_yticklabels(rungs, fontsize=FONT)
+    ax.tick_params(axis="x", labelsize=FONT)
+    ax.set_xlabel("ms per step: each op is the time it adds to the step", fontsize=FONT)
+    ax.grid(axis="x", alpha=0.2)
+    if floor:
+        ax.axvline(floor, color="black", ls="--", lw=1.2, zorder=1)
+    handles = [Patch(facecolor=colors[o][0], label=o) for o in ops]
+    handles += [Patch(facecolor="black", label="bytes at read bandwidth"),
+                Patch(facecolor="white", edgecolor="black", hatch="///", lw=0.8,
+                      label="beyond the bytes")]
+    if floor:
+        from matplotlib.lines import Line2D
+        handles.append(Line2D([], [], color="black", ls="--", lw=1.2,
+                              label=f"floor {floor:.3g} ms"))
+    leg_top = t0 + top_h + gap1
+    fig.legend(handles=handles, loc="upper left", bbox_to_anchor=(0.012, y(leg_top)),
+               ncol=3, fontsize=FONT, frameon=False, handlelength=1.4, columnspacing=1.0,
+               borderaxespad=0.0, handletextpad=0.5)
+
+    # ---- bottom: time beyond the bytes, per op and rung ---------------------------------
+    if per_op:
+        b0 = leg_top + leg_h + gap2
+        bx = fig.add_axes([0.75 / PAGE_W, y(b0 + bot_h), (PAGE_W - 0.95) / PAGE_W, bot_h / fig_h])
+        shown = [g for g in rungs if g not in refused]
+        width = 0.8 / max(1, len(shown))
+        shades = [matplotlib.colormaps["Blues"](0.35 + 0.6 * k / max(1, len(shown) - 1))
+                  for k in range(len(shown))]
+        for k, g in enumerate(shown):
+            xs, vs = [], []
+            for j, op in enumerate(ops):
+                r = by.get((g, op))
+                if r is not None and r.get("beyond_ms") is not None:
+                    xs.append(j - 0.4 + width * (k + 0.5))
+                    vs.append(r["beyond_ms"])
+            bx.bar(xs, vs, width=width * 0.92, color=shades[k], label=g)
+        bx.axhline(0, color="black", lw=0.8)
+        bx.set_xticks(range(len(ops)))
+        bx.set_xticklabels(ops, rotation=35, ha="right", fontsize=FONT)
+        bx.tick_params(axis="y", labelsize=FONT)
+        bx.set_xlim(-0.6, len(ops) - 0.4)
+        bx.set_ylabel("ms beyond the bytes", fontsize=FONT)
+        bx.grid(axis="y", alpha=0.2)
+        bx.legend(fontsize=FONT, frameon=False, ncol=min(4, len(shown)), loc="lower left",
+                  bbox_to_anchor=(0.0, 1.0), borderaxespad=0.1, handlelength=1.4)
+    return fig
+
+
+def caption(rows: list[dict], model: str | None = None) -> str:
+    """What the figure shows, in one sentence per rung, from the same rows."""
+    model = model or rows[0]["model"]
+    rows = [r for r in rows if r["model"] == model]
+    parts, prev = [], None
+    for g in dict.fromkeys(r["rung"] for r in rows):
+        mine = [r for r in rows if r["rung"] == g]
+        if any(r.get("refused") for r in mine):
+            parts.append(f"{g}: refused by the oracle check, not profiled")
+            continue
+        if any(r.get("error") for r in mine):
+            parts.append(f"{g}: not profiled (its kernels could not be attributed)")
+            continue
+        top = max((r for r in mine if r.get("beyond_ms") is not None),
+                  key=lambda r: r["beyond_ms"], default=None)
+        span = mine[0]["span_ms"]
+        s = f"{g}: {span:.3g} ms a step"
+        if prev is not None:
+            s += f" ({span - prev:+.3g} ms)"
+        if top is not None and top["beyond_ms"] > 0:
+            s += f", most time beyond its bytes in {top['op']} ({top['beyond_ms']:.3g} ms)"
+        parts.append(s)
+        prev = span
+    return f"{model}: " + "; ".join(parts) + "."
+
+
+PHASE_PARTS = (("bytes_us", "its bytes at the read bandwidth"),
+               ("beyond_us", "work beyond the bytes"),
+               ("wait_us", "waiting for the slowest program"),
+               ("release_us", "the barrier's release"))
+
+
+def draw_phases(rows: list[dict]):
+    """One panel per model (:func:`phase_rows`): a horizontal bar per phase of one layer,
+    stacked from the left as :data:`PHASE_PARTS`. Returns the matplotlib Figure."""
+    import matplotlib.pyplot as plt
+    rows = [r for r in rows if r.get("phase")]
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    if not models:
+        raise ValueError("draw_phases: no rows")
+    n = [sum(r["model"] == m for r in rows) for m in models]
+    height = 1.6 + 0.32 * sum(n) + 0.6 * len(models)                # inches
+    fig, axes = plt.subplots(len(models), 1, figsize=(PAGE_W, height), dpi=DPI,
+                             squeeze=False, gridspec_kw={"height_ratios": n})
+    colors = ("#1f77b4", "#aec7e8", "#ff7f0e", "#d62728")
+    for ax, m in zip(axes[:, 0], models):
+        mine = [r for r in rows if r["model"] == m][::-1]          # first phase on top
+        left = [0.0] * len(mine)
+        for (key, label), c in zip(PHASE_PARTS, colors):
+            vals = [max(r[key], 0.0) for r in mine]
+            ax.barh(range(len(mine)), vals, left=left, color=c, label=label, height=0.7)
+            left = [a + b for a, b in zip(left, vals)]
+        labels = [r["phase"] + (" (in the next)" if r.get("inside") else "") for r in mine]
+        ax.set_yticks(range(len(mine)), labels, fontsize=FONT)
+        total = sum(r["span_us"] + r["release_us"] for r in mine)
+        ax.set_title(f"{m}: one layer, {total:.3g} us", fontsize=FONT + 1, loc="left")
+        ax.tick_params(axis="x", labelsize=FONT)
+        ax.set_xlabel("us", fontsize=FONT)
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=FONT, loc="lower center", ncol=2, frameon=False)
+    fig.tight_layout(rect=(0, 0.55 / fig.get_size_inches()[1], 1, 1))   # the legend below
+    return fig
+
+
+def phase_caption(rows: list[dict]) -> str:
+    """What :func:`draw_phases` shows, from the same rows: per model, one layer's time,
+    what its bytes need, and the time spent waiting and releasing."""
+    out = []
+    for m in dict.fromkeys(r["model"] for r in rows if r.get("phase")):
+        mine = [r for r in rows if r["model"] == m and r.get("phase")]
+        total = sum(r["span_us"] + r["release_us"] for r in mine)
+        need = sum(r["need_us"] for r in mine)
+        beyond = sum(r["beyond_us"] for r in mine)
+        wait = sum(r["wait_us"] for r in mine)
+        barriers = [r for r in mine if not r.get("inside")]
+        rel = sum(r["release_us"] for r in barriers)
+        worst = max(mine, key=lambda r: r["wait_us"])
+        inside = "".join(f" ({r['phase']} runs inside {r['inside']}: no barrier of its own)"
+                         for r in mine if r.get("inside"))
+        light = [r for r in mine if r["need_us"] < 0.01 * need]       # (almost) no bytes
+        lt = sum(r["span_us"] + r["release_us"] for r in light)
+        out.append(f"{m}: one layer takes {total:.3g} us, of which its bytes need {need:.3g} "
+                   f"({need / total:.0%}); the median program works {beyond:.3g} us beyond "
+                   f"them, programs wait {wait:.3g} us for the slowest one (most in "
+                   f"{worst['phase']}, {worst['wait_us']:.2g} us), and the {len(barriers)} "
+                   f"releases take {rel:.2g} us{inside}; over {mine[0]['layers']} layers "
+                   f"that is {total * mine[0]['layers'] / 1e3:.3g} ms."
+                   + (f" The phases with almost no bytes ({', '.join(r['phase'] for r in light)}) "
+                      f"take {lt:.3g} us of the layer ({lt / total:.0%})." if light else ""))
+    return " ".join(out)
