@@ -4,12 +4,12 @@ Shapes are awkward on purpose (rows and columns that are not multiples of the bl
 masks are exercised. Inputs are fresh random bf16 values, never zeros, and outputs start
 as NaN, so an element a kernel never writes fails the test.
 
-The references (``onelaunch.bench.ref_*``) are the oracle's ops in fp32, rounded to bf16
+The references (``measure.references.ref_*``) are the oracle's ops in fp32, rounded to bf16
 exactly where the kernel rounds (the projection, the bias add, the residual add, the
 normalised activation, SwiGLU's steps). So a correct kernel differs from its reference
 only where its fp32 sum, taken in another order, lands on the other side of a bf16
 rounding boundary: rarely, by one ulp. Measured: 0 (bit-identical) at every shape here
-and at 512 x 1536. TOL (``bench.GEMV_TOL``, 1e-3) sits above that and
+and at 512 x 1536. TOL (``references.GEMV_TOL``, 1e-3) sits above that and
 an order of magnitude below the smallest real bug at these shapes: one dropped column of
 a 96- to 500-wide GEMV is 3e-2 to 1e-1 (``ci/mutants.py`` applies such bugs one at a time
 and shows that this file fails for each).
@@ -18,9 +18,9 @@ import pytest
 import torch
 
 from onelaunch import kernels as K
-from onelaunch.bench import (GEMV_TOL, bf16r, ref_attention, ref_lm_head, ref_matvec_residual,
-                             ref_rms, ref_rms_gate_up_swiglu, ref_rms_qkv, ref_swiglu,
-                             splits_written)
+from onelaunch.measure.references import (GEMV_TOL, bf16r, ref_attention, ref_lm_head,
+                                          ref_matvec_residual, ref_rms, ref_rms_gate_up_swiglu,
+                                          ref_rms_qkv, ref_swiglu, splits_written)
 from onelaunch.oracle import apply_rope, rope_cos_sin
 
 TOL = GEMV_TOL

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from onelaunch import kernels as K
-from onelaunch.bench import GEMV_TOL as TOL, bf16r, ref_lm_head, splits_written
+from onelaunch.measure.references import GEMV_TOL as TOL, bf16r, ref_lm_head, splits_written
 from onelaunch.oracle import rope_cos_sin
 
 bf = torch.bfloat16
