@@ -76,7 +76,7 @@ MUTANTS = [
     # o_proj, down, the MoE down and residual_add share one epilogue (finish_rows)
     Mutant("lost residual", "_common.py",
            "bf16_round(x + bf16_round(total))", "bf16_round(bf16_round(total))"),
-    Mutant("RoPE sign", "rope_kv.py",
+    Mutant("RoPE sign", "rope_kv_write.py",
            "sign = tl.where(d < HALF, -1.0, 1.0)", "sign = tl.where(d < HALF, 1.0, -1.0)"),
     Mutant("dropped bias", "rms_qkv.py",
            "y += tl.load(b_ptr + offs_n", "y += 0.0 * tl.load(b_ptr + offs_n"),
@@ -90,7 +90,7 @@ MUTANTS = [
            "tl.load(wts_ptr + slot)", "tl.load(wts_ptr)", MOE),
     Mutant("TP argmax merge tie order", "_common.py",
            "tl.min(tl.where(vals == m, idxs", "tl.max(tl.where(vals == m, idxs", [TP]),
-    Mutant("TP q/k norm statistic", "rope_kv.py",
+    Mutant("TP q/k norm statistic", "rope_kv_write.py",
            "rstd_of(tl.load(ss_ptr + 1), k_total", "rstd_of(tl.load(ss_ptr), k_total", [TP]),
     Mutant("attention: newest token in the early tile", "attention_splitk.py",
            "kh * stride_c_h, start, tl.minimum(end, pos),",

@@ -133,7 +133,7 @@ def child(a) -> int:
     from onelaunch.specs import get_spec
     from onelaunch.timing import time_ms
     from onelaunch.weights import random_weights
-    LP = __import__("importlib").import_module("onelaunch.kernels.layer_persistent")
+    from onelaunch.kernels import layer_persistent as LP
 
     spec = get_spec(a.model)
     gpu = torch.cuda.is_available()

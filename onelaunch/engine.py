@@ -96,9 +96,11 @@ class Engine:
                               "(whose RMS spans all heads)")
         self.fuse_rope = bool(fuse_rope)
         self.persist = persist or PersistentOptions()   # the persistent layer's switches
-        stages = K.layer_persistent_entry(dict(
-            config.get("layer_persistent", self.device),
-            **(cfgs or {}).get("layer_persistent", {})), self.persist)["STAGES"] if persistent else None
+        stages = None            # the persistent entry's STAGES (the MoE layer must stream)
+        if persistent:
+            stages = K.layer_persistent.entry(dict(
+                config.get("layer_persistent", self.device),
+                **(cfgs or {}).get("layer_persistent", {})), self.persist)["STAGES"]
         why = persistent_refusal(spec, attention, tp, fuse_rope, stages) if persistent else None
         if why:
             raise EngineError(why)
@@ -122,9 +124,11 @@ class Engine:
         cos, sin = rope_cos_sin(torch.arange(self.max_ctx, device=dev), s.head_dim, s.rope_theta,
                                 torch.bfloat16)
         self.cos, self.sin = cos.contiguous(), sin.contiguous()          # [max_ctx, D]
-        self.chunk = K.chunk_for(self.max_ctx)   # split-K unit: the live length is shared out in it
+        # split-K unit: the live length is shared out in it
+        self.chunk = K.attention_splitk.chunk_for(self.max_ctx)
         # live splits a kv head at most (0: the default for this model; None: no cap)
-        self.live_cap = K.default_live_cap(spec.kv_heads) if live_cap == 0 else live_cap
+        self.live_cap = (K.attention_splitk.default_live_cap(spec.kv_heads) if live_cap == 0
+                         else live_cap)
         # ---- the step: a list of launches; each builder asks for the buffers it needs --
         self.plan = plan.build(self)
         self.graph = None
@@ -143,7 +147,7 @@ class Engine:
 
     def partials(self):
         """Split-K partials [Hq, n_splits(, D)]: max, sum of exp, unnormalised output."""
-        s, n = self.spec, K.n_splits_for(self.max_ctx, self.chunk)
+        s, n = self.spec, K.attention_splitk.n_splits_for(self.max_ctx, self.chunk)
         return (self.buf("part_m", (s.heads, n), torch.float32),
                 self.buf("part_l", (s.heads, n), torch.float32),
                 self.buf("part_o", (s.heads, n, s.head_dim), torch.float32))
@@ -177,15 +181,14 @@ class Engine:
     # ---- what runs: read from the plan's launches, not from the arguments -------------
     def trace(self) -> list[dict]:
         """The kernel calls one step makes, without running a kernel: every entry of the
-        plan issued while the launchers of ``onelaunch.kernels`` are replaced by a
-        recorder. One dict a call: ``op`` and ``layer`` (the plan entry's), ``kernel``
+        plan issued while the launchers of ``onelaunch.kernels`` (``K.LAUNCHERS``) are
+        replaced by a recorder. One dict a call: ``op`` and ``layer`` (the plan entry's), ``kernel``
         (the launcher called) and ``args`` (its arguments by name, defaults filled in).
         An entry that issues no launcher (an all-reduce through torch.distributed) is
         one call with ``kernel`` None."""
         import inspect
         calls, where = [], {}
-        real = {n: f for n, f in vars(K).items()
-                if inspect.isfunction(f) and not n.startswith("_")}
+        real = {n: getattr(m, n) for n, m in K.LAUNCHERS.items()}
 
         def recorder(name, fn):
             sig = inspect.signature(fn)
@@ -198,7 +201,7 @@ class Engine:
 
         try:
             for n, f in real.items():
-                setattr(K, n, recorder(n, f))
+                setattr(K.LAUNCHERS[n], n, recorder(n, f))
             for launch in self.plan:
                 where = {"op": launch.op, "layer": launch.layer}
                 if launch.op == "all_reduce":
@@ -207,7 +210,7 @@ class Engine:
                     launch.run()
         finally:
             for n, f in real.items():
-                setattr(K, n, f)
+                setattr(K.LAUNCHERS[n], n, f)
         return calls
 
     def ran_paths(self) -> dict:

@@ -87,9 +87,9 @@ def test_streamed_phases_are_the_reference_bit_for_bit(w, lp):
     (``plan.persistent_cfgs``: whole rows for down, SPLIT_K 1), step after step."""
     eng = Engine(SPEC, w, max_ctx=MAX_CTX, persistent=True, cfgs={"layer_persistent": lp})
     c = plan.persistent_cfgs(eng)
-    assert c["down"]["SPLIT_K"] == 1 and c["layer_persistent"]["STAGES"] == lp["STAGES"]
+    assert c["down_residual"]["SPLIT_K"] == 1 and c["layer_persistent"]["STAGES"] == lp["STAGES"]
     if "TILE" in lp:
-        assert (c["gate_up"]["BLOCK_N"], c["gate_up"]["BLOCK_K"]) == (16, 64)
+        assert (c["rms_gate_up_swiglu"]["BLOCK_N"], c["rms_gate_up_swiglu"]["BLOCK_K"]) == (16, 64)
     ref = Engine(SPEC, w, max_ctx=MAX_CTX, cfgs=c)
     for e in (ref, eng):
         e.capture()
@@ -101,8 +101,8 @@ def test_streamed_phases_are_the_reference_bit_for_bit(w, lp):
 
 def spy_launches(monkeypatch) -> list:
     """(grid, FIRST, LAST) of every launch of the persistent layer kernel from now on."""
-    LP = __import__("importlib").import_module("onelaunch.kernels.layer_persistent")
-    launches, real = [], LP._layer_kernel
+    from onelaunch.kernels import layer_persistent as LP
+    launches, real = [], LP._layer_persistent_kernel
 
     class Spy:
         def __getitem__(self, grid):
@@ -110,7 +110,7 @@ def spy_launches(monkeypatch) -> list:
                 launches.append((grid, k["FIRST"], k["LAST"]))
                 return real[grid](*a, **k)
             return launch
-    monkeypatch.setattr(LP, "_layer_kernel", Spy())
+    monkeypatch.setattr(LP, "_layer_persistent_kernel", Spy())
     return launches
 
 
@@ -134,7 +134,7 @@ def test_phase_groups_one_launch_each(w, monkeypatch):
     """``PersistentOptions(split="0-4,5-6")``: the attention block in one launch and the MLP
     in another (grid 1, so the barriers inside each run here), same bits; a grouping that
     skips or repeats a phase is refused in one line."""
-    LP = __import__("importlib").import_module("onelaunch.kernels.layer_persistent")
+    from onelaunch.kernels import layer_persistent as LP
     launches = spy_launches(monkeypatch)
     eng = Engine(SPEC, w, max_ctx=MAX_CTX, persistent=True,
                  cfgs={"layer_persistent": {"GRID": 1}},
@@ -151,7 +151,7 @@ def test_pdl_from_the_table_and_the_options():
     """The layer kernel launches with PDL when the engine does, unless its table entry
     says PDL=0 (the H200's: NOTES.md 16); ``PersistentOptions.pdl`` overrides either
     way."""
-    LP = __import__("importlib").import_module("onelaunch.kernels.layer_persistent")
+    from onelaunch.kernels import layer_persistent as LP
     assert LP.launch_options("cpu", True, {})["pdl"]
     assert not LP.launch_options("cpu", True, {"PDL": 0})["pdl"]
     assert not LP.launch_options("cpu", False, {"PDL": 1})["pdl"]
@@ -166,7 +166,7 @@ def test_clock_phases_reads_the_stamps():
     """Two layers, two programs, two phases (stamps in ns): each phase's span, median
     work, skew and the release after its last arrival; the last phase's release is the
     gap to the next layer's first start."""
-    LP = __import__("importlib").import_module("onelaunch.kernels.layer_persistent")
+    from onelaunch.kernels import layer_persistent as LP
     us = 1000
     layer = lambda t0: [[t0, t0 + 4 * us, t0 + 5 * us, t0 + 9 * us],          # program 0
                         [t0 + 1 * us, t0 + 3 * us, t0 + 6 * us, t0 + 8 * us]]  # program 1
@@ -218,9 +218,9 @@ def test_reference_cfgs_run_the_same_tiles(w):
                  cfgs={"layer_persistent": {"num_warps": 8}})
     c = plan.persistent_cfgs(eng)
     assert {op: c[op]["num_warps"] for op in c} == {op: 8 for op in c}
-    assert c["attn_split"]["reduce_warps"] == 8
+    assert c["attention_splitk"]["reduce_warps"] == 8
     L = eng.W["layers"][0]
-    assert c["gate_up"]["BLOCK_K"] == eng.cfg("gate_up", L["w_gate_up"])["BLOCK_K"]
+    assert c["rms_gate_up_swiglu"]["BLOCK_K"] == eng.cfg("rms_gate_up_swiglu", L["w_gate_up"])["BLOCK_K"]
     ref = Engine(SPEC, w, max_ctx=MAX_CTX, cfgs=c)
     assert ref.launches_per_step() == 2 + 7 * get_spec(SPEC).layers
 
@@ -230,15 +230,15 @@ def test_tile_override_own_means_the_ops_tiles():
     a ``BNxBK`` value replaces it; unset, the table's stays."""
     from onelaunch import kernels as K
     c_p = {"num_warps": 4, "STAGES": 4, "TILE": "8x512"}
-    assert K.layer_persistent_entry(c_p)["TILE"] == "8x512"
-    assert "TILE" not in K.layer_persistent_entry(c_p, PersistentOptions(tile="own"))
-    tile = K.layer_persistent_entry(c_p, PersistentOptions(tile="16x256"))["TILE"]
+    assert K.layer_persistent.entry(c_p)["TILE"] == "8x512"
+    assert "TILE" not in K.layer_persistent.entry(c_p, PersistentOptions(tile="own"))
+    tile = K.layer_persistent.entry(c_p, PersistentOptions(tile="16x256"))["TILE"]
     assert tile == "16x256"
-    ops = {"gate_up": {"BLOCK_N": 8, "BLOCK_K": 512, "PREFETCH": 2},
-           "down": {"BLOCK_N": 2, "BLOCK_K": 1024, "SPLIT_K": 3}, "attn_split": {}}
+    ops = {"rms_gate_up_swiglu": {"BLOCK_N": 8, "BLOCK_K": 512, "PREFETCH": 2},
+           "down_residual": {"BLOCK_N": 2, "BLOCK_K": 1024, "SPLIT_K": 3}, "attention_splitk": {}}
     own = plan.persistent_tiles({"num_warps": 4, "STAGES": 4}, ops)
-    assert own["gate_up"]["BLOCK_N"] == 8 and own["down"]["SPLIT_K"] == 1
-    assert own["gate_up"]["PREFETCH"] == 1
+    assert own["rms_gate_up_swiglu"]["BLOCK_N"] == 8 and own["down_residual"]["SPLIT_K"] == 1
+    assert own["rms_gate_up_swiglu"]["PREFETCH"] == 1
 
 
 @pytest.mark.parametrize("kw,msg", [
@@ -312,11 +312,11 @@ def test_one_launch_kernel_compiles_for_hopper(stages, fold):
 
 # compiled in a subprocess: the kernels' module must be imported without TRITON_INTERPRET
 AOT = r'''
-import importlib, inspect, os, re, subprocess, sys, tempfile
+import inspect, os, re, subprocess, sys, tempfile
 sys.path.insert(0, {repo!r})
 import triton
 from triton.backends.compiler import GPUTarget
-LP = importlib.import_module("onelaunch.kernels.layer_persistent")
+from onelaunch.kernels import layer_persistent as LP
 ce = dict(HAS_BIAS=True, QK_NORM=False, D=128, BLOCK_D=128, BLOCK_R=1024, GROUP=6, GROUP_PAD=16,
           BLOCK_DA=128, CHUNK=64, BLOCK_T=64, DOT_F32=False, BLOCK_S=32, BLOCK_M=32,
           BN_QKV=8, BK_QKV=2048, PF_QKV=1, BN_O=8, BK_O=2048, PF_O=1, BN_GU=8, BK_GU=512, PF_GU=2,
@@ -330,7 +330,7 @@ bf16 = set("x gin w_qkv b_qkv qkv q k_cache v_cache cos sin qn kn attn w_o gpost
 f32 = set("part_o part_m part_l scratch logits wts".split())
 i32 = set("pos counter bar ids log".split())
 sig = {{}}
-for n in inspect.signature(LP._layer_kernel.fn).parameters:
+for n in inspect.signature(LP._layer_persistent_kernel.fn).parameters:
     b = n[:-4] if n.endswith("_ptr") else None
     sig[n] = ("constexpr" if n in ce else "*bf16" if b in bf16 else "*fp32" if b in f32
               else "*i32" if b in i32 else "*i64" if b == "clock"
@@ -340,7 +340,7 @@ for n in inspect.signature(LP._layer_kernel.fn).parameters:
 attrs = {{(i,): [["tt.divisibility", 16]] for i, n in enumerate(sig)
          if sig[n] != "constexpr" and n not in ("eps", "scale", "pos")}}
 def build(stages):
-    k = triton.compile(triton.compiler.ASTSource(fn=LP._layer_kernel, signature=sig,
+    k = triton.compile(triton.compiler.ASTSource(fn=LP._layer_persistent_kernel, signature=sig,
                                                  constexprs=dict(ce, STAGES=stages), attrs=attrs),
                        target=GPUTarget("cuda", 90, 32), options=dict(num_warps=8))
     return k, k.asm["ttgir"].count("async_copy_global_to_local")
@@ -378,7 +378,7 @@ def test_rope_folded_into_attention(w, monkeypatch, grid):
     reference across the split boundary, in one launch (grid 1: the barriers' targets one
     fewer after the missing one, the counters reset) and one launch per phase (grid 3).
     A group of phases ending at the missing barrier is refused in one line."""
-    LP = __import__("importlib").import_module("onelaunch.kernels.layer_persistent")
+    from onelaunch.kernels import layer_persistent as LP
     launches = spy_launches(monkeypatch)
     fold = PersistentOptions(fold_rope=True)
     eng = Engine(SPEC, w, max_ctx=MAX_CTX, persistent=True,

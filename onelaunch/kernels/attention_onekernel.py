@@ -8,9 +8,9 @@ bit for bit the same results.
     k_cache[kh, pos] = rope(qkv[k part, head kh], pos)
     v_cache[kh, pos] = qkv[v part, head kh]
     per split s:  part_m[h, s], part_l[h, s], part_o[h, s, :]    (online softmax, as
-                  ``_attn_partial_kernel``: max, sum of exp, unnormalised sum of exp * v)
+                  ``_attention_partial_kernel``: max, sum of exp, unnormalised sum of exp * v)
     out[h]           = sum_s exp(part_m - M) part_o / sum_s exp(part_m - M) part_l,
-                       M = max_s part_m                          (as ``_attn_reduce_kernel``)
+                       M = max_s part_m                          (as ``_attention_reduce_kernel``)
 
 Grid (Hkv, n_splits), the partial kernel's: program (kh, s) owns split s's share
 [start, end) of kv head kh's live timeline (``split_range``: the live length in units of
@@ -25,10 +25,10 @@ share it. A program whose share is empty (past the live length) exits at once.
 2. The program whose share holds ``pos`` (the new token) also rotates the new k of its kv
    head and writes k and v at ``pos``, as ``rope_kv_write`` does, and folds that token
    into its online softmax from registers, as the tile of one valid row that
-   ``_attn_partial_kernel`` loads from slot pos (same values, same tl.dot): no program
+   ``_attention_partial_kernel`` loads from slot pos (same values, same tl.dot): no program
    reads slot pos from memory here, so no barrier and no ordering between programs is
    needed for it.
-3. The split-K partial, as ``_attn_partial_kernel`` (same tiles in the same order, same
+3. The split-K partial, as ``_attention_partial_kernel`` (same tiles in the same order, same
    online softmax, same partial buffers).
 4. The reduction, by last arrival (the threadfence-reduction pattern, as in
    ``down_residual``): each program that holds a token writes its partials, fences, and
@@ -86,7 +86,7 @@ from ._common import bf16_round, pdl_wait, thread_fence
 from .attention_splitk import (BLOCK_S, NEW_T, attention_reduce, block_m, live_share,
                               live_splits, load_kv_tile, merge_head, split_partial,
                               split_range, store_partials)
-from .rope_kv import _rope_pair
+from .rope_kv_write import _rope_pair
 
 
 @triton.jit
@@ -111,7 +111,7 @@ def rope_partial(qkv_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, part_o_ptr
     cos_row = cos_ptr + pos * D
     sin_row = sin_ptr + pos * D
     holds_pos = end == length                        # this share holds the new token
-    # the new token as a tile whose only valid row is row 0: what _attn_partial_kernel
+    # the new token as a tile whose only valid row is row 0: what _attention_partial_kernel
     # loads from slot pos (zeros elsewhere), built from registers
     r = tl.arange(0, NEW_T)
     row0 = (r == 0)[:, None] & dm[None, :]
@@ -141,7 +141,7 @@ def rope_partial(qkv_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, part_o_ptr
         q = q.to(tl.float32)
     else:
         q = q.to(k_cache_ptr.dtype.element_ty)       # exact: q is already a bf16 value
-    # ---- split-K partial: the helpers _attn_partial_kernel uses ----------------------
+    # ---- split-K partial: the helpers _attention_partial_kernel uses ----------------------
     m_i, l_i, acc = split_partial(q, k_cache_ptr, v_cache_ptr, base, start, end, pos,
                                   stride_c_t, d, dm, scale, k0, v0, tm0, kn, vn, tmn,
                                   GROUP_PAD, BLOCK_D, BLOCK_T, DOT_F32)

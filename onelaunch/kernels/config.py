@@ -24,15 +24,15 @@ from . import tuned
 # op -> dict of launch parameters
 _DEFAULT = {
     "rms_qkv":     dict(BLOCK_N=16, BLOCK_K=512, num_warps=4),
-    "o_proj":      dict(BLOCK_N=16, BLOCK_K=512, num_warps=4),
-    "gate_up":     dict(BLOCK_N=16, BLOCK_K=512, num_warps=4),
-    "down":        dict(BLOCK_N=16, BLOCK_K=512, SPLIT_K=4, num_warps=4),
-    "lm_head":     dict(BLOCK_N=32, BLOCK_K=256, num_warps=4),   # not 64x512: it spilled (6%)
+    "o_proj_residual":      dict(BLOCK_N=16, BLOCK_K=512, num_warps=4),
+    "rms_gate_up_swiglu":     dict(BLOCK_N=16, BLOCK_K=512, num_warps=4),
+    "down_residual":        dict(BLOCK_N=16, BLOCK_K=512, SPLIT_K=4, num_warps=4),
+    "lm_head_argmax":     dict(BLOCK_N=32, BLOCK_K=256, num_warps=4),   # not 64x512: it spilled (6%)
     "attention":   dict(BLOCK_T=64, num_warps=4),
-    "attn_split":  dict(BLOCK_T=64, num_warps=4),
-    "router":      dict(BLOCK_N=4, BLOCK_K=512, num_warps=4),
-    "moe_gate_up": dict(BLOCK_N=8, BLOCK_K=512, num_warps=4),
-    "moe_down":    dict(BLOCK_N=8, BLOCK_K=512, num_warps=4),
+    "attention_splitk":  dict(BLOCK_T=64, num_warps=4),
+    "moe_router":      dict(BLOCK_N=4, BLOCK_K=512, num_warps=4),
+    "moe_gate_up_swiglu": dict(BLOCK_N=8, BLOCK_K=512, num_warps=4),
+    "moe_down_residual":    dict(BLOCK_N=8, BLOCK_K=512, num_warps=4),
     # the persistent layer kernel (one launch a layer): the warps of every phase; NEXT:
     # request the next phase's first tiles before each grid barrier; STAGES > 0: its GEMV
     # phases stream through shared memory, STAGES - 1 tiles of TILE (rows x K) ahead
@@ -45,7 +45,7 @@ TABLE: dict[str, dict[str, dict]] = {
     "default": _DEFAULT,
     "sm_90": {   # the GEMVs' entries are in tuned/sm_90.json (a sweep: NOTES.md)
         "attention":  dict(BLOCK_T=64, num_warps=4),
-        "attn_split": dict(BLOCK_T=64, num_warps=4),
+        "attention_splitk": dict(BLOCK_T=64, num_warps=4),
         # measured (H200, Qwen, ctx 512; NOTES.md 13-14): with a register ring, 8 warps
         # 1 program per SM 2.47 ms, 4 warps 2 per SM 1.90; streamed through shared memory
         # (results/h200/session7/persistent_stream.json) 4 warps 2 per SM, 4 stages of
@@ -67,13 +67,13 @@ TABLE: dict[str, dict[str, dict]] = {
     # the last-arrival reductions across programs are exercised at the tiny shapes)
     "interpreter": {**_DEFAULT,
                     "rms_qkv": dict(BLOCK_N=64, BLOCK_K=512, num_warps=4),
-                    "o_proj": dict(BLOCK_N=64, BLOCK_K=512, num_warps=4),
-                    "gate_up": dict(BLOCK_N=64, BLOCK_K=512, num_warps=4),
-                    "down": dict(BLOCK_N=64, BLOCK_K=128, SPLIT_K=2, num_warps=4),
-                    "lm_head": dict(BLOCK_N=256, BLOCK_K=256, num_warps=4),
-                    "router": dict(BLOCK_N=8, BLOCK_K=512, num_warps=4),
-                    "moe_gate_up": dict(BLOCK_N=32, BLOCK_K=512, num_warps=4),
-                    "moe_down": dict(BLOCK_N=64, BLOCK_K=512, num_warps=4),
+                    "o_proj_residual": dict(BLOCK_N=64, BLOCK_K=512, num_warps=4),
+                    "rms_gate_up_swiglu": dict(BLOCK_N=64, BLOCK_K=512, num_warps=4),
+                    "down_residual": dict(BLOCK_N=64, BLOCK_K=128, SPLIT_K=2, num_warps=4),
+                    "lm_head_argmax": dict(BLOCK_N=256, BLOCK_K=256, num_warps=4),
+                    "moe_router": dict(BLOCK_N=8, BLOCK_K=512, num_warps=4),
+                    "moe_gate_up_swiglu": dict(BLOCK_N=32, BLOCK_K=512, num_warps=4),
+                    "moe_down_residual": dict(BLOCK_N=64, BLOCK_K=512, num_warps=4),
                     # streamed at the ops' own tiles (plan.persistent_cfgs)
                     "layer_persistent": dict(num_warps=4, NEXT=1, STAGES=2)},
 }

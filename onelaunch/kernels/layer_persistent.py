@@ -63,7 +63,7 @@ from .moe_router import route
 from .o_proj_residual import o_proj_tile
 from .rms_gate_up_swiglu import gate_up_first, gate_up_tile
 from .rms_qkv import rms_qkv_tile
-from .rope_kv import rope_kv_head
+from .rope_kv_write import rope_kv_head
 
 PHASES = ("rms_qkv", "rope_kv_write", "attention_partial", "attention_reduce", "o_proj_residual",
           "rms_gate_up_swiglu", "down_residual")
@@ -122,7 +122,7 @@ def grid_barrier(bar_ptr, target, n_progs, RESET: tl.constexpr, FENCE: tl.conste
 
 
 @triton.jit
-def _layer_kernel(
+def _layer_persistent_kernel(
         # phase 0: RMSNorm + QKV
         x_ptr, gin_ptr, w_qkv_ptr, b_qkv_ptr, qkv_ptr, N_QKV, H, eps, stride_qkv,
         # phase 1: RoPE + KV write
@@ -432,13 +432,13 @@ def layer_persistent(x, L: dict, qkv, q, attn, h, k_cache, v_cache, cos, sin, po
     kernels of the launches it made."""
     w_qkv, w_o = L["w_qkv"], L["w_o"]
     N_QKV, H = w_qkv.shape
-    c_qkv, c_o = cfgs["rms_qkv"], cfgs["o_proj"]
-    c_at, c_p = cfgs["attn_split"], cfgs["layer_persistent"]
+    c_qkv, c_o = cfgs["rms_qkv"], cfgs["o_proj_residual"]
+    c_at, c_p = cfgs["attention_splitk"], cfgs["layer_persistent"]
     stages = int(c_p.get("STAGES", 0))
     if moe is None:
         w_gu, w_dn = L["w_gate_up"], L["w_down"]
         I = w_gu.shape[0] // 2
-        c_gu, c_dn = cfgs["gate_up"], cfgs["down"]
+        c_gu, c_dn = cfgs["rms_gate_up_swiglu"], cfgs["down_residual"]
         k_per_split, split = down_split(I, c_dn)
         assert not stages or split == 1, "the streamed down phase runs whole rows (SPLIT_K 1)"
         n_dn_rows = triton.cdiv(H, c_dn["BLOCK_N"])
@@ -454,7 +454,7 @@ def layer_persistent(x, L: dict, qkv, q, attn, h, k_cache, v_cache, cos, sin, po
         E, I_E = w_r.shape[0], w_edn.shape[2]
         logits, ids, wts, log, eh = (moe[k] for k in ("logits", "ids", "weights", "log", "h"))
         log_row, log_offset, top_k = moe["log_row"], moe["log_offset"], ids.numel()
-        c_r, c_egu, c_edn = cfgs["router"], cfgs["moe_gate_up"], cfgs["moe_down"]
+        c_r, c_egu, c_edn = cfgs["moe_router"], cfgs["moe_gate_up_swiglu"], cfgs["moe_down_residual"]
     n_splits = part_m.shape[1]
     group = heads // kv_heads
     block_t = min(c_at["BLOCK_T"], chunk)
@@ -484,7 +484,7 @@ def layer_persistent(x, L: dict, qkv, q, attn, h, k_cache, v_cache, cos, sin, po
     b = L["b_qkv"]
     compiled = []
     for first, final in ranges:
-        compiled.append(_layer_kernel[(P,)](
+        compiled.append(_layer_persistent_kernel[(P,)](
             x, L["input_norm"], w_qkv, b if b is not None else w_qkv, qkv, N_QKV, H, eps,
             w_qkv.stride(0),
             q, k_cache, v_cache, cos, sin, pos, qn if qn is not None else qkv,

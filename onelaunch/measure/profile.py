@@ -196,10 +196,8 @@ def phase_rows(spec, weights, device="cuda", ctx: int = 512, tokens: int = 12,
     so the rows add up to one layer. A failed check is one row with ``refused``. ``ref``:
     the oracle's tokens for the ladder's prompt at ``ctx`` (``agree.oracle_tokens``),
     computed here when not given."""
-    import importlib
-
+    from ..kernels import layer_persistent as LP
     from ..options import PersistentOptions
-    LP = importlib.import_module("onelaunch.kernels.layer_persistent")
     dev = torch.device(device)
     _require_cuda(dev)
     read_tbps = read_tbps or read_bandwidth(dev)

@@ -48,13 +48,13 @@ def config_sweep(spec, w, device="cuda", iters=30, read_tbps=None, pdl=None,
     down_keys = ("BLOCK_N", "BLOCK_K", "PREFETCH", "num_warps", "SPLIT_K")
     grid = grid or {
         "rms_qkv": cfgs((8, 2048, 1, 4), (8, 512, 2, 4), (8, 512, 3, 4), (4, 512, 2, 4), (16, 512, 2, 4)),
-        "o_proj": cfgs((8, 2048, 1, 8), (8, 512, 2, 4), (8, 512, 3, 8), (16, 512, 2, 8), (4, 512, 2, 4)),
-        "gate_up": cfgs((4, 512, 2, 4), (4, 512, 3, 4), (2, 512, 2, 4), (8, 512, 2, 4), (4, 256, 4, 4),
+        "o_proj_residual": cfgs((8, 2048, 1, 8), (8, 512, 2, 4), (8, 512, 3, 8), (16, 512, 2, 8), (4, 512, 2, 4)),
+        "rms_gate_up_swiglu": cfgs((4, 512, 2, 4), (4, 512, 3, 4), (2, 512, 2, 4), (8, 512, 2, 4), (4, 256, 4, 4),
                         (4, 256, 3, 4), (4, 512, 2, 8)),
-        "down": cfgs((2, 1024, 4, 4, 1), (2, 1024, 2, 4, 1), (2, 1024, 3, 4, 1), (2, 512, 4, 4, 1),
+        "down_residual": cfgs((2, 1024, 4, 4, 1), (2, 1024, 2, 4, 1), (2, 1024, 3, 4, 1), (2, 512, 4, 4, 1),
                      (4, 512, 4, 4, 1), (4, 1024, 2, 4, 1), (2, 1024, 2, 8, 1), (8, 512, 2, 4, 5),
                      (4, 512, 3, 4, 5), keys=down_keys),
-        "lm_head": cfgs((64, 256, 1, 4), (64, 256, 2, 4), (32, 256, 2, 4), (32, 256, 3, 4)),
+        "lm_head_argmax": cfgs((64, 256, 1, 4), (64, 256, 2, 4), (32, 256, 2, 4), (32, 256, 3, 4)),
     }
     P = pack_weights(spec, w)          # once: packing copies the weights
     out = []
@@ -72,9 +72,9 @@ def config_sweep(spec, w, device="cuda", iters=30, read_tbps=None, pdl=None,
 
 
 # the plan's ops whose launch configuration a step sweep tries, and the weight each reads
-PLAN_SWEEP_WEIGHT = {"rms_qkv": "w_qkv", "o_proj": "w_o", "gate_up": "w_gate_up", "down": "w_down",
-                     "router": "w_router", "moe_gate_up": "w_experts_gate_up",
-                     "moe_down": "w_experts_down"}
+PLAN_SWEEP_WEIGHT = {"rms_qkv": "w_qkv", "o_proj_residual": "w_o", "rms_gate_up_swiglu": "w_gate_up", "down_residual": "w_down",
+                     "moe_router": "w_router", "moe_gate_up_swiglu": "w_experts_gate_up",
+                     "moe_down_residual": "w_experts_down"}
 
 
 def plan_config_sweep(spec, w, device="cuda", grid: dict | None = None, ctx: int = 512,
@@ -88,13 +88,13 @@ def plan_config_sweep(spec, w, device="cuda", grid: dict | None = None, ctx: int
     pdl = config.pdl_supported(dev)
     c = lambda *r, keys=("BLOCK_N", "BLOCK_K", "PREFETCH", "num_warps"): dict(zip(keys, r))
     grid = grid or ({
-        "router": [c(4, 512, 1, 4), c(1, 2048, 1, 4), c(2, 2048, 1, 4), c(2, 512, 4, 4), c(8, 512, 2, 4)],
-        "moe_gate_up": [c(8, 512, 1, 4), c(8, 512, 2, 4), c(4, 512, 2, 4), c(16, 512, 2, 4),
+        "moe_router": [c(4, 512, 1, 4), c(1, 2048, 1, 4), c(2, 2048, 1, 4), c(2, 512, 4, 4), c(8, 512, 2, 4)],
+        "moe_gate_up_swiglu": [c(8, 512, 1, 4), c(8, 512, 2, 4), c(4, 512, 2, 4), c(16, 512, 2, 4),
                         c(4, 1024, 2, 4), c(8, 256, 4, 4)],
-        "moe_down": [c(8, 512, 1, 4), c(8, 512, 2, 4), c(4, 512, 2, 4), c(16, 512, 2, 4),
+        "moe_down_residual": [c(8, 512, 1, 4), c(8, 512, 2, 4), c(4, 512, 2, 4), c(16, 512, 2, 4),
                      c(4, 1024, 1, 4), c(2, 1024, 1, 4), c(16, 1024, 1, 8)],
         "rms_qkv": [c(8, 2048, 1, 4), c(8, 512, 2, 4), c(16, 512, 2, 4), c(4, 512, 3, 4)],
-        "o_proj": [c(8, 2048, 1, 8), c(4, 512, 2, 4), c(8, 512, 2, 4), c(16, 512, 2, 8)],
+        "o_proj_residual": [c(8, 2048, 1, 8), c(4, 512, 2, 4), c(8, 512, 2, 4), c(16, 512, 2, 8)],
     } if spec.is_moe else {})
     prompt = random_prompt(spec, ctx, 9)
     max_ctx = run_ctx(ctx, tokens, iters)
@@ -174,23 +174,23 @@ def _check_one(op, c, x, L0, P, s, eps, pdl, dev):
     g = torch.Generator(device="cpu").manual_seed(3)
     if op == "rms_qkv":
         out = torch.full((s.qkv_size,), float("nan"), dtype=bf, device=dev)
-        K.rms_qkv(x, L0["input_norm"], L0["w_qkv"], L0["b_qkv"], out, eps, use_pdl=pdl, cfg=c)
+        K.rms_qkv.rms_qkv(x, L0["input_norm"], L0["w_qkv"], L0["b_qkv"], out, eps, use_pdl=pdl, cfg=c)
         return rel_err(out, ref_rms_qkv(x, L0["input_norm"], L0["w_qkv"], L0["b_qkv"], eps)), None
-    if op == "o_proj":
+    if op == "o_proj_residual":
         a = torch.randn(s.q_size, generator=g).to(dev, bf)
         xo = x.clone()
-        K.o_proj_residual(a, L0["w_o"], xo, use_pdl=pdl, cfg=c)
+        K.o_proj_residual.o_proj_residual(a, L0["w_o"], xo, use_pdl=pdl, cfg=c)
         return rel_err(xo, ref_matvec_residual(a, L0["w_o"], x)), None
-    if op == "gate_up":
+    if op == "rms_gate_up_swiglu":
         h = torch.full((s.intermediate,), float("nan"), dtype=bf, device=dev)
-        K.rms_gate_up_swiglu(x, L0["post_norm"], L0["w_gate_up"], h, eps, use_pdl=pdl, cfg=c)
+        K.rms_gate_up_swiglu.rms_gate_up_swiglu(x, L0["post_norm"], L0["w_gate_up"], h, eps, use_pdl=pdl, cfg=c)
         return rel_err(h, ref_rms_gate_up_swiglu(x, L0["post_norm"], L0["w_gate_up"], eps)), None
-    if op == "down":
+    if op == "down_residual":
         hh = torch.randn(s.intermediate, generator=g).to(dev, bf)
         sc = torch.zeros(16 * s.hidden, dtype=torch.float32, device=dev)
         cnt = torch.zeros(s.hidden, dtype=torch.int32, device=dev)
         xd = x.clone()
-        K.down_residual(hh, L0["w_down"], xd, sc, cnt, use_pdl=pdl, cfg=c)
+        K.down_residual.down_residual(hh, L0["w_down"], xd, sc, cnt, use_pdl=pdl, cfg=c)
         left = int(cnt.abs().max())
         return (rel_err(xd, ref_matvec_residual(hh, L0["w_down"], x)),
                 f"counters left at {left}, not 0" if left else None)
@@ -198,7 +198,7 @@ def _check_one(op, c, x, L0, P, s, eps, pdl, dev):
     lg = torch.full((s.vocab,), float("nan"), dtype=torch.float32, device=dev)
     seq = torch.zeros(8, dtype=torch.int32, device=dev)
     p0 = torch.zeros(1, dtype=torch.int32, device=dev)
-    K.lm_head_argmax(x, P["norm"], P["lm_head"], lg, torch.empty(n_prog, device=dev),
+    K.lm_head_argmax.lm_head_argmax(x, P["norm"], P["lm_head"], lg, torch.empty(n_prog, device=dev),
                      torch.empty(n_prog, dtype=torch.int32, device=dev),
                      torch.zeros(1, dtype=torch.int32, device=dev), seq, p0,
                      torch.zeros(1, dtype=torch.int32, device=dev), eps, use_pdl=pdl, cfg=c)
@@ -229,23 +229,23 @@ def _time_one(spec, w, device, op, c, iters, read_tbps, packed=None, pdl=False):
     row["check"] = "pass"
     if op == "rms_qkv":
         out = torch.empty(s.qkv_size, dtype=bf, device=dev)
-        fn = lambda: [K.rms_qkv(x, L["input_norm"], L["w_qkv"], L["b_qkv"], out, eps, use_pdl=pdl, cfg=c) for L in Ls]
+        fn = lambda: [K.rms_qkv.rms_qkv(x, L["input_norm"], L["w_qkv"], L["b_qkv"], out, eps, use_pdl=pdl, cfg=c) for L in Ls]
         nbytes, n = Ls[0]["w_qkv"].numel() * 2, len(Ls)
-    elif op == "o_proj":
+    elif op == "o_proj_residual":
         a = torch.randn(s.q_size, device=dev).to(bf)
         xo = x.clone()
-        fn = lambda: [K.o_proj_residual(a, L["w_o"], xo, use_pdl=pdl, cfg=c) for L in Ls]
+        fn = lambda: [K.o_proj_residual.o_proj_residual(a, L["w_o"], xo, use_pdl=pdl, cfg=c) for L in Ls]
         nbytes, n = Ls[0]["w_o"].numel() * 2, len(Ls)
-    elif op == "gate_up":
+    elif op == "rms_gate_up_swiglu":
         h = torch.empty(s.intermediate, dtype=bf, device=dev)
-        fn = lambda: [K.rms_gate_up_swiglu(x, L["post_norm"], L["w_gate_up"], h, eps, use_pdl=pdl, cfg=c) for L in Ls]
+        fn = lambda: [K.rms_gate_up_swiglu.rms_gate_up_swiglu(x, L["post_norm"], L["w_gate_up"], h, eps, use_pdl=pdl, cfg=c) for L in Ls]
         nbytes, n = Ls[0]["w_gate_up"].numel() * 2, len(Ls)
-    elif op == "down":
+    elif op == "down_residual":
         hh = torch.randn(s.intermediate, device=dev).to(bf)
         sc = torch.zeros(16 * s.hidden, dtype=torch.float32, device=dev)
         cnt = torch.zeros(s.hidden, dtype=torch.int32, device=dev)
         xd = x.clone()
-        fn = lambda: [K.down_residual(hh, L["w_down"], xd, sc, cnt, use_pdl=pdl, cfg=c) for L in Ls]
+        fn = lambda: [K.down_residual.down_residual(hh, L["w_down"], xd, sc, cnt, use_pdl=pdl, cfg=c) for L in Ls]
         nbytes, n = Ls[0]["w_down"].numel() * 2, len(Ls)
     else:
         n_prog = -(-s.vocab // c["BLOCK_N"])
@@ -256,7 +256,7 @@ def _time_one(spec, w, device, op, c, iters, read_tbps, packed=None, pdl=False):
         seq = torch.zeros(64, dtype=torch.int32, device=dev)
         p0 = torch.zeros(1, dtype=torch.int32, device=dev)
         pl = torch.full((1,), 10 ** 6, dtype=torch.int32, device=dev)
-        fn = lambda: [K.lm_head_argmax(x, P["norm"], P["lm_head"], lg, pv, pi, cnt, seq, p0, pl, eps, use_pdl=pdl, cfg=c)
+        fn = lambda: [K.lm_head_argmax.lm_head_argmax(x, P["norm"], P["lm_head"], lg, pv, pi, cnt, seq, p0, pl, eps, use_pdl=pdl, cfg=c)
                       for _ in range(4)]
         nbytes, n = P["lm_head"].numel() * 2, 4
     try:
