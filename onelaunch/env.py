@@ -22,6 +22,10 @@ VARS: dict[str, str] = {
     "ONELAUNCH_PEAK_FILE": "where a chapter's kernel writes its peak GPU memory as JSON "
                            "(ci/notebooks.py sets it; memcap.write_peak)",
     "ONELAUNCH_NO_PROGRESS": "1: no progress bar even on a terminal (text.progress)",
+    # read by the scripts around the package, listed here so that one list has them all
+    "ONELAUNCH_SKIP_SETUP": "1: ci/book.sh skips ci/setup.sh (the tests' book build)",
+    "ONELAUNCH_CHROMIUM": "the browser tests/test_browser.py drives (default "
+                          "/usr/bin/chromium)",
 }
 
 

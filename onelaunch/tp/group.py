@@ -99,7 +99,7 @@ def peer_sizes(spec, world: int) -> tuple[int, int, int]:
 
 def shared_peers(spec, world: int):
     """Every rank's exchange buffers in shared CPU memory, made in the parent process and
-    passed to :func:`launch` as ``peers=``: the fused rung on the CPU (the interpreter)."""
+    passed to ``tp.launch`` as ``peers=``: the fused rung on the CPU (the interpreter)."""
     from ..kernels.peer import PeerBuffers
     slots, flags, seqnos = PeerBuffers.alloc_shared(world, *peer_sizes(spec, world))
     return slots, flags, seqnos
