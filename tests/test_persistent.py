@@ -258,9 +258,9 @@ def test_moe_ring_refused_in_one_line():
         Engine("tiny-olmoe", random_weights("tiny-olmoe", 0), max_ctx=32, persistent=True,
                cfgs={"layer_persistent": {"STAGES": 0}})
     assert "STAGES" in str(ei.value) and "\n" not in str(ei.value)
-    from onelaunch import bench
-    assert not bench.rung_supported(get_spec("tiny-olmoe"), "persistent, tiles ahead")
-    assert bench.rung_supported(get_spec("tiny-olmoe"), "+ persistent layer")
+    from onelaunch.measure.rungs import rung_supported
+    assert not rung_supported(get_spec("tiny-olmoe"), "persistent, tiles ahead")
+    assert rung_supported(get_spec("tiny-olmoe"), "+ persistent layer")
 
 
 @pytest.mark.parametrize("lp", [{"STAGES": 2}, {"STAGES": 2, "GRID": 1}])
@@ -361,11 +361,11 @@ print(" ".join(re.findall(r"Used \d+ registers|\d+ bytes spill stores", r.stdout
 
 
 def test_ladder_rung_is_judged_then_timed(w):
-    """``bench.ladder_rows`` runs "+ persistent layer" (on request) like any rung: judged
-    against the oracle, then timed; its tokens are the split-K rung's."""
-    from onelaunch import bench
-    rows = bench.ladder_rows(SPEC, w, "cpu", ctx=4, tokens=2, iters=1,
-                             rungs=("+ split-K", "+ persistent layer"))
+    """``ladder.ladder_rows`` runs "+ persistent layer" (on request) like any rung:
+    judged against the oracle, then timed; its tokens are the split-K rung's."""
+    from onelaunch.measure.ladder import ladder_rows
+    rows = ladder_rows(get_spec(SPEC), w, "cpu", ctx=4, tokens=2, iters=1,
+                       rungs=("+ split-K", "+ persistent layer"))
     split, pers = rows
     assert pers["rung"] == "+ persistent layer" and pers["launches"] == get_spec(SPEC).layers + 2
     assert pers["same_tokens_as_previous_rung"] and pers["ms_per_token"] is not None
