@@ -18,7 +18,7 @@ class _Stop(Exception):
     """Raised from the token callback when the reply has ended (a stop id was read)."""
 
 
-def _generate(e, prompt, tokens, graph, batched, on_tokens, read_every, weights):
+def _generate(e, prompt, tokens, graph, batched, on_tokens, read_every):
     """``Engine.generate`` with the prompt prefilled in batched chunks (``batched``) or one
     step per token, handing ``on_tokens`` the first new token alone, as soon as it exists
     (so the caller can time it), then every ``read_every`` tokens."""
@@ -108,13 +108,13 @@ def cmd_generate(args) -> int:
               f"{' (chat template)' if args.chat else ''}, {tokens} tokens at most, "
               f"{e.prefill_mode(n, batched)} prefill")
         if device == "cuda":                   # compile, capture and warm up on a short prompt
-            _generate(e, prompt[:16], 1, graph, batched, lambda b: None, 64, w)
+            _generate(e, prompt[:16], 1, graph, batched, lambda b: None, 64)
             torch.cuda.synchronize()
         if stream is not None:
             print("-" * 8, flush=True)
         t0 = time.perf_counter()
         try:
-            _generate(e, prompt, tokens, graph, batched, on_tokens, 8 if text else 64, w)
+            _generate(e, prompt, tokens, graph, batched, on_tokens, 8 if text else 64)
         except _Stop:
             pass
     except EngineError as ex:
