@@ -234,7 +234,7 @@ def test_engines_of_different_max_ctx_step_alike(monkeypatch):
     ids = torch.randint(0, spec.vocab, (16,), generator=torch.Generator().manual_seed(3))
     shape = (spec.layers, spec.kv_heads, 16, spec.head_dim)
     kc, vc = rnd(*shape, seed=4), rnd(*shape, seed=5)
-    monkeypatch.setattr(K, "chunk_for", lambda max_ctx: 4)
+    monkeypatch.setattr(K.attention_splitk, "chunk_for", lambda max_ctx: 4)
 
     def steps(max_ctx):
         e = Engine(spec, w, max_ctx=max_ctx, attention="splitk")
@@ -256,20 +256,21 @@ def test_engines_of_different_max_ctx_step_alike(monkeypatch):
 
 
 def test_maxctx_bench_checks_each_engine_then_times_it(monkeypatch):
-    """``bench --what maxctx`` on tiny-qwen2: an engine for 32 positions and one for the
+    """``bench --what maxctx`` (``sweeps.maxctx_rows``) on tiny-qwen2: an engine for 32 positions and one for the
     model's 256, each checked against the oracle at ctx 9 before it is timed (the timing
     stubbed here), the same tokens and logits bit for bit, and the ratio of the times."""
-    from onelaunch import bench
+    from onelaunch.measure import agree, sweeps
+    from onelaunch.specs import get_spec
     from onelaunch.weights import random_weights
     w = random_weights("tiny-qwen2", 0)
     timed = []
-    monkeypatch.setattr(bench, "time_engine_step",
+    monkeypatch.setattr(sweeps, "time_engine_step",
                         lambda e, *a, **k: timed.append(e.max_ctx) or 1.0 + e.max_ctx / 1000)
-    rows = bench.maxctx_rows("tiny-qwen2", w, "cpu", ctx=9, max_ctxs=(32, None), iters=2,
-                             check_tokens=2)
+    rows = sweeps.maxctx_rows(get_spec("tiny-qwen2"), w, "cpu", ctx=9, max_ctxs=(32, None),
+                              iters=2, check_tokens=2)
     small, big, summary = rows
     assert timed == [32, 256]
     assert (small["max_ctx"], big["max_ctx"]) == (32, 256) and small["agree"] == big["agree"] == "2/2"
     assert big["same_as_first"] is True and small["live_splits"] == big["live_splits"] == 1
     assert summary["ratio"] == pytest.approx(1.256 / 1.032)
-    assert not bench.gate_failures(rows)
+    assert not agree.failures(rows)
