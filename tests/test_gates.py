@@ -33,7 +33,7 @@ def bias_dropped(monkeypatch):
 
     def rms_qkv_no_bias(x, g, w_qkv, b_qkv, out, eps, **kw):
         return orig(x, g, w_qkv, None, out, eps, **kw)
-    monkeypatch.setattr(K, "rms_qkv", rms_qkv_no_bias)
+    monkeypatch.setattr(K.rms_qkv, "rms_qkv", rms_qkv_no_bias)
 
 
 # ---- the rule --------------------------------------------------------------------------
@@ -138,7 +138,7 @@ def test_sweep_checks_each_context_before_timing_it(w, monkeypatch):
     def residual_lost(attn, w_o, x, **kw):           # x = W_o @ attn, the residual dropped
         x.zero_()
         return orig(attn, w_o, x, **kw)
-    monkeypatch.setattr(K, "o_proj_residual", residual_lost)
+    monkeypatch.setattr(K.o_proj_residual, "o_proj_residual", residual_lost)
     timed = []
     monkeypatch.setattr(bench, "time_engine_step", lambda *a, **k: timed.append(a) or 1.0)
     rows = bench.sweep_rows(SPEC, w, "cpu", ctxs=(9,), iters=2, check_tokens=3)
@@ -150,7 +150,7 @@ def test_config_sweep_checks_each_config_and_reports_failures(w, monkeypatch, ca
 
     def buggy_when_narrow(x, g, wq, b, out, eps, cfg=None, **kw):   # a config-dependent bug
         return orig(x, g, wq, None if cfg["BLOCK_N"] == 4 else b, out, eps, cfg=cfg, **kw)
-    monkeypatch.setattr(K, "rms_qkv", buggy_when_narrow)
+    monkeypatch.setattr(K.rms_qkv, "rms_qkv", buggy_when_narrow)
     grid = {"rms_qkv": [dict(BLOCK_N=8, BLOCK_K=64, num_warps=4), dict(BLOCK_N=4, BLOCK_K=64, num_warps=4)],
             "o_proj_residual": [dict(BLOCK_N=3, BLOCK_K=64, num_warps=4)]}        # not a power of 2: raises
     rows = bench.config_sweep(SPEC, w, "cpu", iters=2, grid=grid)
