@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from onelaunch.check import UsageError
+from onelaunch.prompt import UsageError
 from onelaunch.specs import get_spec
 from onelaunch.text import TextStream, encode, load_tokenizer, progress, stop_ids
 from onelaunch.weights import CheckpointError, hf_model, random_weights
