@@ -99,7 +99,7 @@ def main(rank: int, world: int) -> None:
             s = s + p
         return s
 
-    bufs = K.PeerBuffers.cuda(dist.group.WORLD.group_name, rank, world, sites=20, n_max=4096,
+    bufs = K.peer.PeerBuffers.cuda(dist.group.WORLD.group_name, rank, world, sites=20, n_max=4096,
                               tiles_max=1024, device=dev)
     barrier()
 

@@ -10,7 +10,7 @@ subprocess without ``TRITON_INTERPRET``.
 
 The configurations: for each op, the entry of ``config.TABLE["sm_89"]``, the entry of
 ``kernels/tuned/sm_89.json`` where there is one (``config.get`` prefers it), and every
-candidate of the launch-configuration sweep (``bench.config_sweep``), any of which the
+candidate of the launch-configuration sweep (``tune.config_sweep``), any of which the
 sweep may write into that file on a 4090; the split-K chunk for every context length the
 specs allow; no PDL (it needs sm_90).
 
@@ -38,17 +38,18 @@ MODELS = ("qwen2.5-1.5b", "olmoe-1b-7b")
 
 # ---- the cases: one per launcher, over the sm_89 table's configurations ----------------
 def _sweep_candidates() -> dict[str, list[dict]]:
-    """{op: [config, ...]}: what ``bench.config_sweep`` would time (and so may write into
+    """{op: [config, ...]}: what ``tune.config_sweep`` would time (and so may write into
     ``tuned/sm_89.json``), read by running it with the timing replaced by a recorder."""
-    from onelaunch import bench
+    from onelaunch.measure import tune
+    from onelaunch.specs import get_spec
     seen: dict[str, list[dict]] = {}
-    time_one, pack = bench._time_one, bench.pack_weights
-    bench._time_one = lambda spec, w, dev, op, c, *a, **k: seen.setdefault(op, []).append(dict(c)) or {}
-    bench.pack_weights = lambda *a, **k: None
+    time_one, pack = tune._time_one, tune.pack_weights
+    tune._time_one = lambda spec, w, dev, op, c, *a, **k: seen.setdefault(op, []).append(dict(c)) or {}
+    tune.pack_weights = lambda *a, **k: None
     try:
-        bench.config_sweep("qwen2.5-1.5b", None, device="cpu", pdl=False, echo=False)
+        tune.config_sweep(get_spec("qwen2.5-1.5b"), None, device="cpu", pdl=False, echo=False)
     finally:
-        bench._time_one, bench.pack_weights = time_one, pack
+        tune._time_one, tune.pack_weights = time_one, pack
     return seen
 
 
@@ -213,7 +214,7 @@ def case_moe(spec):
 
 def _peer_site():
     """A CPU PeerBuffers site (2 ranks) large enough for every TP launch below."""
-    from onelaunch.kernels import PeerBuffers
+    from onelaunch.kernels.peer import PeerBuffers
     slots, flags, seqnos = PeerBuffers.alloc_shared(2, 1, 4096, 1024)
     return PeerBuffers.from_tensors(0, 2, slots, flags, seqnos[0]).site(0)
 

@@ -161,7 +161,7 @@ def unfused():
 def _rank_main(r, bufs, barrier, queue):
     try:
         slots, flags, seqnos = bufs
-        pb = K.PeerBuffers.from_tensors(r, 2, slots, flags, seqnos[r])
+        pb = K.peer.PeerBuffers.from_tensors(r, 2, slots, flags, seqnos[r])
         d = inputs()
         res = fused(r, d, pb.site)
         seqno = pb.seqno.clone()
@@ -182,7 +182,7 @@ def _rank_main(r, bufs, barrier, queue):
 
 def test_peer_kernels_two_processes_match_unfused():
     ctx = mp.get_context("spawn")
-    bufs = K.PeerBuffers.alloc_shared(2, SITES, N_MAX, TILES)
+    bufs = K.peer.PeerBuffers.alloc_shared(2, SITES, N_MAX, TILES)
     barrier, queue = ctx.Barrier(2), ctx.Queue()
     procs = [ctx.Process(target=_rank_main, args=(r, bufs, barrier, queue), daemon=True)
              for r in range(2)]
