@@ -76,7 +76,7 @@ MUTANTS = [
     # o_proj, down, the MoE down and residual_add share one epilogue (finish_rows)
     Mutant("lost residual", "_common.py",
            "bf16_round(x + bf16_round(total))", "bf16_round(bf16_round(total))"),
-    Mutant("RoPE sign", "rope_kv.py",
+    Mutant("RoPE sign", "rope_kv_write.py",
            "sign = tl.where(d < HALF, -1.0, 1.0)", "sign = tl.where(d < HALF, 1.0, -1.0)"),
     Mutant("dropped bias", "rms_qkv.py",
            "y += tl.load(b_ptr + offs_n", "y += 0.0 * tl.load(b_ptr + offs_n"),
@@ -90,7 +90,7 @@ MUTANTS = [
            "tl.load(wts_ptr + slot)", "tl.load(wts_ptr)", MOE),
     Mutant("TP argmax merge tie order", "_common.py",
            "tl.min(tl.where(vals == m, idxs", "tl.max(tl.where(vals == m, idxs", [TP]),
-    Mutant("TP q/k norm statistic", "rope_kv.py",
+    Mutant("TP q/k norm statistic", "rope_kv_write.py",
            "rstd_of(tl.load(ss_ptr + 1), k_total", "rstd_of(tl.load(ss_ptr), k_total", [TP]),
     Mutant("attention: newest token in the early tile", "attention_splitk.py",
            "kh * stride_c_h, start, tl.minimum(end, pos),",
@@ -111,8 +111,8 @@ MUTANTS = [
            "if [p for a, b in ranges for p in range(a, b + 1)] != list(range(last + 1)):",
            "if False:", PERSIST_OPTS),
     Mutant("persistent layer: the table's PDL=0 ignored", "layer_persistent.py",
-           'pdl = _env_int("ONELAUNCH_PERSIST_PDL", (c_p or {}).get("PDL", 1))',
-           'pdl = _env_int("ONELAUNCH_PERSIST_PDL", 1)', PERSIST_OPTS),
+           'pdl = opts.pdl if opts.pdl is not None else int((c_p or {}).get("PDL", 1))',
+           'pdl = opts.pdl if opts.pdl is not None else 1', PERSIST_OPTS),
     Mutant("persistent layer's clock: release from the first arrival", "layer_persistent.py",
            "rel = nxt - en.amax(1)", "rel = nxt - en.amin(1)", PERSIST_OPTS),
     # the checks' blind spots (issue 23): a wrong constant in a full-size spec, which every

@@ -25,9 +25,9 @@ bit for bit the same results.
     k_cache[kh, pos] = rope(qkv[k part, head kh], pos)
     v_cache[kh, pos] = qkv[v part, head kh]
     per split s:  part_m[h, s], part_l[h, s], part_o[h, s, :]    (online softmax, as
-                  ``_attn_partial_kernel``: max, sum of exp, unnormalised sum of exp * v)
+                  ``_attention_partial_kernel``: max, sum of exp, unnormalised sum of exp * v)
     out[h]           = sum_s exp(part_m - M) part_o / sum_s exp(part_m - M) part_l,
-                       M = max_s part_m                          (as ``_attn_reduce_kernel``)
+                       M = max_s part_m                          (as ``_attention_reduce_kernel``)
 
 Grid (Hkv, n_splits), the partial kernel's: program (kh, s) owns split s's share
 [start, end) of kv head kh's live timeline (``split_range``: the live length in units of
@@ -37,15 +37,15 @@ share it. A program whose share is empty (past the live length) exits at once.
 0. Before its PDL wait, each program reads pos and requests its first tile of keys and
    values older than pos (written by earlier steps; see ``attention_splitk``).
 1. Every program with a share rotates its GROUP query heads from the un-rotated ``qkv``
-   with ``rope_kv``'s own helper (same products, same roundings), so q never goes
+   with ``rope_kv_write``'s own helper (same products, same roundings), so q never goes
    through memory: the q buffer's write and read-back disappear.
 2. The program whose share holds ``pos`` (the new token) also rotates the new k of its kv
    head and writes k and v at ``pos``, as ``rope_kv_write`` does, and folds that token
    into its online softmax from registers, as the tile of one valid row that
-   ``_attn_partial_kernel`` loads from slot pos (same values, same tl.dot): no program
+   ``_attention_partial_kernel`` loads from slot pos (same values, same tl.dot): no program
    reads slot pos from memory here, so no barrier and no ordering between programs is
    needed for it.
-3. The split-K partial, as ``_attn_partial_kernel`` (same tiles in the same order, same
+3. The split-K partial, as ``_attention_partial_kernel`` (same tiles in the same order, same
    online softmax, same partial buffers).
 4. The reduction, by last arrival (the threadfence-reduction pattern, as in
    ``down_residual``): each program that holds a token writes its partials, fences, and

@@ -5,6 +5,7 @@ against the split-K + PDL engine, then ms per token.
 
     python lab/persistent_check.py [OUT.json] [--ctx 512] [--warps 4,8] [--grids 1,2]
                                    [--timeout 150] [--variants 4:4:8x512:2,8:6:8x512:1]
+                                   [--persist clock=1,pdl=0,split=0-4,5-6]
 
 (On a CPU, ``TRITON_INTERPRET=1 python lab/persistent_check.py /tmp/p.json --model
 tiny-qwen2 --ctx 8 --steps 2 --iters 2 --warps 4 --grids 1`` is a dry run of the script.)
@@ -16,7 +17,7 @@ Measured (NOTES.md; every variant bit-identical to its reference): entry 13
 ms; entry 16 (`results/h200/session8/`): each op's own tiles; entry 17
 (`results/h200/session9/`): 3-4 programs an SM slower, and the phases' clock (a layer
 50 us, a quarter of it in the three weightless phases); entry 18: RoPE folded into the
-attention phase (``ONELAUNCH_PERSIST_FOLD_ROPE``).
+attention phase (``--persist fold_rope=1``).
 
 Writes OUT.json (default $OUT/persistent.json, else ./persistent.json) and prints it.
 Each num_warps runs in a child process under a timeout (a persistent kernel whose
@@ -43,15 +44,14 @@ that ends it with os._exit), so the check always ends. A child:
 ``stream_gemv``; tile ``BNxBK``, ``own`` for the ops' own tiles, or empty for the
 table's TILE).
 
-Environment (read by ``kernels/layer_persistent.py`` at each launch):
-ONELAUNCH_PERSIST_GRID (programs), ONELAUNCH_PERSIST_PER_SM, ONELAUNCH_PERSIST_COOP=0
-(plain launch), ONELAUNCH_PERSIST_PDL=0 (no PDL on the layer kernel),
-ONELAUNCH_PERSIST_SPLIT=1 (one launch per phase, no barrier: isolates a barrier bug),
-ONELAUNCH_PERSIST_STAGES, ONELAUNCH_PERSIST_TILE (``layer_persistent.entry``),
-ONELAUNCH_PERSIST_SPLIT=0-4,5-7 (those groups of phases, one launch each),
-ONELAUNCH_PERSIST_CLOCK=1 (each program stamps %globaltimer at every phase's start and
-end; ``clock_us`` in the report: per phase, its span, the median program's work, the
-skew and the release after the last arrival, ``layer_persistent.clock_phases``).
+``--persist``: the persistent engines' ``onelaunch.options.PersistentOptions``, as
+``field=value`` pairs: grid (programs), per_sm, coop=0 (plain launch), pdl=0 (no PDL on
+the layer kernel), split=1 (one launch per phase, no barrier: isolates a barrier bug),
+split=0-4,5-7 (those groups of phases, one launch each), stages, tile, fold_rope=1,
+clock=1 (each program stamps %globaltimer at every phase's start and end; ``clock_us`` in
+the report: per phase, its span, the median program's work, the skew and the release
+after the last arrival, ``layer_persistent.clock_phases``). A comma inside split's
+groups stays with split (``split=0-4,5-7,clock=1``).
 """
 from __future__ import annotations
 
@@ -90,9 +90,9 @@ def parent(a) -> int:
         child_out = f"{out}.{i}.part"
         cmd += [child_out]
         env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        for k in ("stages", "tile", "per_sm"):
-            if var.get(k):
-                env[f"ONELAUNCH_PERSIST_{k.upper()}"] = var[k]
+        persist = [a.persist] if a.persist else []
+        persist += [f"{k}={var[k]}" for k in ("stages", "tile", "per_sm") if var.get(k)]
+        cmd[-1:-1] = ["--persist", ",".join(persist)]
         t = time.time()
         try:
             r = subprocess.run(cmd, env=env, timeout=a.timeout + 15, capture_output=True, text=True)
@@ -136,13 +136,15 @@ def child(a) -> int:
     timer.daemon = True
     timer.start()
 
+    import dataclasses
+
     import torch
     from onelaunch import plan
     from onelaunch.engine import Engine
     from onelaunch.specs import get_spec
     from onelaunch.measure.timing import time_ms
     from onelaunch.weights import random_weights
-    LP = __import__("importlib").import_module("onelaunch.kernels.layer_persistent")
+    from onelaunch.kernels import layer_persistent as LP
 
     spec = get_spec(a.model)
     gpu = torch.cuda.is_available()
@@ -156,21 +158,24 @@ def child(a) -> int:
     w = random_weights(spec, 0, device=dev)
     max_ctx = a.ctx + STEPS + 2 * a.iters + 64
     lp = {"num_warps": int(a.warps)}
+    po = persist_options(a.persist)
+    res["persist"] = dataclasses.asdict(po)
     res["stage"] = "engines"
     save()
     eng = {"persistent": Engine(spec, w, max_ctx=max_ctx, pdl=True, persistent=True,
-                                cfgs={"layer_persistent": dict(lp, NEXT=1)})}
+                                cfgs={"layer_persistent": dict(lp, NEXT=1)}, persist=po)}
     cfgs = plan.persistent_cfgs(eng["persistent"])
     res["cfgs"] = cfgs
     eng["persistent_noprefetch"] = Engine(spec, w, max_ctx=max_ctx, pdl=True, persistent=True,
-                                          cfgs={"layer_persistent": dict(lp, NEXT=0)})
+                                          cfgs={"layer_persistent": dict(lp, NEXT=0)},
+                                          persist=po)
     eng["ref"] = Engine(spec, w, max_ctx=max_ctx, pdl=True, cfgs=cfgs)
     eng["pdl"] = Engine(spec, w, max_ctx=max_ctx, pdl=True)
     res["launches"] = {k: e.launches_per_step() for k, e in eng.items()}
     res["pdl_on"] = {k: e.pdl for k, e in eng.items()}
-    res["grid"] = LP.grid_size(dev, cfgs["layer_persistent"])
+    res["grid"] = LP.grid_size(dev, cfgs["layer_persistent"], po)
     res["launch_options"] = LP.launch_options(dev, eng["persistent"].pdl,
-                                              cfgs["layer_persistent"])
+                                              cfgs["layer_persistent"], po)
     del w
     if gpu:
         torch.cuda.empty_cache()
@@ -232,7 +237,7 @@ def child(a) -> int:
     res["ms_per_token"] = {n: timed(n) for n in ("pdl", "ref", "persistent", "persistent_noprefetch")}
     save()
     clock = eng["persistent"].buffers.get("layer_clock")
-    if clock is not None:      # ONELAUNCH_PERSIST_CLOCK=1: the last timed replay's stamps
+    if clock is not None:      # --persist clock=1: the last timed replay's stamps
         torch.cuda.synchronize(dev)
         res["clock_us"] = LP.clock_phases(clock, LP.MOE_PHASES if spec.is_moe else LP.PHASES)
         save()
@@ -243,10 +248,10 @@ def child(a) -> int:
         programs = max(1, int(per_sm * sms))
         if programs == res["grid"]:
             continue                                  # the default grid, measured above
-        os.environ["ONELAUNCH_PERSIST_GRID"] = str(programs)
         row = {"programs": programs}
         try:
             for n in ("persistent", "persistent_noprefetch"):
+                eng[n].persist = dataclasses.replace(po, grid=programs)   # read at launch
                 eng[n].graph = None
                 eng[n].capture()
             b = lockstep(["persistent", "persistent_noprefetch"])
@@ -256,7 +261,8 @@ def child(a) -> int:
             row["error"] = repr(ex)[:500]
         res["grids"].append(row)
         save()
-    os.environ.pop("ONELAUNCH_PERSIST_GRID", None)
+    for n in ("persistent", "persistent_noprefetch"):
+        eng[n].persist = po
 
     res["stage"] = "kernel"
     try:           # one more eager launch of layer 0 returns the compiled kernel (state is spent)
@@ -274,6 +280,31 @@ def child(a) -> int:
     return 0
 
 
+def persist_options(text: str):
+    """``--persist`` (``field=value,...``) as ``PersistentOptions``; split's groups keep
+    their commas (a part without ``=`` belongs to the field before it)."""
+    import dataclasses
+
+    from onelaunch.options import PersistentOptions
+    kv: dict[str, str] = {}
+    last = None
+    for part in filter(None, (text or "").split(",")):
+        k, eq, v = part.partition("=")
+        if not eq and last:
+            kv[last] += "," + part
+            continue
+        kv[k.strip()] = v.strip()
+        last = k.strip()
+    types = {f.name: f.type for f in dataclasses.fields(PersistentOptions)}
+    out = {}
+    for k, v in kv.items():
+        if k not in types:
+            raise SystemExit(f"--persist: unknown field {k!r} (fields: {', '.join(types)})")
+        t = str(types[k])
+        out[k] = (v if "str" in t else bool(int(v)) if "bool" in t else int(v))
+    return PersistentOptions(**out)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("out", nargs="?")
@@ -285,6 +316,8 @@ def main() -> int:
     ap.add_argument("--model", default=MODEL)
     ap.add_argument("--steps", type=int, default=STEPS, help="lockstep steps compared bit for bit")
     ap.add_argument("--iters", type=int, default=200, help="timed graph replays per engine")
+    ap.add_argument("--persist", default="", help="PersistentOptions fields, "
+                    "field=value,... (clock=1,pdl=0,split=0-4,5-6)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     return child(a) if a.child else parent(a)

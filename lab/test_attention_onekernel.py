@@ -67,7 +67,7 @@ def make_state(chunk, seed=0, cap=MAX):
 
 
 def partials(chunk, cap=MAX):
-    ns = K.n_splits_for(cap, chunk)
+    ns = K.attention_splitk.n_splits_for(cap, chunk)
     nan = dict(device=DEV, dtype=torch.float32)
     return (torch.full((Hq, ns, D), float("nan"), **nan), torch.full((Hq, ns), float("nan"), **nan),
             torch.full((Hq, ns), float("nan"), **nan))
@@ -83,8 +83,8 @@ def reference(qkv, kc, vc, cos, sin, length, chunk, cfg):
     out = torch.full((Hq * D,), float("nan"), dtype=bf, device=DEV)
     po, pm, pl = partials(chunk, kc.shape[2])
     p = pos_of(length)
-    K.rope_kv_write(qkv, q, kc[LAYER], vc[LAYER], cos, sin, p, Hq, Hkv, D)
-    K.attention_splitk(q, kc[LAYER], vc[LAYER], out, p, po, pm, pl, Hq, Hkv, D, chunk, cfg)
+    K.rope_kv_write.rope_kv_write(qkv, q, kc[LAYER], vc[LAYER], cos, sin, p, Hq, Hkv, D)
+    K.attention_splitk.attention_splitk(q, kc[LAYER], vc[LAYER], out, p, po, pm, pl, Hq, Hkv, D, chunk, cfg)
     return out, q, (po, pm, pl)
 
 
@@ -203,8 +203,8 @@ def test_one_kernel_over_a_small_grid(ns, length):
     q = torch.full((Hq * D,), float("nan"), dtype=bf, device=DEV)
     out_ref = torch.full((Hq * D,), float("nan"), dtype=bf, device=DEV)
     parts_ref = grid_partials(ns)
-    K.rope_kv_write(qkv, q, kc_ref[LAYER], vc_ref[LAYER], cos, sin, p, Hq, Hkv, D)
-    K.attention_splitk(q, kc_ref[LAYER], vc_ref[LAYER], out_ref, p, *parts_ref, Hq, Hkv, D, chunk, cfg)
+    K.rope_kv_write.rope_kv_write(qkv, q, kc_ref[LAYER], vc_ref[LAYER], cos, sin, p, Hq, Hkv, D)
+    K.attention_splitk.attention_splitk(q, kc_ref[LAYER], vc_ref[LAYER], out_ref, p, *parts_ref, Hq, Hkv, D, chunk, cfg)
     for fuse in (True, False):
         kc2, vc2 = kc.clone(), vc.clone()
         counter = torch.zeros(Hkv, dtype=torch.int32, device=DEV)

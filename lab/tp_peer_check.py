@@ -107,7 +107,7 @@ def main(rank: int, world: int) -> None:
             s = s + p
         return s
 
-    bufs = K.PeerBuffers.cuda(dist.group.WORLD.group_name, rank, world, sites=20, n_max=4096,
+    bufs = K.peer.PeerBuffers.cuda(dist.group.WORLD.group_name, rank, world, sites=20, n_max=4096,
                               tiles_max=1024, device=dev)
     barrier()
 
@@ -149,11 +149,11 @@ def main(rank: int, world: int) -> None:
     sc_d, cnt_d = scratch(Q["H"])
     sc_m, cnt_m = scratch(O["H"])
     cases = {
-        "o_proj_qwen": (lambda x, **kw: K.o_proj_residual(q_a, q_wo, x, use_pdl=pdl, **kw), q_x, 0),
-        "down_qwen": (lambda x, **kw: K.down_residual(q_h, q_wd, x, sc_d, cnt_d, use_pdl=pdl,
+        "o_proj_qwen": (lambda x, **kw: K.o_proj_residual.o_proj_residual(q_a, q_wo, x, use_pdl=pdl, **kw), q_x, 0),
+        "down_qwen": (lambda x, **kw: K.down_residual.down_residual(q_h, q_wd, x, sc_d, cnt_d, use_pdl=pdl,
                                                       **kw), q_x, 1),
-        "o_proj_olmoe": (lambda x, **kw: K.o_proj_residual(o_a, o_wo, x, use_pdl=pdl, **kw), o_x, 2),
-        "moe_down_olmoe": (lambda x, **kw: K.moe_down_residual(o_h, o_wd, ids, wts, x, sc_m, cnt_m,
+        "o_proj_olmoe": (lambda x, **kw: K.o_proj_residual.o_proj_residual(o_a, o_wo, x, use_pdl=pdl, **kw), o_x, 2),
+        "moe_down_olmoe": (lambda x, **kw: K.moe_experts.moe_down_residual(o_h, o_wd, ids, wts, x, sc_m, cnt_m,
                                                                use_pdl=pdl, **kw), o_x, 3),
         "allreduce_residual": (None, q_x, 4),
     }
@@ -194,13 +194,13 @@ def main(rank: int, world: int) -> None:
             x = x0.clone()
             if fn is None:                               # allreduce_residual
                 ref = x0.clone()
-                K.residual_add(rank_sum(partial), ref)
-                run = lambda: (x.copy_(x0), K.allreduce_residual(partial, x, bufs.site(site), use_pdl=pdl))  # noqa: E731
+                K.tp_ops.residual_add(rank_sum(partial), ref)
+                run = lambda: (x.copy_(x0), K.tp_ops.allreduce_residual(partial, x, bufs.site(site), use_pdl=pdl))  # noqa: E731
             else:
                 out = torch.full((x0.numel(),), float("nan"), dtype=f32, device=dev)
                 fn(x0.clone(), out=out)
                 ref = x0.clone()
-                K.residual_add(rank_sum(out), ref)
+                K.tp_ops.residual_add(rank_sum(out), ref)
                 run = lambda fn=fn, site=site: (x.copy_(x0), fn(x, peer=bufs.site(site)))  # noqa: E731
             bad = replay_checked(run, lambda: (x != ref).any())
             parts = gather(x)
@@ -214,21 +214,21 @@ def main(rank: int, world: int) -> None:
 
     # LM head: fused (peer) against keys + argmax_merge; the tie must go to row 1000
     try:
-        n_prog = K.programs_for(vr, dev, Q["H"])
+        n_prog = K.lm_head_argmax.programs_for(vr, dev, Q["H"])
         lg = torch.empty(vr, dtype=f32, device=dev)
         pv, pi = torch.empty(n_prog, dtype=f32, device=dev), torch.empty(n_prog, dtype=i32, device=dev)
         cnt = torch.zeros(1, dtype=i32, device=dev)
         plen = torch.zeros(1, dtype=i32, device=dev)
 
         def head(seq, pos, am, **kw):
-            K.lm_head_argmax(xh, g, w_head_r, lg, pv, pi, cnt, seq, pos, plen, 1e-6, use_pdl=pdl,
+            K.lm_head_argmax.lm_head_argmax(xh, g, w_head_r, lg, pv, pi, cnt, seq, pos, plen, 1e-6, use_pdl=pdl,
                              argmax=am, vocab_offset=rank * vr, **kw)
         keys = torch.zeros(2 * world, dtype=f32, device=dev)
         st_ref = [torch.zeros(16, dtype=i32, device=dev), torch.full((1,), 3, dtype=i32, device=dev),
                   torch.full((16,), -1, dtype=i32, device=dev)]
         head(*[t.clone() for t in st_ref], keys=keys, rank=rank, world=world)
         ref_st = [t.clone() for t in st_ref]
-        K.argmax_merge(rank_sum(keys), ref_st[0], ref_st[1], plen, world, argmax=ref_st[2])
+        K.tp_ops.argmax_merge(rank_sum(keys), ref_st[0], ref_st[1], plen, world, argmax=ref_st[2])
         st = [t.clone() for t in st_ref]
 
         def run_head():
@@ -247,10 +247,10 @@ def main(rank: int, world: int) -> None:
     # qk_sumsq: fused against local sums gathered and summed in rank order
     try:
         ss_l = torch.empty(2, dtype=f32, device=dev)
-        K.qk_sumsq(qkv, ss_l, 1024, 1024)
+        K.tp_ops.qk_sumsq(qkv, ss_l, 1024, 1024)
         ss_ref = rank_sum(ss_l)
         ss = torch.empty(2, dtype=f32, device=dev)
-        bad = replay_checked(lambda: K.qk_sumsq(qkv, ss, 1024, 1024, use_pdl=pdl, peer=bufs.site(6)),
+        bad = replay_checked(lambda: K.tp_ops.qk_sumsq(qkv, ss, 1024, 1024, use_pdl=pdl, peer=bufs.site(6)),
                              lambda: (ss != ss_ref).any())
         R["correct"]["qk_sumsq_olmoe"] = {"mismatched_replays": bad, "equal_unfused": bad == 0}
         log("qk_sumsq_olmoe", R["correct"]["qk_sumsq_olmoe"])
@@ -284,8 +284,8 @@ def main(rank: int, world: int) -> None:
         log(name, R["timing_us"][name])
 
     xq, xo = q_x.clone(), o_x.clone()
-    timed("allreduce_residual", lambda: K.allreduce_residual(partial, xq, bufs.site(8), use_pdl=pdl))
-    timed("residual_add (unfused tail, no exchange)", lambda: K.residual_add(partial, xq, use_pdl=pdl))
+    timed("allreduce_residual", lambda: K.tp_ops.allreduce_residual(partial, xq, bufs.site(8), use_pdl=pdl))
+    timed("residual_add (unfused tail, no exchange)", lambda: K.tp_ops.residual_add(partial, xq, use_pdl=pdl))
     for name, (fn, x0, site) in cases.items():
         if fn is None:
             continue
@@ -303,8 +303,8 @@ def main(rank: int, world: int) -> None:
     # (pos advances each call: keep it inside the 16-slot buffers by resetting it)
     timed("lm_head_qwen plain", lambda: (st[1].zero_(), head(*st)))
     timed("lm_head_qwen fused", lambda: (st[1].zero_(), head(*st, peer=bufs.site(16))))
-    timed("qk_sumsq plain", lambda: K.qk_sumsq(qkv, ss, 1024, 1024, use_pdl=pdl))
-    timed("qk_sumsq fused", lambda: K.qk_sumsq(qkv, ss, 1024, 1024, use_pdl=pdl, peer=bufs.site(17)))
+    timed("qk_sumsq plain", lambda: K.tp_ops.qk_sumsq(qkv, ss, 1024, 1024, use_pdl=pdl))
+    timed("qk_sumsq fused", lambda: K.tp_ops.qk_sumsq(qkv, ss, 1024, 1024, use_pdl=pdl, peer=bufs.site(17)))
     R["pdl"] = pdl
     R["ok"] = all(v.get("equal_unfused", False) and v.get("ranks_identical", True)
                   for v in R["correct"].values())

@@ -20,7 +20,8 @@ flash-decode pair;
 ``pdl=True`` launches every kernel with programmatic dependent launch (Hopper+);
 ``persistent=True`` (split-K, dense models, one GPU) runs each layer as one persistent
 launch whose phases are the unfused kernels' bodies separated by grid barriers
-(``kernels/layer_persistent.py``): layers + 2 launches a step, same bits.
+(``kernels/layer_persistent.py``): layers + 2 launches a step, same bits; ``persist``
+(``options.PersistentOptions``) overrides its launch table entry for a measurement.
 
 The step itself is data: ``self.plan``, a list of launches built from the spec by the
 block builders in ``plan.py`` (embedding, attention, dense MLP or mixture of experts,
@@ -37,6 +38,7 @@ import torch.distributed
 from . import kernels as K
 from . import plan
 from .kernels import config
+from .options import PersistentOptions
 from .oracle import rope_cos_sin
 from .specs import get_spec
 from .weights import pack_weights
@@ -66,7 +68,7 @@ class Engine:
     def __init__(self, spec, weights: dict[str, torch.Tensor], max_ctx: int | None = None,
                  attention: str = "splitk", pdl: bool = False,
                  device=None, cfgs: dict | None = None, tp=None, persistent: bool = False,
-                 live_cap: int | None = 0):
+                 live_cap: int | None = 0, persist: PersistentOptions | None = None):
         self.spec = spec = get_spec(spec)
         if attention not in ("plain", "splitk"):
             raise EngineError("attention must be 'plain' or 'splitk'")
@@ -83,9 +85,12 @@ class Engine:
                               f"({spec.max_ctx}); build the engine with max_ctx <= {spec.max_ctx}")
         self.attention = attention
         self.pdl = bool(pdl) and config.pdl_supported(self.device)
-        stages = K.layer_persistent_entry(dict(
-            config.get("layer_persistent", self.device),
-            **(cfgs or {}).get("layer_persistent", {})))["STAGES"] if persistent else None
+        self.persist = persist or PersistentOptions()   # the persistent layer's switches
+        stages = None            # the persistent entry's STAGES (the MoE layer must stream)
+        if persistent:
+            stages = K.layer_persistent.entry(dict(
+                config.get("layer_persistent", self.device),
+                **(cfgs or {}).get("layer_persistent", {})), self.persist)["STAGES"]
         why = persistent_refusal(spec, attention, tp, stages) if persistent else None
         if why:
             raise EngineError(why)
@@ -109,9 +114,11 @@ class Engine:
         cos, sin = rope_cos_sin(torch.arange(self.max_ctx, device=dev), s.head_dim, s.rope_theta,
                                 torch.bfloat16)
         self.cos, self.sin = cos.contiguous(), sin.contiguous()          # [max_ctx, D]
-        self.chunk = K.chunk_for(self.max_ctx)   # split-K unit: the live length is shared out in it
+        # split-K unit: the live length is shared out in it
+        self.chunk = K.attention_splitk.chunk_for(self.max_ctx)
         # live splits a kv head at most (0: the default for this model; None: no cap)
-        self.live_cap = K.default_live_cap(spec.kv_heads) if live_cap == 0 else live_cap
+        self.live_cap = (K.attention_splitk.default_live_cap(spec.kv_heads) if live_cap == 0
+                         else live_cap)
         # ---- the step: a list of launches; each builder asks for the buffers it needs --
         self.plan = plan.build(self)
         self.graph = None
@@ -130,7 +137,7 @@ class Engine:
 
     def partials(self):
         """Split-K partials [Hq, n_splits(, D)]: max, sum of exp, unnormalised output."""
-        s, n = self.spec, K.n_splits_for(self.max_ctx, self.chunk)
+        s, n = self.spec, K.attention_splitk.n_splits_for(self.max_ctx, self.chunk)
         return (self.buf("part_m", (s.heads, n), torch.float32),
                 self.buf("part_l", (s.heads, n), torch.float32),
                 self.buf("part_o", (s.heads, n, s.head_dim), torch.float32))
@@ -161,15 +168,14 @@ class Engine:
     # ---- what runs: read from the plan's launches, not from the arguments -------------
     def trace(self) -> list[dict]:
         """The kernel calls one step makes, without running a kernel: every entry of the
-        plan issued while the launchers of ``onelaunch.kernels`` are replaced by a
-        recorder. One dict a call: ``op`` and ``layer`` (the plan entry's), ``kernel``
+        plan issued while the launchers of ``onelaunch.kernels`` (``K.LAUNCHERS``) are
+        replaced by a recorder. One dict a call: ``op`` and ``layer`` (the plan entry's), ``kernel``
         (the launcher called) and ``args`` (its arguments by name, defaults filled in).
         An entry that issues no launcher (an all-reduce through torch.distributed) is
         one call with ``kernel`` None."""
         import inspect
         calls, where = [], {}
-        real = {n: f for n, f in vars(K).items()
-                if inspect.isfunction(f) and not n.startswith("_")}
+        real = {n: getattr(m, n) for n, m in K.LAUNCHERS.items()}
 
         def recorder(name, fn):
             sig = inspect.signature(fn)
@@ -182,7 +188,7 @@ class Engine:
 
         try:
             for n, f in real.items():
-                setattr(K, n, recorder(n, f))
+                setattr(K.LAUNCHERS[n], n, recorder(n, f))
             for launch in self.plan:
                 where = {"op": launch.op, "layer": launch.layer}
                 if launch.op == "all_reduce":
@@ -191,7 +197,7 @@ class Engine:
                     launch.run()
         finally:
             for n, f in real.items():
-                setattr(K, n, f)
+                setattr(K.LAUNCHERS[n], n, f)
         return calls
 
     def ran_paths(self) -> dict:

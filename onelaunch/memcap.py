@@ -13,7 +13,8 @@ metadata and the results files' ``meta``.
 from __future__ import annotations
 
 import json
-import os
+
+from . import env
 
 ENV = "ONELAUNCH_GPU_MEM_GB"
 PEAK_FILE_ENV = "ONELAUNCH_PEAK_FILE"
@@ -22,7 +23,7 @@ GIB = 2 ** 30
 
 def cap_gb() -> float | None:
     """The cap asked for, in GB (GiB), or None. ``0`` or empty means no cap."""
-    v = os.environ.get(ENV, "").strip()
+    v = (env.get(ENV) or "").strip()
     if not v:
         return None
     gb = float(v)
@@ -58,7 +59,7 @@ def peak() -> dict | None:
 
 def write_peak(path=None) -> None:
     """Write :func:`peak` to ``path`` (default ``$ONELAUNCH_PEAK_FILE``) as JSON."""
-    path = path or os.environ.get(PEAK_FILE_ENV)
+    path = path or env.get(PEAK_FILE_ENV)
     if not path:
         return
     p = peak()

@@ -18,8 +18,6 @@ layer) kept as plain Python: a later persistent kernel can serialise the same li
 """
 from __future__ import annotations
 
-import importlib
-import os
 from dataclasses import dataclass
 from typing import Callable
 
@@ -52,7 +50,7 @@ def _nbytes(*ts) -> int:
 # ---- blocks -----------------------------------------------------------------------------
 def embedding(e) -> list[Launch]:
     E = e.W["embed"]
-    return [Launch("embed", None, lambda: K.embed(E, e.x, e.seq, e.pos, use_pdl=e.pdl),
+    return [Launch("embed", None, lambda: K.embed.embed(E, e.x, e.seq, e.pos, use_pdl=e.pdl),
                    E.shape[1] * E.element_size())]
 
 
@@ -63,9 +61,9 @@ def attention(e, li: int) -> list[Launch]:
     attn = e.buf("attn", (s.q_size,))                 # attention output
     kc, vc = e.k_cache[li], e.v_cache[li]
     kv_ctx = 2 * s.kv_heads * s.head_dim * kc.element_size()
-    c_qkv, c_o = e.cfg("rms_qkv", L["w_qkv"]), e.cfg("o_proj", L["w_o"])
-    out = [Launch("rms_qkv", li, lambda: K.rms_qkv(e.x, L["input_norm"], L["w_qkv"], L["b_qkv"], qkv,
-                                                   s.rms_eps, use_pdl=pdl, cfg=c_qkv),
+    c_qkv, c_o = e.cfg("rms_qkv", L["w_qkv"]), e.cfg("o_proj_residual", L["w_o"])
+    out = [Launch("rms_qkv", li, lambda: K.rms_qkv.rms_qkv(
+        e.x, L["input_norm"], L["w_qkv"], L["b_qkv"], qkv, s.rms_eps, use_pdl=pdl, cfg=c_qkv),
                   _nbytes(L["input_norm"], L["w_qkv"], L["b_qkv"]))]
     q = e.buf("q", (s.q_size,))                   # q after RoPE
     qn, kn = L.get("q_norm"), L.get("k_norm")
@@ -74,27 +72,28 @@ def attention(e, li: int) -> list[Launch]:
         launches, ss = qk_sumsq(e, li, qkv)
         out += launches
         norm = dict(ss=ss, q_total=e.tp.full.q_size, k_total=e.tp.full.kv_size)
-    out.append(Launch("rope_kv_write", li, lambda: K.rope_kv_write(
+    out.append(Launch("rope_kv_write", li, lambda: K.rope_kv_write.rope_kv_write(
         qkv, q, kc, vc, e.cos, e.sin, e.pos, s.heads, s.kv_heads, s.head_dim, use_pdl=pdl,
         q_norm=qn, k_norm=kn, eps=s.rms_eps, **norm), _nbytes(qn, kn)))
     if e.attention == "plain":
         c = e.cfg("attention")
-        out.append(Launch("attention", li, lambda: K.attention(
+        out.append(Launch("attention", li, lambda: K.attention.attention(
             q, kc, vc, attn, e.pos, s.heads, s.kv_heads, s.head_dim, c, use_pdl=pdl), 0, kv_ctx))
     else:
-        c = e.cfg("attn_split")
+        c = e.cfg("attention_splitk")
         pm, pl, po = e.partials()
-        out.append(Launch("attention_partial", li, lambda: K.attention_partial(
+        out.append(Launch("attention_partial", li, lambda: K.attention_splitk.attention_partial(
             q, kc, vc, e.pos, po, pm, pl, s.heads, s.kv_heads, s.head_dim, e.chunk, c,
             use_pdl=pdl, live_cap=e.live_cap), 0, kv_ctx))
     if e.attention == "splitk":
         pm, pl, po = e.partials()
-        rw = e.cfg("attn_split").get("reduce_warps", 4)
-        out.append(Launch("attention_reduce", li, lambda: K.attention_reduce(
+        rw = e.cfg("attention_splitk").get("reduce_warps", 4)
+        out.append(Launch("attention_reduce", li, lambda: K.attention_splitk.attention_reduce(
             po, pm, pl, attn, e.pos, s.head_dim, e.chunk, use_pdl=pdl, num_warps=rw,
             live_cap=e.live_cap), 0))
-    out += into_residual(e, "o_proj_residual", li, _nbytes(L["w_o"]), lambda **tp: K.o_proj_residual(
-        attn, L["w_o"], e.x, use_pdl=pdl, cfg=c_o, **tp))
+    out += into_residual(e, "o_proj_residual", li, _nbytes(L["w_o"]),
+                         lambda **tp: K.o_proj_residual.o_proj_residual(
+                             attn, L["w_o"], e.x, use_pdl=pdl, cfg=c_o, **tp))
     return out
 
 
@@ -102,15 +101,16 @@ def dense_mlp(e, li: int) -> list[Launch]:
     """RMSNorm + gate/up + SwiGLU, then down + residual (split over K, last arrival)."""
     s, L, pdl = e.spec, e.W["layers"][li], e.pdl
     h = e.buf("h", (s.intermediate,))
-    c_gu, c_dn = e.cfg("gate_up", L["w_gate_up"]), e.cfg("down", L["w_down"])
+    c_gu, c_dn = e.cfg("rms_gate_up_swiglu", L["w_gate_up"]), e.cfg("down_residual", L["w_down"])
     scratch = e.buf("down_scratch", (16 * s.hidden,), F32)          # [SPLIT_K, N], SPLIT_K <= 16
     counter = e.buf("down_counter", (s.hidden,), I32)
     return [
-        Launch("rms_gate_up_swiglu", li, lambda: K.rms_gate_up_swiglu(
+        Launch("rms_gate_up_swiglu", li, lambda: K.rms_gate_up_swiglu.rms_gate_up_swiglu(
             e.x, L["post_norm"], L["w_gate_up"], h, s.rms_eps, use_pdl=pdl, cfg=c_gu),
             _nbytes(L["post_norm"], L["w_gate_up"])),
-    ] + into_residual(e, "down_residual", li, _nbytes(L["w_down"]), lambda **tp: K.down_residual(
-        h, L["w_down"], e.x, scratch, counter, use_pdl=pdl, cfg=c_dn, **tp))
+    ] + into_residual(e, "down_residual", li, _nbytes(L["w_down"]),
+                      lambda **tp: K.down_residual.down_residual(
+                          h, L["w_down"], e.x, scratch, counter, use_pdl=pdl, cfg=c_dn, **tp))
 
 
 def layer_persistent(e, li: int) -> list[Launch]:
@@ -136,23 +136,25 @@ def layer_persistent(e, li: int) -> list[Launch]:
     h, scratch, counter = ((e.qkv,) * 3 if s.is_moe
                            else (e.h, e.down_scratch, e.down_counter))
     clock = layer_clock(e, li, cfgs)        # None but in a clock measurement
-    run = lambda: K.layer_persistent(
+    run = lambda: K.layer_persistent.layer_persistent(
         e.x, L, e.qkv, e.q, e.attn, h, kc, vc, e.cos, e.sin, e.pos, po, pm, pl,
         scratch, counter, bar, s.heads, s.kv_heads, s.head_dim, s.rms_eps,
-        e.chunk, cfgs, use_pdl=e.pdl, live_cap=e.live_cap, moe=moe, clock=clock)
+        e.chunk, cfgs, use_pdl=e.pdl, live_cap=e.live_cap, moe=moe, clock=clock,
+        persist=e.persist)
     return [Launch("layer_persistent", li, run, sum(u.weight_bytes for u in unfused),
                    sum(u.kv_bytes_per_ctx for u in unfused))]
 
 
 def layer_clock(e, li: int, cfgs: dict):
-    """With ``ONELAUNCH_PERSIST_CLOCK=1`` (a measurement, ``lab/persistent_check.py``):
-    layer ``li``'s rows of the int64 buffer [layers, grid, 2 x phases] where each program
-    of the persistent layer stamps its phases' start and end (``clock_phases``)."""
-    if os.environ.get("ONELAUNCH_PERSIST_CLOCK") != "1":
+    """With ``PersistentOptions(clock=True)`` (a measurement, ``lab/persistent_check.py``,
+    ``profile.phase_rows``): layer ``li``'s rows of the int64 buffer [layers, grid,
+    2 x phases] where each program of the persistent layer stamps its phases' start and
+    end (``clock_phases``)."""
+    if not e.persist.clock:
         return None
-    LP = importlib.import_module("onelaunch.kernels.layer_persistent")
+    LP = K.layer_persistent
     s = e.spec
-    P = LP.grid_size(e.device, cfgs["layer_persistent"])
+    P = LP.grid_size(e.device, cfgs["layer_persistent"], e.persist)
     slots = 2 * (LP.LAST_PHASE + 1 + s.is_moe)
     return e.buf("layer_clock", (s.layers, P, slots), torch.int64)[li]
 
@@ -163,13 +165,14 @@ def persistent_cfgs(e, li: int = 0) -> dict:
     on it). An engine built with ``cfgs=persistent_cfgs(e)`` runs the same tiles unfused:
     the bit-for-bit reference of the persistent rung."""
     L = e.W["layers"][li]
-    c_p = K.layer_persistent_entry(dict(config.get("layer_persistent", e.device),
-                                        **e.cfgs.get("layer_persistent", {})))
-    mlp = ((("router", L["w_router"]), ("moe_gate_up", L["w_experts_gate_up"]),
-            ("moe_down", L["w_experts_down"])) if e.spec.is_moe
-           else (("gate_up", L["w_gate_up"]), ("down", L["w_down"])))
-    ops = {op: e.cfg(op, w) for op, w in (("rms_qkv", L["w_qkv"]), ("o_proj", L["w_o"]),
-                                           *mlp, ("attn_split", None))}
+    c_p = K.layer_persistent.entry(dict(config.get("layer_persistent", e.device),
+                                        **e.cfgs.get("layer_persistent", {})),
+                                   e.persist)
+    mlp = ((("moe_router", L["w_router"]), ("moe_gate_up_swiglu", L["w_experts_gate_up"]),
+            ("moe_down_residual", L["w_experts_down"])) if e.spec.is_moe
+           else (("rms_gate_up_swiglu", L["w_gate_up"]), ("down_residual", L["w_down"])))
+    ops = {op: e.cfg(op, w) for op, w in (("rms_qkv", L["w_qkv"]), ("o_proj_residual", L["w_o"]),
+                                           *mlp, ("attention_splitk", None))}
     return persistent_tiles(c_p, ops)
 
 
@@ -180,12 +183,12 @@ def persistent_tiles(c_p: dict, ops: dict) -> dict:
     out = {"layer_persistent": c_p}
     for op, c in ops.items():
         out[op] = dict(c, num_warps=c_p["num_warps"])
-        if c_p.get("STAGES") and op != "attn_split":
+        if c_p.get("STAGES") and op != "attention_splitk":
             bn, bk = (int(v) for v in c_p.get("TILE", "0x0").split("x"))
             out[op].update(PREFETCH=1, **({"BLOCK_N": bn, "BLOCK_K": bk} if bn else {}))
-            if op == "down":
+            if op == "down_residual":
                 out[op]["SPLIT_K"] = 1
-    out["attn_split"]["reduce_warps"] = c_p["num_warps"]          # the merge too
+    out["attention_splitk"]["reduce_warps"] = c_p["num_warps"]          # the merge too
     return out
 
 
@@ -201,22 +204,22 @@ def moe_mlp(e, li: int) -> list[Launch]:
     # ids at every position
     log = e.buf("expert_log", (e.max_ctx + 1, s.layers, k), I32)
     h = e.buf("expert_h", (k, I))                                # SwiGLU of each slot
-    c_r = e.cfg("router", L["w_router"])
-    c_gu = e.cfg("moe_gate_up", L["w_experts_gate_up"])
-    c_dn = e.cfg("moe_down", L["w_experts_down"])
+    c_r = e.cfg("moe_router", L["w_router"])
+    c_gu = e.cfg("moe_gate_up_swiglu", L["w_experts_gate_up"])
+    c_dn = e.cfg("moe_down_residual", L["w_experts_down"])
     scratch = e.buf("moe_scratch", (k * H,), F32)                # [top_k, H] slot rows
     counter = e.buf("moe_counter", (H,), I32)
     per_expert = lambda w: w[0].numel() * w.element_size()
     return [
-        Launch("moe_router", li, lambda: K.moe_router(
+        Launch("moe_router", li, lambda: K.moe_router.moe_router(
             e.x, L["post_norm"], L["w_router"], xn, logits, ids, wts, rcount, e.pos,
             s.rms_eps, log=log, layer=li, use_pdl=pdl, cfg=c_r),
             _nbytes(L["post_norm"], L["w_router"])),
-        Launch("moe_gate_up_swiglu", li, lambda: K.moe_gate_up_swiglu(
+        Launch("moe_gate_up_swiglu", li, lambda: K.moe_experts.moe_gate_up_swiglu(
             xn, L["w_experts_gate_up"], ids, h, use_pdl=pdl, cfg=c_gu),
             k * per_expert(L["w_experts_gate_up"])),
     ] + into_residual(e, "moe_down_residual", li, k * per_expert(L["w_experts_down"]),
-                      lambda **tp: K.moe_down_residual(h, L["w_experts_down"], ids, wts,
+                      lambda **tp: K.moe_experts.moe_down_residual(h, L["w_experts_down"], ids, wts,
                                                        e.x, scratch, counter,
                                                        use_pdl=pdl, cfg=c_dn, **tp))
 
@@ -226,16 +229,16 @@ def head(e) -> list[Launch]:
     Under TP each rank holds a slice of the vocabulary: its best (logit, index) meets the
     other ranks' in the fused merge, or through an all-reduce and ``argmax_merge``."""
     s, W, tp = e.spec, e.W, e.tp
-    c = e.cfg("lm_head", W["lm_head"])
+    c = e.cfg("lm_head_argmax", W["lm_head"])
     V = W["lm_head"].shape[0]                          # this rank's rows (all of them at TP=1)
     n_prog = -(-V // c["BLOCK_N"])
     logits = e.buf("logits", (V,), F32)
     val, idx = e.buf("lm_val", (n_prog,), F32), e.buf("lm_idx", (n_prog,), I32)
     counter = e.buf("lm_counter", (1,), I32)
     nbytes = _nbytes(W["norm"], W["lm_head"])
-    run = lambda **kw: K.lm_head_argmax(e.x, W["norm"], W["lm_head"], logits, val, idx, counter,
-                                        e.seq, e.pos, e.prompt_len, s.rms_eps, use_pdl=e.pdl, cfg=c,
-                                        argmax=e.argmax, **kw)
+    run = lambda **kw: K.lm_head_argmax.lm_head_argmax(
+        e.x, W["norm"], W["lm_head"], logits, val, idx, counter, e.seq, e.pos, e.prompt_len,
+        s.rms_eps, use_pdl=e.pdl, cfg=c, argmax=e.argmax, **kw)
     if tp is None or tp.rung == "none":               # none: the rank's own best (timing only)
         return [Launch("lm_head_argmax", None, run, nbytes)]
     where = dict(vocab_offset=tp.vocab_offset(), rank=tp.rank, world=tp.world)
@@ -246,7 +249,7 @@ def head(e) -> list[Launch]:
     reduce, total = tp.allreduce(e, keys)
     return [Launch("lm_head_argmax", None, lambda: run(keys=keys, **where), nbytes),
             Launch("all_reduce", None, reduce, 0),
-            Launch("argmax_merge", None, lambda: K.argmax_merge(
+            Launch("argmax_merge", None, lambda: K.tp_ops.argmax_merge(
                 total, e.seq, e.pos, e.prompt_len, tp.world, use_pdl=e.pdl, argmax=e.argmax), 0)]
 
 
@@ -268,11 +271,12 @@ def into_residual(e, op: str, li: int, weight_bytes: int, gemv) -> list[Launch]:
     out = [Launch(op, li, lambda: gemv(out=part), weight_bytes)]
     if tp.rung == "p2p":                 # the peer exchange as a launch of its own
         site = tp.site()
-        return out + [Launch("allreduce_residual", li, lambda: K.allreduce_residual(
+        return out + [Launch("allreduce_residual", li, lambda: K.tp_ops.allreduce_residual(
             part, e.x, site, use_pdl=e.pdl), 0)]
     reduce, total = tp.allreduce(e, part)
     return out + [Launch("all_reduce", li, reduce, 0),
-                  Launch("residual_add", li, lambda: K.residual_add(total, e.x, use_pdl=e.pdl), 0)]
+                  Launch("residual_add", li, lambda: K.tp_ops.residual_add(
+                      total, e.x, use_pdl=e.pdl), 0)]
 
 
 def qk_sumsq(e, li: int, qkv) -> tuple[list[Launch], torch.Tensor]:
@@ -282,11 +286,12 @@ def qk_sumsq(e, li: int, qkv) -> tuple[list[Launch], torch.Tensor]:
     if tp.rung in ("fused", "p2p", "none"):           # none: the rank's own sums (timing only)
         ss = e.buf("qk_ss", (2,), F32)
         peer = {} if tp.rung == "none" else {"peer": tp.site()}
-        return [Launch("qk_sumsq", li, lambda: K.qk_sumsq(qkv, ss, s.q_size, s.kv_size,
-                                                          use_pdl=e.pdl, **peer), 0)], ss
+        return [Launch("qk_sumsq", li, lambda: K.tp_ops.qk_sumsq(
+            qkv, ss, s.q_size, s.kv_size, use_pdl=e.pdl, **peer), 0)], ss
     ss = tp.buffer(e, "qk_ss", (2,))
     reduce, total = tp.allreduce(e, ss)
-    return [Launch("qk_sumsq", li, lambda: K.qk_sumsq(qkv, ss, s.q_size, s.kv_size, use_pdl=e.pdl), 0),
+    return [Launch("qk_sumsq", li, lambda: K.tp_ops.qk_sumsq(
+                qkv, ss, s.q_size, s.kv_size, use_pdl=e.pdl), 0),
             Launch("all_reduce", li, reduce, 0)], total
 
 
@@ -315,6 +320,18 @@ def table(plan: list[Launch], ctx: int = 0) -> list[dict]:
 
 def bytes_per_step(plan: list[Launch], ctx: int = 0) -> int:
     return sum(L.bytes_at(ctx) for L in plan)
+
+
+def weight_shape(spec, op: str) -> tuple[int, int]:
+    """(N, K) of the weight GEMV ``op`` reads in one layer (one expert's for the MoE
+    ops): the shape its launch configuration is keyed by (``kernels/tuned.py``)."""
+    s = spec
+    return {"rms_qkv": (s.qkv_size, s.hidden), "o_proj_residual": (s.hidden, s.q_size),
+            "rms_gate_up_swiglu": (2 * s.intermediate, s.hidden),
+            "down_residual": (s.hidden, s.intermediate),
+            "lm_head_argmax": (s.vocab, s.hidden), "moe_router": (s.experts, s.hidden),
+            "moe_gate_up_swiglu": (2 * s.intermediate, s.hidden),
+            "moe_down_residual": (s.hidden, s.intermediate)}[op]
 
 
 def default_cfg(op: str, device, weight: torch.Tensor | None = None) -> dict:

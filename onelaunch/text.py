@@ -12,10 +12,10 @@ prints only what is new and complete (the scheme of text-generation-inference's
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
+from . import env
 from .prompt import UsageError
 from .weights import CheckpointError
 
@@ -119,5 +119,5 @@ def progress(iterable=None, **kw):
     """A tqdm bar on stderr that shows itself only after two seconds, and never when
     stderr is not a terminal (logs, notebooks, tests) or ``ONELAUNCH_NO_PROGRESS=1``."""
     from tqdm import tqdm
-    off = os.environ.get("ONELAUNCH_NO_PROGRESS") == "1" or not sys.stderr.isatty()
+    off = env.flag("ONELAUNCH_NO_PROGRESS") or not sys.stderr.isatty()
     return tqdm(iterable, disable=off, delay=2.0, leave=False, file=sys.stderr, **kw)

@@ -89,7 +89,8 @@ def test_cli_generate_checks_against_the_oracle():
     rows = {l.split("  ")[1].strip(): l for l in p.stdout.splitlines() if l.startswith("  ")}
     assert "position 129: logits at most" in p.stdout and "OVER" not in p.stdout
     for m in ("several live splits", "a split of several tiles", "a shorter last live split",
-              "down: several K tiles", "gate_up: several K tiles", "lm_head: several K tiles"):
+              "down_residual: several K tiles", "rms_gate_up_swiglu: several K tiles",
+              "lm_head_argmax: several K tiles"):
         assert re.search(r"  no  \(.*\)\s+yes \(", rows[m]), rows[m]   # this run, covering
     assert rows["down: a split over K"].rstrip().endswith("yes (2 splits)")
     assert p.stdout.rstrip().endswith("not exercised: none"), p.stdout

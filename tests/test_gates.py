@@ -31,11 +31,11 @@ def w():
 @pytest.fixture
 def bias_dropped(monkeypatch):
     """The QKV kernel without its bias (the bug chapter 3's CPU run once let through)."""
-    orig = K.rms_qkv
+    orig = K.rms_qkv.rms_qkv
 
     def rms_qkv_no_bias(x, g, w_qkv, b_qkv, out, eps, **kw):
         return orig(x, g, w_qkv, None, out, eps, **kw)
-    monkeypatch.setattr(K, "rms_qkv", rms_qkv_no_bias)
+    monkeypatch.setattr(K.rms_qkv, "rms_qkv", rms_qkv_no_bias)
 
 
 # ---- the rule --------------------------------------------------------------------------
@@ -135,12 +135,12 @@ def test_ladder_refuses_a_rung_with_a_bug(w, bias_dropped):
 def test_sweep_checks_each_context_before_timing_it(w, monkeypatch):
     rows = sweeps.sweep_rows(SPEC, w, "cpu", ctxs=(9,), iters=2, check_tokens=2)
     assert rows[0]["agree"] == "2/2" and rows[0]["ms_per_token"] > 0
-    orig = K.o_proj_residual
+    orig = K.o_proj_residual.o_proj_residual
 
     def residual_lost(attn, w_o, x, **kw):           # x = W_o @ attn, the residual dropped
         x.zero_()
         return orig(attn, w_o, x, **kw)
-    monkeypatch.setattr(K, "o_proj_residual", residual_lost)
+    monkeypatch.setattr(K.o_proj_residual, "o_proj_residual", residual_lost)
     timed = []
     monkeypatch.setattr(sweeps, "time_engine_step", lambda *a, **k: timed.append(a) or 1.0)
     rows = sweeps.sweep_rows(SPEC, w, "cpu", ctxs=(9,), iters=2, check_tokens=3)
@@ -148,13 +148,13 @@ def test_sweep_checks_each_context_before_timing_it(w, monkeypatch):
 
 
 def test_config_sweep_checks_each_config_and_reports_failures(w, monkeypatch, capsys):
-    orig = K.rms_qkv
+    orig = K.rms_qkv.rms_qkv
 
     def buggy_when_narrow(x, g, wq, b, out, eps, cfg=None, **kw):   # a config-dependent bug
         return orig(x, g, wq, None if cfg["BLOCK_N"] == 4 else b, out, eps, cfg=cfg, **kw)
-    monkeypatch.setattr(K, "rms_qkv", buggy_when_narrow)
+    monkeypatch.setattr(K.rms_qkv, "rms_qkv", buggy_when_narrow)
     grid = {"rms_qkv": [dict(BLOCK_N=8, BLOCK_K=64, num_warps=4), dict(BLOCK_N=4, BLOCK_K=64, num_warps=4)],
-            "o_proj": [dict(BLOCK_N=3, BLOCK_K=64, num_warps=4)]}        # not a power of 2: raises
+            "o_proj_residual": [dict(BLOCK_N=3, BLOCK_K=64, num_warps=4)]}  # not a power of 2: raises
     rows = tune.config_sweep(SPEC, w, "cpu", iters=2, grid=grid)
     good, wrong, raised = rows
     assert good["check"] == "pass" and good["us"] > 0

@@ -4,7 +4,7 @@ Shapes are awkward on purpose (rows and columns that are not multiples of the bl
 masks are exercised. Inputs are fresh random bf16 values, never zeros, and outputs start
 as NaN, so an element a kernel never writes fails the test.
 
-The references (``onelaunch.measure.references.ref_*``) are the oracle's ops in fp32, rounded to bf16
+The references (``measure.references.ref_*``) are the oracle's ops in fp32, rounded to bf16
 exactly where the kernel rounds (the projection, the bias add, the residual add, the
 normalised activation, SwiGLU's steps). So a correct kernel differs from its reference
 only where its fp32 sum, taken in another order, lands on the other side of a bf16
@@ -18,9 +18,9 @@ import pytest
 import torch
 
 from onelaunch import kernels as K
-from onelaunch.measure.references import (GEMV_TOL, bf16r, ref_attention, ref_lm_head, ref_matvec_residual,
-                             ref_rms, ref_rms_gate_up_swiglu, ref_rms_qkv, ref_swiglu,
-                             splits_written)
+from onelaunch.measure.references import (GEMV_TOL, bf16r, ref_attention, ref_lm_head,
+                                          ref_matvec_residual, ref_rms, ref_rms_gate_up_swiglu,
+                                          ref_rms_qkv, ref_swiglu, splits_written)
 from onelaunch.oracle import apply_rope, rope_cos_sin
 
 TOL = GEMV_TOL
@@ -48,7 +48,7 @@ WHOLE_K = dict(BLOCK_N=8, BLOCK_K=256, num_warps=4)   # one tile covers all of K
 def test_rms_qkv(N, K_, cfg):
     x, g, w, b = rnd(K_, seed=1), 1 + 0.1 * rnd(K_, seed=2), rnd(N, K_, seed=3), rnd(N, seed=4)
     out = nans(N)
-    K.rms_qkv(x, g, w, b, out, 1e-6, cfg=cfg)
+    K.rms_qkv.rms_qkv(x, g, w, b, out, 1e-6, cfg=cfg)
     assert rel(out, ref_rms_qkv(x, g, w, b, 1e-6)) < TOL
     # the bias is there: without it the answer is far off (a test that would see it dropped)
     assert rel(ref_rms_qkv(x, g, w, None, 1e-6), ref_rms_qkv(x, g, w, b, 1e-6)) > 100 * TOL
@@ -62,13 +62,13 @@ def test_rms_epsilon_changes_the_answer():
     x, g, w = (3e-3 * rnd(K_, seed=40).float()).to(bf), 1 + 0.1 * rnd(K_, seed=41), rnd(N, K_, seed=42)
     assert rel(ref_rms(x, g, 0.0), ref_rms(x, g, eps)) > 0.1            # epsilon matters here
     out = nans(N)
-    K.rms_qkv(x, g, w, None, out, eps, cfg=CFG)
+    K.rms_qkv.rms_qkv(x, g, w, None, out, eps, cfg=CFG)
     assert rel(out, ref_rms_qkv(x, g, w, None, eps)) < TOL
     h = nans(N // 2)
-    K.rms_gate_up_swiglu(x, g, w, h, eps, cfg=CFG)
+    K.rms_gate_up_swiglu.rms_gate_up_swiglu(x, g, w, h, eps, cfg=CFG)
     assert rel(h, ref_rms_gate_up_swiglu(x, g, w, eps)) < TOL
     lg = nans(N, torch.float32)
-    K.lm_head_argmax(x, g, w, lg, torch.empty(4), torch.empty(4, dtype=torch.int32),
+    K.lm_head_argmax.lm_head_argmax(x, g, w, lg, torch.empty(4), torch.empty(4, dtype=torch.int32),
                      torch.zeros(1, dtype=torch.int32), torch.zeros(8, dtype=torch.int32),
                      torch.tensor([0], dtype=torch.int32), torch.tensor([0], dtype=torch.int32),
                      eps, cfg=CFG)
@@ -82,7 +82,7 @@ def test_rope_kv_write():
     kc = torch.zeros(Hkv, C, D, dtype=bf)
     vc = torch.zeros(Hkv, C, D, dtype=bf)
     cos, sin = rope_cos_sin(torch.arange(C), D, 1e6, bf)
-    K.rope_kv_write(qkv, q, kc, vc, cos, sin, torch.tensor([pos], dtype=torch.int32), Hq, Hkv, D)
+    K.rope_kv_write.rope_kv_write(qkv, q, kc, vc, cos, sin, torch.tensor([pos], dtype=torch.int32), Hq, Hkv, D)
     c1, s1 = cos[pos: pos + 1], sin[pos: pos + 1]
     q_ref = apply_rope(qkv[: Hq * D].view(1, Hq, D), c1, s1).flatten()
     k_ref = apply_rope(qkv[Hq * D: (Hq + Hkv) * D].view(1, Hkv, D), c1, s1)[0]
@@ -99,7 +99,7 @@ def test_attention_plain():
     q, kc, vc = rnd(Hq * D, seed=6), rnd(Hkv, C, D, seed=7), rnd(Hkv, C, D, seed=8)
     for length in (1, 17, 50):
         out = nans(Hq * D)
-        K.attention(q, kc, vc, out, torch.tensor([length - 1], dtype=torch.int32), Hq, Hkv, D,
+        K.attention.attention(q, kc, vc, out, torch.tensor([length - 1], dtype=torch.int32), Hq, Hkv, D,
                     dict(BLOCK_T=16, num_warps=4))
         assert rel(out, ref_attention(q, kc, vc, length, Hq, Hkv, D)) < TOL, length
 
@@ -108,7 +108,7 @@ def test_attention_plain():
 def test_o_proj_residual(N, K_):
     a, w, x = rnd(K_, seed=9), rnd(N, K_, seed=10), rnd(N, seed=11)
     xo = x.clone()
-    K.o_proj_residual(a, w, xo, cfg=CFG)
+    K.o_proj_residual.o_proj_residual(a, w, xo, cfg=CFG)
     assert rel(xo, ref_matvec_residual(a, w, x)) < TOL
 
 
@@ -116,7 +116,7 @@ def test_rms_gate_up_swiglu():
     I, K_ = 45, 96
     x, g, w = rnd(K_, seed=12), 1 + 0.1 * rnd(K_, seed=13), rnd(2 * I, K_, seed=14)
     h = nans(I)
-    K.rms_gate_up_swiglu(x, g, w, h, 1e-6, cfg=CFG)
+    K.rms_gate_up_swiglu.rms_gate_up_swiglu(x, g, w, h, 1e-6, cfg=CFG)
     assert rel(h, ref_rms_gate_up_swiglu(x, g, w, 1e-6)) < TOL
 
 
@@ -133,7 +133,7 @@ def test_down_residual_split_k(split, bk):
     for _ in range(2):        # a second call must find the counters clean
         scratch = torch.full((split * N,), float("nan"), dtype=torch.float32)  # overwritten
         xd = x.clone()
-        K.down_residual(h, w, xd, scratch, counter, cfg=dict(CFG, BLOCK_K=bk, SPLIT_K=split))
+        K.down_residual.down_residual(h, w, xd, scratch, counter, cfg=dict(CFG, BLOCK_K=bk, SPLIT_K=split))
         assert splits_written(scratch, N) == (split if split > 1 else 0)   # it really split
         assert rel(xd, ref) < TOL
         assert counter.abs().max() == 0
@@ -152,12 +152,12 @@ def test_lm_head_argmax_and_bookkeeping():
     pos = torch.tensor([4], dtype=torch.int32)
     ref, ref_tok = ref_lm_head(x, g, w, 1e-6)
     # inside the prompt: the token is not written, the position advances
-    K.lm_head_argmax(x, g, w, logits, pv, pi, cnt, seq, pos, torch.tensor([9], dtype=torch.int32),
+    K.lm_head_argmax.lm_head_argmax(x, g, w, logits, pv, pi, cnt, seq, pos, torch.tensor([9], dtype=torch.int32),
                      1e-6, cfg=CFG)
     assert int(pos) == 5 and seq[5] == 0 and int(cnt) == 0
     assert rel(logits, ref) < TOL
     # past the prompt: seq[pos + 1] = argmax (the first index among equal maxima)
-    K.lm_head_argmax(x, g, w, logits, pv, pi, cnt, seq, pos, torch.tensor([1], dtype=torch.int32),
+    K.lm_head_argmax.lm_head_argmax(x, g, w, logits, pv, pi, cnt, seq, pos, torch.tensor([1], dtype=torch.int32),
                      1e-6, cfg=CFG)
     assert int(pos) == 6 and int(seq[6]) == int(torch.argmax(logits)) == ref_tok
 
@@ -175,7 +175,7 @@ def _argmax(w, cfg, K_=16):
     n_prog = -(-V // cfg["BLOCK_N"])
     x, g = rnd(K_, seed=21), torch.ones(K_, dtype=bf)
     seq, pos = torch.zeros(8, dtype=torch.int32), torch.tensor([0], dtype=torch.int32)
-    K.lm_head_argmax(x, g, w, torch.empty(V), torch.empty(n_prog), torch.empty(n_prog, dtype=torch.int32),
+    K.lm_head_argmax.lm_head_argmax(x, g, w, torch.empty(V), torch.empty(n_prog), torch.empty(n_prog, dtype=torch.int32),
                      torch.zeros(1, dtype=torch.int32), seq, pos, torch.tensor([0], dtype=torch.int32),
                      1e-6, cfg=cfg)
     return int(seq[1])
@@ -201,7 +201,7 @@ def test_embed():
     E = rnd(50, 96, seed=23)
     x = torch.zeros(96, dtype=bf)
     seq = torch.tensor([3, 41, 7], dtype=torch.int32)
-    K.embed(E, x, seq, torch.tensor([1], dtype=torch.int32))
+    K.embed.embed(E, x, seq, torch.tensor([1], dtype=torch.int32))
     assert torch.equal(x, E[41])
 
 
@@ -217,14 +217,14 @@ def test_prefetched_tiles_change_no_bit(pf):
     outs = {}
     for name, c in (("one", one), ("more", more)):
         qkv, h, xo = torch.empty(N, dtype=bf), torch.empty(I, dtype=bf), b.clone()
-        K.rms_qkv(x, g, w, b, qkv, 1e-6, cfg=c)
-        K.rms_gate_up_swiglu(x, g, wgu, h, 1e-6, cfg=c)
-        K.o_proj_residual(x, w, xo, cfg=c)
+        K.rms_qkv.rms_qkv(x, g, w, b, qkv, 1e-6, cfg=c)
+        K.rms_gate_up_swiglu.rms_gate_up_swiglu(x, g, wgu, h, 1e-6, cfg=c)
+        K.o_proj_residual.o_proj_residual(x, w, xo, cfg=c)
         xd = b.clone()
-        K.down_residual(x, w, xd, torch.empty(2 * N), torch.zeros(N, dtype=torch.int32),
+        K.down_residual.down_residual(x, w, xd, torch.empty(2 * N), torch.zeros(N, dtype=torch.int32),
                         cfg=dict(c, SPLIT_K=2, BLOCK_K=64))
         lg = torch.empty(N)
-        K.lm_head_argmax(x, g, w, lg, torch.empty(4), torch.empty(4, dtype=torch.int32),
+        K.lm_head_argmax.lm_head_argmax(x, g, w, lg, torch.empty(4), torch.empty(4, dtype=torch.int32),
                          torch.zeros(1, dtype=torch.int32), torch.zeros(8, dtype=torch.int32),
                          torch.tensor([0], dtype=torch.int32), torch.tensor([0], dtype=torch.int32),
                          1e-6, cfg=c)
@@ -252,7 +252,7 @@ def test_moe_router():
     E, K_, top_k = 12, 80, 4
     x, g, w = rnd(K_, seed=50), 1 + 0.1 * rnd(K_, seed=51), rnd(E, K_, seed=52)
     xn, lg, ids, wts = nans(K_), nans(E, torch.float32), torch.full((top_k,), -1, dtype=torch.int32), nans(top_k, torch.float32)
-    K.moe_router(x, g, w, xn, lg, ids, wts, torch.zeros(1, dtype=torch.int32),
+    K.moe_router.moe_router(x, g, w, xn, lg, ids, wts, torch.zeros(1, dtype=torch.int32),
                  torch.tensor([0], dtype=torch.int32), 1e-5, cfg=dict(BLOCK_N=4, BLOCK_K=64, num_warps=4))
     r_xn, r_lg, r_ids, r_w = ref_router(x, g, w, 1e-5, top_k)
     assert rel(xn, r_xn) < TOL and rel(lg, r_lg) < TOL
@@ -275,7 +275,7 @@ def test_moe_gate_up_reads_each_slots_expert():
     I = two_i // 2
     xn = rnd(H, seed=62)
     h = nans(len(ids) * I)
-    K.moe_gate_up_swiglu(xn, w_gu, ids, h, cfg=dict(BLOCK_N=8, BLOCK_K=32, num_warps=4))
+    K.moe_experts.moe_gate_up_swiglu(xn, w_gu, ids, h, cfg=dict(BLOCK_N=8, BLOCK_K=32, num_warps=4))
     for j, e in enumerate(ids.tolist()):
         gu = w_gu[e].float() @ xn.float()
         assert rel(h[j * I:(j + 1) * I], ref_swiglu(gu[:I], gu[I:])) < TOL, (j, e)
@@ -293,6 +293,6 @@ def test_moe_down_weights_and_sums_the_experts():
     ref = bf16r(x.float() + bf16r(total))
     xd = x.clone()
     cnt = torch.zeros(H, dtype=torch.int32)
-    K.moe_down_residual(h, w_dn, ids, wts, xd, torch.full((top_k * H,), float("nan")), cnt,
+    K.moe_experts.moe_down_residual(h, w_dn, ids, wts, xd, torch.full((top_k * H,), float("nan")), cnt,
                         cfg=dict(BLOCK_N=8, BLOCK_K=32, num_warps=4))
     assert rel(xd, ref) < TOL and cnt.abs().max() == 0

@@ -1,7 +1,7 @@
 """The engine core imports nothing from the outer layers.
 
-The core (specs, weights, oracle, plan, engine, prefill, text, prompt, memcap, kernels,
-megakernel) is what a decode step needs; measurement (``measure/``), the peers
+The core (specs, weights, oracle, plan, engine, prefill, text, prompt, memcap, options,
+env, kernels, megakernel) is what a decode step needs; measurement (``measure/``), the peers
 (``peers/``), reporting (``report/``), tensor parallelism's launcher and benchmark, and
 the command line sit around it and may import it, never the other way. Read from each
 core module's import statements (``ast``: also the imports inside functions), so a lazy
@@ -14,7 +14,7 @@ import pytest
 
 PKG = Path(__file__).resolve().parent.parent / "onelaunch"
 CORE = ("specs", "weights", "oracle", "plan", "engine", "prefill", "text", "prompt",
-        "memcap", "kernels", "megakernel")
+        "memcap", "options", "env", "kernels", "megakernel")
 OUTER = ("measure", "peers", "report", "tp", "cli", "bench", "profile", "__main__")
 
 
@@ -72,3 +72,12 @@ def test_the_checker_sees_a_climbing_import(tmp_path):
         p.write_text(src)
         assert any(outer(m) for m in imported(p, "onelaunch.probe")), src
     assert not any(outer(m) for m in imported(PKG / "engine.py"))
+
+
+@pytest.mark.parametrize("path", sorted((PKG / "tp").glob("*.py")),
+                         ids=lambda p: str(p.relative_to(PKG)))
+def test_tp_imports_only_the_core(path):
+    """Sharding, the group and the spawner import the core and each other only: the
+    tensor-parallel benchmark jobs live in ``measure/tp.py``."""
+    bad = sorted(m for m in imported(path) if outer(m) and m.split(".")[1] != "tp")
+    assert not bad, f"{path.relative_to(PKG.parent)} imports the outer layers: {bad}"

@@ -23,7 +23,7 @@ def _router(x, g, w, top_k, eps=1e-5, cfg=None):
     cnt = torch.zeros(1, dtype=torch.int32)
     pos = torch.tensor([3], dtype=torch.int32)
     log = torch.full((8, 2, top_k), -1, dtype=torch.int32)
-    K.moe_router(x, g, w, xn, logits, ids, wts, cnt, pos, eps, log=log, layer=1, cfg=cfg)
+    K.moe_router.moe_router(x, g, w, xn, logits, ids, wts, cnt, pos, eps, log=log, layer=1, cfg=cfg)
     assert int(cnt) == 0, "the counter is left zero for the next call"
     assert torch.equal(log[3, 1], ids) and (log[:3] == -1).all() and (log[3, 0] == -1).all()
     return xn, logits, ids, wts
@@ -91,7 +91,7 @@ def test_expert_gate_up_reads_the_chosen_experts():
     gu, dn, ids, wts, xn, x = _experts()
     top_k, I = ids.numel(), dn.shape[2]
     h = torch.full((top_k, I), float("nan"), dtype=BF)
-    K.moe_gate_up_swiglu(xn, gu, ids, h, cfg=dict(BLOCK_N=16, BLOCK_K=32, num_warps=4))
+    K.moe_experts.moe_gate_up_swiglu(xn, gu, ids, h, cfg=dict(BLOCK_N=16, BLOCK_K=32, num_warps=4))
     ref = torch.einsum("koh,h->ko", gu[ids.long()], xn)                  # [k, 2I] bf16, as the oracle
     gate, up = ref.chunk(2, dim=-1)
     want = F.silu(gate) * up
@@ -108,7 +108,7 @@ def test_expert_down_weights_and_residual(block_n):
     scratch = torch.zeros(top_k * H)
     cnt = torch.zeros(H, dtype=torch.int32)
     out = x.clone()
-    K.moe_down_residual(h, dn, ids, wts, out, scratch, cnt,
+    K.moe_experts.moe_down_residual(h, dn, ids, wts, out, scratch, cnt,
                         cfg=dict(BLOCK_N=block_n, BLOCK_K=32, num_warps=4))
     y = torch.einsum("khi,ki->kh", dn[ids.long()], h)                    # bf16 per expert
     ref = x + (y * wts.to(BF)[:, None]).sum(0)                           # the oracle's order
@@ -119,7 +119,7 @@ def test_expert_down_weights_and_residual(block_n):
     ids2 = ids.clone()
     ids2[0] = (int(ids[0]) + 1) % dn.shape[0]
     out2 = x.clone()
-    K.moe_down_residual(h, dn, ids2, wts, out2, scratch, cnt,
+    K.moe_experts.moe_down_residual(h, dn, ids2, wts, out2, scratch, cnt,
                         cfg=dict(BLOCK_N=block_n, BLOCK_K=32, num_warps=4))
     assert not torch.equal(out2, out)
 
@@ -151,7 +151,7 @@ def test_rope_with_qk_norm_matches_the_oracle():
     vc = torch.zeros_like(kc)
     cos, sin = rope_cos_sin(torch.arange(C), s.head_dim, s.rope_theta, BF)
     q = torch.empty(s.q_size, dtype=BF)
-    K.rope_kv_write(qkv, q, kc, vc, cos, sin, torch.tensor([pos], dtype=torch.int32), s.heads,
+    K.rope_kv_write.rope_kv_write(qkv, q, kc, vc, cos, sin, torch.tensor([pos], dtype=torch.int32), s.heads,
                     s.kv_heads, s.head_dim, q_norm=qn, k_norm=kn, eps=s.rms_eps)
     q_ref = rms_norm(qkv[None, :s.q_size], qn, s.rms_eps).view(1, s.heads, s.head_dim)
     k_ref = rms_norm(qkv[None, s.q_size:s.q_size + s.kv_size], kn, s.rms_eps).view(1, s.kv_heads, s.head_dim)
@@ -163,6 +163,6 @@ def test_rope_with_qk_norm_matches_the_oracle():
     qkv2 = qkv.clone()
     qkv2[0] += 8
     q2 = torch.empty_like(q)
-    K.rope_kv_write(qkv2, q2, kc, vc, cos, sin, torch.tensor([pos], dtype=torch.int32), s.heads,
+    K.rope_kv_write.rope_kv_write(qkv2, q2, kc, vc, cos, sin, torch.tensor([pos], dtype=torch.int32), s.heads,
                     s.kv_heads, s.head_dim, q_norm=qn, k_norm=kn, eps=s.rms_eps)
     assert not torch.equal(q2[-s.head_dim:], q[-s.head_dim:])

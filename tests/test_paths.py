@@ -98,7 +98,7 @@ def test_mechanisms_follow_positions_and_tiles(w):
     rows = mechanisms.mechanisms(c, mechanisms.COVER_PROMPT - 1, mechanisms.COVER_PROMPT)
     assert all(ok for _, ok, _ in rows), [r for r in rows if not r[1]]
     assert {m for m, _, _ in rows} == set(short)
-    assert mechanisms.covering_cfgs(e)["down"]["SPLIT_K"] >= 2
+    assert mechanisms.covering_cfgs(e)["down_residual"]["SPLIT_K"] >= 2
 
 
 def test_router_ties_are_counted():

@@ -17,6 +17,7 @@ import torch
 from onelaunch import plan
 from onelaunch.kernels import config
 from onelaunch.engine import Engine, EngineError
+from onelaunch.options import PersistentOptions
 from onelaunch.specs import get_spec
 from onelaunch.weights import random_weights
 
@@ -86,9 +87,9 @@ def test_streamed_phases_are_the_reference_bit_for_bit(w, lp):
     (``plan.persistent_cfgs``: whole rows for down, SPLIT_K 1), step after step."""
     eng = Engine(SPEC, w, max_ctx=MAX_CTX, persistent=True, cfgs={"layer_persistent": lp})
     c = plan.persistent_cfgs(eng)
-    assert c["down"]["SPLIT_K"] == 1 and c["layer_persistent"]["STAGES"] == lp["STAGES"]
+    assert c["down_residual"]["SPLIT_K"] == 1 and c["layer_persistent"]["STAGES"] == lp["STAGES"]
     if "TILE" in lp:
-        assert (c["gate_up"]["BLOCK_N"], c["gate_up"]["BLOCK_K"]) == (16, 64)
+        assert (c["rms_gate_up_swiglu"]["BLOCK_N"], c["rms_gate_up_swiglu"]["BLOCK_K"]) == (16, 64)
     ref = Engine(SPEC, w, max_ctx=MAX_CTX, cfgs=c)
     for e in (ref, eng):
         e.capture()
@@ -100,8 +101,8 @@ def test_streamed_phases_are_the_reference_bit_for_bit(w, lp):
 
 def spy_launches(monkeypatch) -> list:
     """(grid, FIRST, LAST) of every launch of the persistent layer kernel from now on."""
-    LP = __import__("importlib").import_module("onelaunch.kernels.layer_persistent")
-    launches, real = [], LP._layer_kernel
+    from onelaunch.kernels import layer_persistent as LP
+    launches, real = [], LP._layer_persistent_kernel
 
     class Spy:
         def __getitem__(self, grid):
@@ -109,7 +110,7 @@ def spy_launches(monkeypatch) -> list:
                 launches.append((grid, k["FIRST"], k["LAST"]))
                 return real[grid](*a, **k)
             return launch
-    monkeypatch.setattr(LP, "_layer_kernel", Spy())
+    monkeypatch.setattr(LP, "_layer_persistent_kernel", Spy())
     return launches
 
 
@@ -130,14 +131,14 @@ def test_one_launch_of_one_program(w, monkeypatch, nxt, stages):
 
 
 def test_phase_groups_one_launch_each(w, monkeypatch):
-    """``ONELAUNCH_PERSIST_SPLIT=0-4,5-6``: the attention block in one launch and the MLP
+    """``PersistentOptions(split="0-4,5-6")``: the attention block in one launch and the MLP
     in another (grid 1, so the barriers inside each run here), same bits; a grouping that
     skips or repeats a phase is refused in one line."""
-    LP = __import__("importlib").import_module("onelaunch.kernels.layer_persistent")
+    from onelaunch.kernels import layer_persistent as LP
     launches = spy_launches(monkeypatch)
-    monkeypatch.setenv("ONELAUNCH_PERSIST_SPLIT", "0-4,5-6")
     eng = Engine(SPEC, w, max_ctx=MAX_CTX, persistent=True,
-                 cfgs={"layer_persistent": {"GRID": 1}})
+                 cfgs={"layer_persistent": {"GRID": 1}},
+                 persist=PersistentOptions(split="0-4,5-6"))
     ref = Engine(SPEC, w, max_ctx=MAX_CTX, cfgs=plan.persistent_cfgs(eng))
     run_both(ref, eng, 2)
     assert {(first, last) for _, first, last in launches} == {(0, 4), (5, 6)}
@@ -146,16 +147,18 @@ def test_phase_groups_one_launch_each(w, monkeypatch):
         LP.phase_ranges(dict(split=True, groups="0-3,5-6"), 1, 6)
 
 
-def test_pdl_from_the_table_and_the_environment(monkeypatch):
+def test_pdl_from_the_table_and_the_options():
     """The layer kernel launches with PDL when the engine does, unless its table entry
-    says PDL=0 (the H200's: NOTES.md 16); ONELAUNCH_PERSIST_PDL overrides either way."""
-    LP = __import__("importlib").import_module("onelaunch.kernels.layer_persistent")
-    monkeypatch.delenv("ONELAUNCH_PERSIST_PDL", raising=False)
+    says PDL=0 (the H200's: NOTES.md 16); ``PersistentOptions.pdl`` overrides either
+    way."""
+    from onelaunch.kernels import layer_persistent as LP
     assert LP.launch_options("cpu", True, {})["pdl"]
     assert not LP.launch_options("cpu", True, {"PDL": 0})["pdl"]
     assert not LP.launch_options("cpu", False, {"PDL": 1})["pdl"]
-    monkeypatch.setenv("ONELAUNCH_PERSIST_PDL", "1")
-    assert LP.launch_options("cpu", True, {"PDL": 0})["pdl"]
+    on, off = PersistentOptions(pdl=True), PersistentOptions(pdl=False)
+    assert LP.launch_options("cpu", True, {"PDL": 0}, on)["pdl"]
+    assert not LP.launch_options("cpu", True, {"PDL": 1}, off)["pdl"]
+    assert not LP.launch_options("cpu", False, {}, on)["pdl"]
     assert config.TABLE["sm_90"]["layer_persistent"]["PDL"] == 0
 
 
@@ -163,7 +166,7 @@ def test_clock_phases_reads_the_stamps():
     """Two layers, two programs, two phases (stamps in ns): each phase's span, median
     work, skew and the release after its last arrival; the last phase's release is the
     gap to the next layer's first start."""
-    LP = __import__("importlib").import_module("onelaunch.kernels.layer_persistent")
+    from onelaunch.kernels import layer_persistent as LP
     us = 1000
     layer = lambda t0: [[t0, t0 + 4 * us, t0 + 5 * us, t0 + 9 * us],          # program 0
                         [t0 + 1 * us, t0 + 3 * us, t0 + 6 * us, t0 + 8 * us]]  # program 1
@@ -177,9 +180,9 @@ def test_clock_phases_reads_the_stamps():
     assert [r["phase"] for r in LP.clock_phases(clock, ["a", "b"])] == ["b"]
 
 
-def test_clock_refused_in_the_interpreter(w, monkeypatch):
-    monkeypatch.setenv("ONELAUNCH_PERSIST_CLOCK", "1")
-    eng = Engine(SPEC, w, max_ctx=MAX_CTX, persistent=True)
+def test_clock_refused_in_the_interpreter(w):
+    eng = Engine(SPEC, w, max_ctx=MAX_CTX, persistent=True,
+                 persist=PersistentOptions(clock=True))
     with pytest.raises(ValueError, match="globaltimer"):
         eng.generate(torch.tensor([1, 2, 3]), 1)
 
@@ -215,28 +218,27 @@ def test_reference_cfgs_run_the_same_tiles(w):
                  cfgs={"layer_persistent": {"num_warps": 8}})
     c = plan.persistent_cfgs(eng)
     assert {op: c[op]["num_warps"] for op in c} == {op: 8 for op in c}
-    assert c["attn_split"]["reduce_warps"] == 8
+    assert c["attention_splitk"]["reduce_warps"] == 8
     L = eng.W["layers"][0]
-    assert c["gate_up"]["BLOCK_K"] == eng.cfg("gate_up", L["w_gate_up"])["BLOCK_K"]
+    assert c["rms_gate_up_swiglu"]["BLOCK_K"] == eng.cfg("rms_gate_up_swiglu", L["w_gate_up"])["BLOCK_K"]
     ref = Engine(SPEC, w, max_ctx=MAX_CTX, cfgs=c)
     assert ref.launches_per_step() == 2 + 7 * get_spec(SPEC).layers
 
 
-def test_tile_override_own_means_the_ops_tiles(monkeypatch):
-    """``ONELAUNCH_PERSIST_TILE=own`` drops a table's TILE (the ops' own tiles stream);
+def test_tile_override_own_means_the_ops_tiles():
+    """``PersistentOptions(tile="own")`` drops a table's TILE (the ops' own tiles stream);
     a ``BNxBK`` value replaces it; unset, the table's stays."""
     from onelaunch import kernels as K
     c_p = {"num_warps": 4, "STAGES": 4, "TILE": "8x512"}
-    assert K.layer_persistent_entry(c_p)["TILE"] == "8x512"
-    monkeypatch.setenv("ONELAUNCH_PERSIST_TILE", "own")
-    assert "TILE" not in K.layer_persistent_entry(c_p)
-    monkeypatch.setenv("ONELAUNCH_PERSIST_TILE", "16x256")
-    assert K.layer_persistent_entry(c_p)["TILE"] == "16x256"
-    ops = {"gate_up": {"BLOCK_N": 8, "BLOCK_K": 512, "PREFETCH": 2},
-           "down": {"BLOCK_N": 2, "BLOCK_K": 1024, "SPLIT_K": 3}, "attn_split": {}}
+    assert K.layer_persistent.entry(c_p)["TILE"] == "8x512"
+    assert "TILE" not in K.layer_persistent.entry(c_p, PersistentOptions(tile="own"))
+    tile = K.layer_persistent.entry(c_p, PersistentOptions(tile="16x256"))["TILE"]
+    assert tile == "16x256"
+    ops = {"rms_gate_up_swiglu": {"BLOCK_N": 8, "BLOCK_K": 512, "PREFETCH": 2},
+           "down_residual": {"BLOCK_N": 2, "BLOCK_K": 1024, "SPLIT_K": 3}, "attention_splitk": {}}
     own = plan.persistent_tiles({"num_warps": 4, "STAGES": 4}, ops)
-    assert own["gate_up"]["BLOCK_N"] == 8 and own["down"]["SPLIT_K"] == 1
-    assert own["gate_up"]["PREFETCH"] == 1
+    assert own["rms_gate_up_swiglu"]["BLOCK_N"] == 8 and own["down_residual"]["SPLIT_K"] == 1
+    assert own["rms_gate_up_swiglu"]["PREFETCH"] == 1
 
 
 @pytest.mark.parametrize("kw,msg", [
@@ -309,11 +311,11 @@ def test_one_launch_kernel_compiles_for_hopper(stages, fold):
 
 # compiled in a subprocess: the kernels' module must be imported without TRITON_INTERPRET
 AOT = r'''
-import importlib, inspect, os, re, subprocess, sys, tempfile
+import inspect, os, re, subprocess, sys, tempfile
 sys.path.insert(0, {repo!r})
 import triton
 from triton.backends.compiler import GPUTarget
-LP = importlib.import_module("onelaunch.kernels.layer_persistent")
+from onelaunch.kernels import layer_persistent as LP
 ce = dict(HAS_BIAS=True, QK_NORM=False, D=128, BLOCK_D=128, BLOCK_R=1024, GROUP=6, GROUP_PAD=16,
           BLOCK_DA=128, CHUNK=64, BLOCK_T=64, DOT_F32=False, BLOCK_S=32, BLOCK_M=32,
           BN_QKV=8, BK_QKV=2048, PF_QKV=1, BN_O=8, BK_O=2048, PF_O=1, BN_GU=8, BK_GU=512, PF_GU=2,
@@ -327,7 +329,7 @@ bf16 = set("x gin w_qkv b_qkv qkv q k_cache v_cache cos sin qn kn attn w_o gpost
 f32 = set("part_o part_m part_l scratch logits wts".split())
 i32 = set("pos counter bar ids log".split())
 sig = {{}}
-for n in inspect.signature(LP._layer_kernel.fn).parameters:
+for n in inspect.signature(LP._layer_persistent_kernel.fn).parameters:
     b = n[:-4] if n.endswith("_ptr") else None
     sig[n] = ("constexpr" if n in ce else "*bf16" if b in bf16 else "*fp32" if b in f32
               else "*i32" if b in i32 else "*i64" if b == "clock"
@@ -337,7 +339,7 @@ for n in inspect.signature(LP._layer_kernel.fn).parameters:
 attrs = {{(i,): [["tt.divisibility", 16]] for i, n in enumerate(sig)
          if sig[n] != "constexpr" and n not in ("eps", "scale", "pos")}}
 def build(stages):
-    k = triton.compile(triton.compiler.ASTSource(fn=LP._layer_kernel, signature=sig,
+    k = triton.compile(triton.compiler.ASTSource(fn=LP._layer_persistent_kernel, signature=sig,
                                                  constexprs=dict(ce, STAGES=stages), attrs=attrs),
                        target=GPUTarget("cuda", 90, 32), options=dict(num_warps=8))
     return k, k.asm["ttgir"].count("async_copy_global_to_local")
@@ -370,16 +372,16 @@ def test_ladder_rung_is_judged_then_timed(w):
 
 @pytest.mark.parametrize("grid", [1, 3])
 def test_rope_folded_into_attention(w, monkeypatch, grid):
-    """``ONELAUNCH_PERSIST_FOLD_ROPE=1``: RoPE and the KV write inside the attention phase
+    """``PersistentOptions(fold_rope=True)``: RoPE and the KV write inside the attention phase
     (``rope_attention_partial.rope_partial``), one barrier fewer: bit for bit the unfused
     reference across the split boundary, in one launch (grid 1: the barriers' targets one
     fewer after the missing one, the counters reset) and one launch per phase (grid 3).
     A group of phases ending at the missing barrier is refused in one line."""
-    LP = __import__("importlib").import_module("onelaunch.kernels.layer_persistent")
+    from onelaunch.kernels import layer_persistent as LP
     launches = spy_launches(monkeypatch)
-    monkeypatch.setenv("ONELAUNCH_PERSIST_FOLD_ROPE", "1")
+    fold = PersistentOptions(fold_rope=True)
     eng = Engine(SPEC, w, max_ctx=MAX_CTX, persistent=True,
-                 cfgs={"layer_persistent": {"GRID": grid}})
+                 cfgs={"layer_persistent": {"GRID": grid}}, persist=fold)
     cfgs = plan.persistent_cfgs(eng)
     assert cfgs["layer_persistent"]["FOLD_ROPE"] == 1
     ref = Engine(SPEC, w, max_ctx=MAX_CTX, cfgs=cfgs)
@@ -390,8 +392,8 @@ def test_rope_folded_into_attention(w, monkeypatch, grid):
     assert {(first, last) for _, first, last in launches} == (
         {(0, 6)} if grid == 1 else {(p, p) for p in range(7)})
     if grid == 1:
-        monkeypatch.setenv("ONELAUNCH_PERSIST_SPLIT", "0-2,3-6")
         bad = Engine(SPEC, w, max_ctx=MAX_CTX, persistent=True,
-                     cfgs={"layer_persistent": {"GRID": 1}})
+                     cfgs={"layer_persistent": {"GRID": 1}},
+                     persist=PersistentOptions(fold_rope=True, split="0-2,3-6"))
         with pytest.raises(ValueError, match="cannot end at phase 2"):
             bad.step(False)

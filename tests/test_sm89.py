@@ -59,12 +59,12 @@ _SWEEP: dict[str, list[dict]] = {}
 def _sm89_configs(op: str) -> list[dict]:
     """The configurations ``config.get(op)`` can return on an sm_89 GPU, now or after a
     sweep there."""
-    from onelaunch.kernels import config
+    from onelaunch.kernels import config, tuned
     if not _SWEEP:
         _SWEEP.update(_sweep_candidates())
     out = []
     for c in (config.TABLE["sm_89"].get(op, config.TABLE["default"][op]),
-              config.tuned("sm_89").get(op), *_SWEEP.get(op, [])):
+              *tuned.read("sm_89").get(op, {}).values(), *_SWEEP.get(op, [])):
         if c is not None and dict(c) not in out:
             out.append(dict(c))
     return out
@@ -74,7 +74,7 @@ def _chunks(spec) -> list[int]:
     """Every split-K chunk an engine of this model can use (it depends on max_ctx)."""
     from onelaunch import kernels as K
     ctxs = [16 << i for i in range(20) if 16 << i < spec.max_ctx] + [spec.max_ctx]
-    return sorted({K.chunk_for(c) for c in ctxs})
+    return sorted({K.attention_splitk.chunk_for(c) for c in ctxs})
 
 
 def _t(*shape, dtype="bf16"):
@@ -85,7 +85,7 @@ def _t(*shape, dtype="bf16"):
 
 def case_embed(spec):
     from onelaunch import kernels as K
-    K.embed(_t(spec.vocab, spec.hidden), _t(spec.hidden), _t(8, dtype="i32"), _t(1, dtype="i32"))
+    K.embed.embed(_t(spec.vocab, spec.hidden), _t(spec.hidden), _t(8, dtype="i32"), _t(1, dtype="i32"))
     yield "default"
 
 
@@ -94,14 +94,14 @@ def case_rms_qkv(spec):
     H = spec.hidden
     for c in _sm89_configs("rms_qkv"):
         bias = _t(spec.qkv_size) if spec.qkv_bias else None
-        K.rms_qkv(_t(H), _t(H), _t(spec.qkv_size, H), bias, _t(spec.qkv_size), 1e-6, cfg=c)
+        K.rms_qkv.rms_qkv(_t(H), _t(H), _t(spec.qkv_size, H), bias, _t(spec.qkv_size), 1e-6, cfg=c)
         yield c
 
 
 def case_rope_kv(spec):
     from onelaunch import kernels as K
     C, D = 256, spec.head_dim
-    K.rope_kv_write(_t(spec.qkv_size), _t(spec.q_size), _t(spec.kv_heads, C, D),
+    K.rope_kv_write.rope_kv_write(_t(spec.qkv_size), _t(spec.q_size), _t(spec.kv_heads, C, D),
                     _t(spec.kv_heads, C, D), _t(C, D), _t(C, D), _t(1, dtype="i32"),
                     spec.heads, spec.kv_heads, D)
     yield "default"
@@ -111,7 +111,7 @@ def case_attention(spec):
     from onelaunch import kernels as K
     C, D = 256, spec.head_dim
     for c in _sm89_configs("attention"):
-        K.attention(_t(spec.q_size), _t(spec.kv_heads, C, D), _t(spec.kv_heads, C, D),
+        K.attention.attention(_t(spec.q_size), _t(spec.kv_heads, C, D), _t(spec.kv_heads, C, D),
                     _t(spec.q_size), _t(1, dtype="i32"), spec.heads, spec.kv_heads, D, c)
         yield c
 
@@ -119,7 +119,7 @@ def case_attention(spec):
 def _splitk_buffers(spec, chunk):
     from onelaunch import kernels as K
     C = chunk * 4
-    n = K.n_splits_for(C, chunk)
+    n = K.attention_splitk.n_splits_for(C, chunk)
     D = spec.head_dim
     return C, (_t(spec.heads, n, D, dtype="f32"), _t(spec.heads, n, dtype="f32"),
                _t(spec.heads, n, dtype="f32"))
@@ -128,10 +128,10 @@ def _splitk_buffers(spec, chunk):
 def case_attention_splitk(spec):
     from onelaunch import kernels as K
     D = spec.head_dim
-    for c in _sm89_configs("attn_split"):
+    for c in _sm89_configs("attention_splitk"):
         for chunk in _chunks(spec):
             C, parts = _splitk_buffers(spec, chunk)
-            K.attention_splitk(_t(spec.q_size), _t(spec.kv_heads, C, D), _t(spec.kv_heads, C, D),
+            K.attention_splitk.attention_splitk(_t(spec.q_size), _t(spec.kv_heads, C, D), _t(spec.kv_heads, C, D),
                                _t(spec.q_size), _t(1, dtype="i32"), *parts, spec.heads,
                                spec.kv_heads, D, chunk, c)
             yield {**c, "CHUNK": chunk}
@@ -139,8 +139,8 @@ def case_attention_splitk(spec):
 
 def case_o_proj(spec):
     from onelaunch import kernels as K
-    for c in _sm89_configs("o_proj"):
-        K.o_proj_residual(_t(spec.q_size), _t(spec.hidden, spec.q_size), _t(spec.hidden), cfg=c)
+    for c in _sm89_configs("o_proj_residual"):
+        K.o_proj_residual.o_proj_residual(_t(spec.q_size), _t(spec.hidden, spec.q_size), _t(spec.hidden), cfg=c)
         yield c
 
 
@@ -149,8 +149,8 @@ def case_gate_up(spec):
     if spec.is_moe:      # the experts have their own kernels
         return
     H, I = spec.hidden, spec.intermediate
-    for c in _sm89_configs("gate_up"):
-        K.rms_gate_up_swiglu(_t(H), _t(H), _t(2 * I, H), _t(I), 1e-6, cfg=c)
+    for c in _sm89_configs("rms_gate_up_swiglu"):
+        K.rms_gate_up_swiglu.rms_gate_up_swiglu(_t(H), _t(H), _t(2 * I, H), _t(I), 1e-6, cfg=c)
         yield c
 
 
@@ -159,10 +159,10 @@ def case_down(spec):
     if spec.is_moe:
         return
     H, I = spec.hidden, spec.intermediate
-    for c in _sm89_configs("down"):
+    for c in _sm89_configs("down_residual"):
         for split in sorted({1, c.get("SPLIT_K", 1)}):    # SPLIT_K 1 is a different kernel
             cs = {**c, "SPLIT_K": split}
-            K.down_residual(_t(I), _t(H, I), _t(H), _t(16 * H, dtype="f32"),
+            K.down_residual.down_residual(_t(I), _t(H, I), _t(H), _t(16 * H, dtype="f32"),
                             _t(H, dtype="i32"), cfg=cs)
             yield cs
 
@@ -170,10 +170,10 @@ def case_down(spec):
 def case_lm_head(spec):
     from onelaunch import kernels as K
     H, V = spec.hidden, spec.vocab
-    for c in _sm89_configs("lm_head"):
+    for c in _sm89_configs("lm_head_argmax"):
         n = -(-V // c["BLOCK_N"])
         for argmax in (None, _t(64, dtype="i32")):
-            K.lm_head_argmax(_t(H), _t(H), _t(V, H), _t(V, dtype="f32"), _t(n, dtype="f32"),
+            K.lm_head_argmax.lm_head_argmax(_t(H), _t(H), _t(V, H), _t(V, dtype="f32"), _t(n, dtype="f32"),
                              _t(n, dtype="i32"), _t(1, dtype="i32"), _t(64, dtype="i32"),
                              _t(1, dtype="i32"), _t(1, dtype="i32"), 1e-6, cfg=c, argmax=argmax)
             yield {**c, "argmax": argmax is not None}
@@ -184,23 +184,23 @@ def case_moe(spec):
     if not spec.is_moe:
         return
     H, I, E, k = spec.hidden, spec.intermediate, spec.experts, spec.top_k
-    for c in _sm89_configs("router"):
-        K.moe_router(_t(H), _t(H), _t(E, H), _t(H), _t(E, dtype="f32"), _t(k, dtype="i32"),
+    for c in _sm89_configs("moe_router"):
+        K.moe_router.moe_router(_t(H), _t(H), _t(E, H), _t(H), _t(E, dtype="f32"), _t(k, dtype="i32"),
                      _t(k, dtype="f32"), _t(1, dtype="i32"), _t(1, dtype="i32"), 1e-5,
                      log=_t(8, spec.layers, k, dtype="i32"), cfg=c)
-        yield {"op": "router", **c}
-    for c in _sm89_configs("moe_gate_up"):
-        K.moe_gate_up_swiglu(_t(H), _t(E, 2 * I, H), _t(k, dtype="i32"), _t(k, I), cfg=c)
-        yield {"op": "moe_gate_up", **c}
-    for c in _sm89_configs("moe_down"):
-        K.moe_down_residual(_t(k, I), _t(E, H, I), _t(k, dtype="i32"), _t(k, dtype="f32"), _t(H),
+        yield {"op": "moe_router", **c}
+    for c in _sm89_configs("moe_gate_up_swiglu"):
+        K.moe_experts.moe_gate_up_swiglu(_t(H), _t(E, 2 * I, H), _t(k, dtype="i32"), _t(k, I), cfg=c)
+        yield {"op": "moe_gate_up_swiglu", **c}
+    for c in _sm89_configs("moe_down_residual"):
+        K.moe_experts.moe_down_residual(_t(k, I), _t(E, H, I), _t(k, dtype="i32"), _t(k, dtype="f32"), _t(H),
                             _t(k * H, dtype="f32"), _t(H, dtype="i32"), cfg=c)
-        yield {"op": "moe_down", **c}
+        yield {"op": "moe_down_residual", **c}
 
 
 def _peer_site():
     """A CPU PeerBuffers site (2 ranks) large enough for every TP launch below."""
-    from onelaunch.kernels import PeerBuffers
+    from onelaunch.kernels.peer import PeerBuffers
     slots, flags, seqnos = PeerBuffers.alloc_shared(2, 1, 4096, 1024)
     return PeerBuffers.from_tensors(0, 2, slots, flags, seqnos[0]).site(0)
 
@@ -213,50 +213,50 @@ def case_tp(spec):
     H, V, k = spec.hidden, spec.vocab // 2, spec.top_k
     site = _peer_site()
     ep = [("out", dict(out=_t(H, dtype="f32"))), ("peer", dict(peer=site))]
-    for c in _sm89_configs("o_proj"):
+    for c in _sm89_configs("o_proj_residual"):
         for name, kw in ep:
-            K.o_proj_residual(_t(spec.q_size // 2), _t(H, spec.q_size // 2), _t(H), cfg=c, **kw)
-            yield {"op": "o_proj", name: True, **c}
+            K.o_proj_residual.o_proj_residual(_t(spec.q_size // 2), _t(H, spec.q_size // 2), _t(H), cfg=c, **kw)
+            yield {"op": "o_proj_residual", name: True, **c}
     if spec.is_moe:
         I, E = spec.intermediate // 2, spec.experts
-        for c in _sm89_configs("moe_down"):
+        for c in _sm89_configs("moe_down_residual"):
             for name, kw in ep:
-                K.moe_down_residual(_t(k, I), _t(E, H, I), _t(k, dtype="i32"), _t(k, dtype="f32"),
+                K.moe_experts.moe_down_residual(_t(k, I), _t(E, H, I), _t(k, dtype="i32"), _t(k, dtype="f32"),
                                     _t(H), _t(k * H, dtype="f32"), _t(H, dtype="i32"), cfg=c, **kw)
-                yield {"op": "moe_down", name: True, **c}
+                yield {"op": "moe_down_residual", name: True, **c}
         D, C = spec.head_dim, 256
         hq, hkv = spec.heads // 2, spec.kv_heads // 2
-        K.rope_kv_write(_t((hq + 2 * hkv) * D), _t(hq * D), _t(hkv, C, D), _t(hkv, C, D), _t(C, D),
+        K.rope_kv_write.rope_kv_write(_t((hq + 2 * hkv) * D), _t(hq * D), _t(hkv, C, D), _t(hkv, C, D), _t(C, D),
                         _t(C, D), _t(1, dtype="i32"), hq, hkv, D, q_norm=_t(hq * D),
                         k_norm=_t(hkv * D), eps=1e-5, ss=_t(2, dtype="f32"), q_total=spec.q_size,
                         k_total=spec.kv_heads * D)
         yield {"op": "rope_ss"}
         for peer in (None, site):
-            K.qk_sumsq(_t((hq + 2 * hkv) * D), _t(2, dtype="f32"), hq * D, hkv * D, peer=peer)
+            K.tp_ops.qk_sumsq(_t((hq + 2 * hkv) * D), _t(2, dtype="f32"), hq * D, hkv * D, peer=peer)
             yield {"op": "qk_sumsq", "peer": peer is not None}
     else:
         I = spec.intermediate // 2
-        for c in _sm89_configs("down"):
+        for c in _sm89_configs("down_residual"):
             for split in sorted({1, c.get("SPLIT_K", 1)}):
                 for name, kw in ep:
-                    K.down_residual(_t(I), _t(H, I), _t(H), _t(16 * H, dtype="f32"),
+                    K.down_residual.down_residual(_t(I), _t(H, I), _t(H), _t(16 * H, dtype="f32"),
                                     _t(H, dtype="i32"), cfg={**c, "SPLIT_K": split}, **kw)
-                    yield {"op": "down", name: True, **c, "SPLIT_K": split}
-    for c in _sm89_configs("lm_head"):
+                    yield {"op": "down_residual", name: True, **c, "SPLIT_K": split}
+    for c in _sm89_configs("lm_head_argmax"):
         n = -(-V // c["BLOCK_N"])
         for name, kw in (("keys", dict(keys=_t(4, dtype="f32"), vocab_offset=V, rank=1, world=2)),
                          ("peer", dict(peer=site))):
-            K.lm_head_argmax(_t(H), _t(H), _t(V, H), _t(V, dtype="f32"), _t(n, dtype="f32"),
+            K.lm_head_argmax.lm_head_argmax(_t(H), _t(H), _t(V, H), _t(V, dtype="f32"), _t(n, dtype="f32"),
                              _t(n, dtype="i32"), _t(1, dtype="i32"), _t(64, dtype="i32"),
                              _t(1, dtype="i32"), _t(1, dtype="i32"), 1e-6, cfg=c,
                              argmax=_t(64, dtype="i32"), **kw)
-            yield {"op": "lm_head", name: True, **c}
-    K.residual_add(_t(H, dtype="f32"), _t(H))
+            yield {"op": "lm_head_argmax", name: True, **c}
+    K.tp_ops.residual_add(_t(H, dtype="f32"), _t(H))
     yield {"op": "residual_add"}
-    K.allreduce_residual(_t(H, dtype="f32"), _t(H), site)
+    K.tp_ops.allreduce_residual(_t(H, dtype="f32"), _t(H), site)
     yield {"op": "allreduce_residual"}
     for argmax in (None, _t(64, dtype="i32")):
-        K.argmax_merge(_t(4, dtype="f32"), _t(64, dtype="i32"), _t(1, dtype="i32"),
+        K.tp_ops.argmax_merge(_t(4, dtype="f32"), _t(64, dtype="i32"), _t(1, dtype="i32"),
                        _t(1, dtype="i32"), 2, argmax=argmax)
         yield {"op": "argmax_merge", "argmax": argmax is not None}
 
@@ -285,11 +285,11 @@ def case_layer_persistent(spec):
         moe = dict(logits=_t(E, dtype="f32"), ids=_t(k, dtype="i32"),
                    weights=_t(k, dtype="f32"), log=log, log_row=log.stride(0), log_offset=0,
                    h=_t(k, I))
-        ops = ("rms_qkv", "o_proj", "router", "moe_gate_up", "moe_down", "attn_split")
+        ops = ("rms_qkv", "o_proj_residual", "moe_router", "moe_gate_up_swiglu", "moe_down_residual", "attention_splitk")
     else:
         L.update(w_gate_up=_t(2 * I, H), w_down=_t(H, I))
-        ops = ("rms_qkv", "o_proj", "gate_up", "down", "attn_split")
-    n = K.n_splits_for(C, chunk)
+        ops = ("rms_qkv", "o_proj_residual", "rms_gate_up_swiglu", "down_residual", "attention_splitk")
+    n = K.attention_splitk.n_splits_for(C, chunk)
     entry = config.TABLE["sm_89"].get("layer_persistent",
                                       config.TABLE["default"]["layer_persistent"])
     streamed = (1, entry.get("STAGES", 0), 0)
@@ -298,7 +298,7 @@ def case_layer_persistent(spec):
     for nxt, stages, fold in variants:
         c_p = dict(entry, NEXT=nxt, STAGES=stages, FOLD_ROPE=fold)
         cfgs = persistent_tiles(c_p, {op: _sm89_configs(op)[0] for op in ops})
-        K.layer_persistent(_t(H), L, _t(spec.qkv_size), _t(spec.q_size), _t(spec.q_size), _t(I),
+        K.layer_persistent.layer_persistent(_t(H), L, _t(spec.qkv_size), _t(spec.q_size), _t(spec.q_size), _t(I),
                            _t(spec.kv_heads, C, D), _t(spec.kv_heads, C, D), _t(C, D), _t(C, D),
                            _t(1, dtype="i32"), _t(spec.heads, n, D, dtype="f32"),
                            _t(spec.heads, n, dtype="f32"), _t(spec.heads, n, dtype="f32"),

@@ -9,9 +9,7 @@ import pytest
 import torch
 
 from onelaunch import kernels as K
-import importlib
-
-AS = importlib.import_module("onelaunch.kernels.attention_splitk")
+from onelaunch.kernels import attention_splitk as AS
 
 from test_kernels import ref_attention as attention_ref, rel, rnd
 
@@ -28,7 +26,7 @@ def setup():
     # make chunks distinguishable: a different offset per chunk
     off = torch.arange(MAX).div(CHUNK, rounding_mode="floor").float()[None, :, None]
     vc = (vc.float() + off).to(torch.bfloat16)
-    ns = K.n_splits_for(MAX, CHUNK)
+    ns = K.attention_splitk.n_splits_for(MAX, CHUNK)
     po = torch.full((Hq, ns, D), float("nan"))
     pm = torch.full((Hq, ns), float("nan"))
     pl = torch.full((Hq, ns), float("nan"))
@@ -39,7 +37,7 @@ def setup():
 def test_splitk_lengths(length):
     q, kc, vc, po, pm, pl = setup()
     out = torch.full((Hq * D,), float("nan"), dtype=torch.bfloat16)
-    K.attention_splitk(q, kc, vc, out, torch.tensor([length - 1], dtype=torch.int32), po, pm, pl,
+    K.attention_splitk.attention_splitk(q, kc, vc, out, torch.tensor([length - 1], dtype=torch.int32), po, pm, pl,
                        Hq, Hkv, D, CHUNK, dict(BLOCK_T=8, num_warps=4))
     assert rel(out, attention_ref(q, kc, vc, length, Hq, Hkv, D)) < TOL
 
@@ -50,7 +48,7 @@ def test_same_buffers_serve_every_length():
     q, kc, vc, po, pm, pl = setup()
     for length in (MAX, 5, 2 * CHUNK + 1, CHUNK):
         out = torch.empty(Hq * D, dtype=torch.bfloat16)
-        K.attention_splitk(q, kc, vc, out, torch.tensor([length - 1], dtype=torch.int32), po, pm,
+        K.attention_splitk.attention_splitk(q, kc, vc, out, torch.tensor([length - 1], dtype=torch.int32), po, pm,
                            pl, Hq, Hkv, D, CHUNK, dict(BLOCK_T=16, num_warps=4))
         assert rel(out, attention_ref(q, kc, vc, length, Hq, Hkv, D)) < TOL, length
 
@@ -62,11 +60,11 @@ def test_tile_wider_than_chunk_does_not_double_count(length):
     q, kc, vc, po, pm, pl = setup()
     ns = pm.shape[1]
     pos = torch.tensor([length - 1], dtype=torch.int32)
-    AS._attn_partial_kernel[(Hkv, ns)](
+    AS._attention_partial_kernel[(Hkv, ns)](
         q, kc, vc, po, pm, pl, pos, kc.stride(0), kc.stride(1), ns, ns, D ** -0.5, GROUP=Hq // Hkv,
         GROUP_PAD=16, D=D, BLOCK_D=16, CHUNK=CHUNK, BLOCK_T=2 * CHUNK, DOT_F32=True, USE_PDL=False)
     out = torch.empty(Hq * D, dtype=torch.bfloat16)
-    AS._attn_reduce_kernel[(Hq,)](po, pm, pl, out, pos, ns, ns, D=D, BLOCK_D=16, CHUNK=CHUNK,
+    AS._attention_reduce_kernel[(Hq,)](po, pm, pl, out, pos, ns, ns, D=D, BLOCK_D=16, CHUNK=CHUNK,
                                   BLOCK_S=4, BLOCK_M=8, USE_PDL=False)
     assert rel(out, attention_ref(q, kc, vc, length, Hq, Hkv, D)) < TOL
 
@@ -74,15 +72,15 @@ def test_tile_wider_than_chunk_does_not_double_count(length):
 def test_launcher_refuses_a_tile_that_straddles_chunks():
     q, kc, vc, po, pm, pl = setup()
     with pytest.raises(AssertionError):
-        K.attention_splitk(q, kc, vc, torch.empty(Hq * D, dtype=torch.bfloat16),
+        K.attention_splitk.attention_splitk(q, kc, vc, torch.empty(Hq * D, dtype=torch.bfloat16),
                            torch.tensor([3], dtype=torch.int32), po, pm, pl, Hq, Hkv, D, 24,
                            dict(BLOCK_T=16, num_warps=4))
 
 
 def test_chunk_for_bounds_the_split_count():
     for c in (128, 2048, 4096, 33280, 131072):
-        ch = K.chunk_for(c)
-        assert K.n_splits_for(c, ch) <= 256 and ch >= 64
+        ch = K.attention_splitk.chunk_for(c)
+        assert K.attention_splitk.n_splits_for(c, ch) <= 256 and ch >= 64
 
 
 # ---- the live length shared out over a fixed grid; the newest token after the wait --------
@@ -108,7 +106,7 @@ def grid_state(ns, length=None, seed=0):
 def run_grid(ns, length, block_t=BT, live_cap=None, **kw):
     q, kc, vc, po, pm, pl = grid_state(ns, **kw)
     out = torch.full((Hq * D,), float("nan"), dtype=torch.bfloat16)
-    K.attention_splitk(q, kc, vc, out, torch.tensor([length - 1], dtype=torch.int32), po, pm, pl,
+    K.attention_splitk.attention_splitk(q, kc, vc, out, torch.tensor([length - 1], dtype=torch.int32), po, pm, pl,
                        Hq, Hkv, D, U, dict(BLOCK_T=block_t, num_warps=4), live_cap=live_cap)
     return out, (po, pm, pl), (q, kc, vc)
 
@@ -200,9 +198,9 @@ def test_partial_reads_only_old_keys_before_its_wait(monkeypatch, ns, length):
     p = torch.tensor([length - 1], dtype=torch.int32)
     with monkeypatch.context() as m:
         poisoned_until_the_wait(m, AS, kc, vc, length, [q])
-        K.attention_partial(q, kc, vc, p, po, pm, pl, Hq, Hkv, D, U, dict(BLOCK_T=BT, num_warps=4))
+        K.attention_splitk.attention_partial(q, kc, vc, p, po, pm, pl, Hq, Hkv, D, U, dict(BLOCK_T=BT, num_warps=4))
     out = torch.full((Hq * D,), float("nan"), dtype=torch.bfloat16)
-    K.attention_reduce(po, pm, pl, out, p, D, U)
+    K.attention_splitk.attention_reduce(po, pm, pl, out, p, D, U)
     assert torch.equal(out.view(torch.int16), want.view(torch.int16))
     n = AS.live_splits_host(length, U, ns)
     for x, y in zip((po, pm, pl), parts_want):
@@ -213,9 +211,9 @@ def test_split_count_as_before():
     """The grid per kv head is what max_ctx gave before the live length was shared out
     (at most MAX_SPLITS, a power-of-two number of units each at max_ctx): Qwen's default
     engine keeps its 130 splits, so at ctx 32768 each split reads the same 256 positions."""
-    assert K.chunk_for(1024) == K.chunk_for(33280) == 64
-    assert K.n_splits_for(1024, 64) == 16 and K.n_splits_for(33280, 64) == 130
-    assert K.n_splits_for(16384, 64) == 256 and K.n_splits_for(16385, 64) == 129
+    assert K.attention_splitk.chunk_for(1024) == K.attention_splitk.chunk_for(33280) == 64
+    assert K.attention_splitk.n_splits_for(1024, 64) == 16 and K.attention_splitk.n_splits_for(33280, 64) == 130
+    assert K.attention_splitk.n_splits_for(16384, 64) == 256 and K.attention_splitk.n_splits_for(16385, 64) == 129
     assert AS.live_splits_host(513, 64, 16) == AS.live_splits_host(513, 64, 130) == 9
     assert AS.live_splits_host(32769, 64, 130) == 129                   # 128 x 256 + 1
 
@@ -236,11 +234,11 @@ def test_engines_of_different_max_ctx_step_alike(monkeypatch):
     ids = torch.randint(0, spec.vocab, (16,), generator=torch.Generator().manual_seed(3))
     shape = (spec.layers, spec.kv_heads, 16, spec.head_dim)
     kc, vc = rnd(*shape, seed=4), rnd(*shape, seed=5)
-    monkeypatch.setattr(K, "chunk_for", lambda max_ctx: 4)
+    monkeypatch.setattr(K.attention_splitk, "chunk_for", lambda max_ctx: 4)
 
     def steps(max_ctx):
         e = Engine(spec, w, max_ctx=max_ctx, attention="splitk")
-        assert e.partials()[0].shape[1] == K.n_splits_for(max_ctx, 4)
+        assert e.partials()[0].shape[1] == K.attention_splitk.n_splits_for(max_ctx, 4)
         outs = []
         for pos in (0, 4, 7, 12):                        # lengths 1, 5, 8, 13: 1 to 4 units
             e.adopt_cache(kc, vc, pos, ids[: pos + 1])
@@ -258,7 +256,7 @@ def test_engines_of_different_max_ctx_step_alike(monkeypatch):
 
 
 def test_maxctx_bench_checks_each_engine_then_times_it(monkeypatch):
-    """``bench --what maxctx`` on tiny-qwen2: an engine for 32 positions and one for the
+    """``bench --what maxctx`` (``sweeps.maxctx_rows``) on tiny-qwen2: an engine for 32 positions and one for the
     model's 256, each checked against the oracle at ctx 9 before it is timed (the timing
     stubbed here), the same tokens and logits bit for bit, and the ratio of the times."""
     from onelaunch.measure import agree, sweeps

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from onelaunch import tp
+from onelaunch.measure import tp as tp_jobs
 from onelaunch.specs import get_spec
 from onelaunch.weights import random_weights
 
@@ -107,7 +108,7 @@ def test_two_ranks_compute_the_one_gpu_step(model, rung):
     stream on both ranks, close to the unsharded one. ``gloo``: partials summed by an
     all-reduce launch; ``fused``: exchanged inside the GEMVs through shared memory."""
     peers = tp.shared_peers(model, 2) if rung == "fused" else None
-    r0, r1 = tp.launch(tp.compare_job, world=2, device="cpu", timeout_s=600, model=model,
+    r0, r1 = tp.launch(tp_jobs.compare_job, world=2, device="cpu", timeout_s=600, model=model,
                        rung=rung, peers=peers, prompt_len=3, tokens=3)
     one = r0["one_gpu"]
     assert one["ok"] and r0["ok"] and r1["ok"], (r0["agree"], r1["agree"])

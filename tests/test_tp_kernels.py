@@ -40,21 +40,21 @@ def test_residual_add():
     N = 1500                                            # two programs, the second ragged
     x, s = rnd(N, seed=1), torch.randn(N, generator=torch.Generator().manual_seed(2)) * 3
     xo = x.clone()
-    K.residual_add(s, xo)
+    K.tp_ops.residual_add(s, xo)
     assert torch.equal(xo.float(), bf16r(x.float() + bf16r(s)))
 
 
 # ---- `out`: the rank's partial, unrounded; the one-GPU kernel is out + residual_add ---
 def _o_proj(a, w, x, out=None):
     xo = x.clone()
-    K.o_proj_residual(a, w, xo, cfg=CFG, out=out)
+    K.o_proj_residual.o_proj_residual(a, w, xo, cfg=CFG, out=out)
     return xo
 
 
 def _down(h, w, x, out=None, split=3, bk=64):
     N = w.shape[0]
     xo, scratch, cnt = x.clone(), torch.full((split * N,), float("nan")), torch.zeros(N, **I32)
-    K.down_residual(h, w, xo, scratch, cnt, cfg=dict(CFG, BLOCK_K=bk, SPLIT_K=split), out=out)
+    K.down_residual.down_residual(h, w, xo, scratch, cnt, cfg=dict(CFG, BLOCK_K=bk, SPLIT_K=split), out=out)
     assert cnt.abs().max() == 0 and splits_written(scratch, N) == (split if split > 1 else 0)
     return xo
 
@@ -62,7 +62,7 @@ def _down(h, w, x, out=None, split=3, bk=64):
 def _moe_down(h, w, ids, wts, x, out=None):
     top_k, N = len(ids), w.shape[1]
     xo, cnt = x.clone(), torch.zeros(N, **I32)
-    K.moe_down_residual(h, w, ids, wts, xo, torch.full((top_k * N,), float("nan")), cnt,
+    K.moe_experts.moe_down_residual(h, w, ids, wts, xo, torch.full((top_k * N,), float("nan")), cnt,
                         cfg=dict(BLOCK_N=8, BLOCK_K=32, num_warps=4), out=out)
     assert cnt.abs().max() == 0
     return xo
@@ -85,7 +85,7 @@ def _check_out_mode(run, N, ref_partial):
     assert torch.equal(x_kept, x0), "out mode must not touch x"
     assert torch.allclose(out, ref_partial, rtol=1e-5, atol=1e-4)
     xs = x0.clone()
-    K.residual_add(out, xs)
+    K.tp_ops.residual_add(out, xs)
     assert torch.equal(xs, x_plain)
 
 
@@ -126,7 +126,7 @@ def _two_ranks(partial, x):
         partial(r, out)
         ps.append(out)
     xs = x.clone()
-    K.residual_add(ps[0] + ps[1], xs)
+    K.tp_ops.residual_add(ps[0] + ps[1], xs)
     return xs
 
 
@@ -164,7 +164,7 @@ def _lm_head(x, g, w, seq, pos, prompt_len, argmax=None, **kw):
     n = -(-V // CFG["BLOCK_N"])
     cnt = torch.zeros(1, **I32)
     lg = nan32(V)
-    K.lm_head_argmax(x, g, w, lg, torch.empty(n), torch.empty(n, **I32), cnt, seq, pos,
+    K.lm_head_argmax.lm_head_argmax(x, g, w, lg, torch.empty(n), torch.empty(n, **I32), cnt, seq, pos,
                      torch.tensor([prompt_len], **I32), 1e-6, cfg=CFG, argmax=argmax, **kw)
     assert int(cnt) == 0
     return lg
@@ -182,7 +182,7 @@ def _split_head(x, g, w, cut, prompt_len, pos=4):
         assert k[2 * (1 - r):2 * (1 - r) + 2].abs().sum() == 0
         keys += k
     seq, p, am = _head_state(pos)
-    K.argmax_merge(keys, seq, p, torch.tensor([prompt_len], **I32), 2, argmax=am)
+    K.tp_ops.argmax_merge(keys, seq, p, torch.tensor([prompt_len], **I32), 2, argmax=am)
     return keys, seq, p, am
 
 
@@ -226,7 +226,7 @@ def test_argmax_merge_ties_and_order():
     for keys, world, tok in (([5.0, 7, 5.0, 3], 2, 3), ([5.0, 7, 6.0, 30], 2, 30),
                              ([-1.0, 9, 2.0, 4, 2.0, 1], 3, 1)):
         seq, p, am = _head_state(0)
-        K.argmax_merge(torch.tensor(keys), seq, p, torch.tensor([0], **I32), world, argmax=am)
+        K.tp_ops.argmax_merge(torch.tensor(keys), seq, p, torch.tensor([0], **I32), world, argmax=am)
         assert int(seq[1]) == int(am[1]) == tok and int(p) == 1
 
 
@@ -236,7 +236,7 @@ def _rope(qkv, Hq, Hkv, D, qn, kn, pos, **kw):
     cos, sin = rope_cos_sin(torch.arange(C), D, 1e4, bf)
     q = torch.full((Hq * D,), float("nan"), dtype=bf)
     kc, vc = torch.zeros(Hkv, C, D, dtype=bf), torch.zeros(Hkv, C, D, dtype=bf)
-    K.rope_kv_write(qkv, q, kc, vc, cos, sin, torch.tensor([pos], **I32), Hq, Hkv, D,
+    K.rope_kv_write.rope_kv_write(qkv, q, kc, vc, cos, sin, torch.tensor([pos], **I32), Hq, Hkv, D,
                     q_norm=qn, k_norm=kn, eps=1e-5, **kw)
     return q, kc[:, pos], vc[:, pos]
 
@@ -249,7 +249,7 @@ def test_qk_sumsq_and_rope_with_ss():
     one = _rope(qkv, Hq, Hkv, D, qn, kn, pos)
     # one rank: qk_sumsq sums as the kernel's own norm does, so the same bits
     ss = nan32(2)
-    K.qk_sumsq(qkv, ss, Hq * D, Hkv * D)
+    K.tp_ops.qk_sumsq(qkv, ss, Hq * D, Hkv * D)
     q, k = qkv[:Hq * D].float(), qkv[Hq * D:(Hq + Hkv) * D].float()
     assert torch.allclose(ss, torch.stack([(q * q).sum(), (k * k).sum()]), rtol=1e-5)
     same = _rope(qkv, Hq, Hkv, D, qn, kn, pos, ss=ss, q_total=Hq * D, k_total=Hkv * D)
@@ -262,7 +262,7 @@ def test_qk_sumsq_and_rope_with_ss():
     ss2 = []
     for r in range(2):
         s = nan32(2)
-        K.qk_sumsq(local[r], s, 2 * D, 2 * D)
+        K.tp_ops.qk_sumsq(local[r], s, 2 * D, 2 * D)
         ss2.append(s)
     ss_sum = ss2[0] + ss2[1]
     outs = [_rope(local[r], 2, 2, D, qn.view(Hq, D)[h[r]].reshape(-1).contiguous(),

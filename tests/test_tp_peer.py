@@ -59,7 +59,7 @@ def local_qkv(qkv, r):
 def _head(x, g, w, offset, state, **kw):
     seq, pos, am = state
     n = -(-w.shape[0] // CFG["BLOCK_N"])
-    K.lm_head_argmax(x, g, w, torch.empty(w.shape[0]), torch.empty(n), torch.empty(n, **I32),
+    K.lm_head_argmax.lm_head_argmax(x, g, w, torch.empty(w.shape[0]), torch.empty(n), torch.empty(n, **I32),
                      torch.zeros(1, **I32), seq, pos, torch.tensor([0], **I32), 1e-6, cfg=CFG,
                      argmax=am, vocab_offset=offset, **kw)
 
@@ -69,17 +69,17 @@ def head_state():
 
 
 def _o_proj(d, r, x, **kw):
-    K.o_proj_residual(d["a"][cols(r, KO)].contiguous(), d["w_o"][:, cols(r, KO)].contiguous(), x,
+    K.o_proj_residual.o_proj_residual(d["a"][cols(r, KO)].contiguous(), d["w_o"][:, cols(r, KO)].contiguous(), x,
                       cfg=CFG, **kw)
 
 
 def _down(d, r, x, **kw):
-    K.down_residual(d["h"][cols(r, KD)].contiguous(), d["w_d"][:, cols(r, KD)].contiguous(), x,
+    K.down_residual.down_residual(d["h"][cols(r, KD)].contiguous(), d["w_d"][:, cols(r, KD)].contiguous(), x,
                     torch.empty(2 * N), torch.zeros(N, **I32), cfg=DOWN, **kw)
 
 
 def _moe(d, r, x, **kw):
-    K.moe_down_residual(d["h_m"][:, cols(r, 40)].contiguous(), d["w_m"][:, :, cols(r, 40)].contiguous(),
+    K.moe_experts.moe_down_residual(d["h_m"][:, cols(r, 40)].contiguous(), d["w_m"][:, :, cols(r, 40)].contiguous(),
                         d["ids"], d["wts"], x, torch.empty(3 * N), torch.zeros(N, **I32), cfg=MOE, **kw)
 
 
@@ -108,10 +108,10 @@ def fused(r, d, site):
         _head(d["xh"], d["g"], w, lo, st, peer=site(3))
         res[name] = st
     ss = torch.full((2,), float("nan"))
-    K.qk_sumsq(local_qkv(d["qkv"], r), ss, 32, 32, peer=site(4))
+    K.tp_ops.qk_sumsq(local_qkv(d["qkv"], r), ss, 32, 32, peer=site(4))
     res["ss"] = ss
     x = d["x"].clone()
-    K.allreduce_residual(d["p"][r], x, site(5))
+    K.tp_ops.allreduce_residual(d["p"][r], x, site(5))
     res["allreduce"] = x
     return res
 
@@ -128,7 +128,7 @@ def unfused():
             fn(d, r, x.clone(), out=p)
             ps.append(p)
         x = x.clone()
-        K.residual_add(ps[0] + ps[1], x)
+        K.tp_ops.residual_add(ps[0] + ps[1], x)
         return x
     ref = {}
     x = d["x"]
@@ -144,16 +144,16 @@ def unfused():
             _head(d["xh"], d["g"], w, lo, head_state(), keys=k, rank=r, world=2)
             keys.append(k)
         st = head_state()
-        K.argmax_merge(keys[0] + keys[1], st[0], st[1], torch.tensor([0], **I32), 2, argmax=st[2])
+        K.tp_ops.argmax_merge(keys[0] + keys[1], st[0], st[1], torch.tensor([0], **I32), 2, argmax=st[2])
         ref[name] = st
     ss = []
     for r in range(2):
         s = torch.full((2,), float("nan"))
-        K.qk_sumsq(local_qkv(d["qkv"], r), s, 32, 32)
+        K.tp_ops.qk_sumsq(local_qkv(d["qkv"], r), s, 32, 32)
         ss.append(s)
     ref["ss"] = ss[0] + ss[1]
     x = d["x"].clone()
-    K.residual_add(d["p"][0] + d["p"][1], x)
+    K.tp_ops.residual_add(d["p"][0] + d["p"][1], x)
     ref["allreduce"] = ref["after_reset"] = x
     return ref
 
@@ -161,7 +161,7 @@ def unfused():
 def _rank_main(r, bufs, barrier, queue):
     try:
         slots, flags, seqnos = bufs
-        pb = K.PeerBuffers.from_tensors(r, 2, slots, flags, seqnos[r])
+        pb = K.peer.PeerBuffers.from_tensors(r, 2, slots, flags, seqnos[r])
         d = inputs()
         res = fused(r, d, pb.site)
         seqno = pb.seqno.clone()
@@ -170,7 +170,7 @@ def _rank_main(r, bufs, barrier, queue):
         pb.reset()
         barrier.wait(60)
         x = d["x"].clone()
-        K.allreduce_residual(d["p"][r], x, pb.site(5))
+        K.tp_ops.allreduce_residual(d["p"][r], x, pb.site(5))
         res["after_reset"] = x
         res = {"results": res, "seqno": seqno}
         buf = io.BytesIO()          # bytes, not tensors: shared tensors die with this process
@@ -182,7 +182,7 @@ def _rank_main(r, bufs, barrier, queue):
 
 def test_peer_kernels_two_processes_match_unfused():
     ctx = mp.get_context("spawn")
-    bufs = K.PeerBuffers.alloc_shared(2, SITES, N_MAX, TILES)
+    bufs = K.peer.PeerBuffers.alloc_shared(2, SITES, N_MAX, TILES)
     barrier, queue = ctx.Barrier(2), ctx.Queue()
     procs = [ctx.Process(target=_rank_main, args=(r, bufs, barrier, queue), daemon=True)
              for r in range(2)]

@@ -1,18 +1,31 @@
-"""Triton kernels, one file per fused op. Kernels are ``_name_kernel``; launchers ``name``."""
-from .embed import embed  # noqa: F401
-from .rms_qkv import rms_qkv  # noqa: F401
-from .rope_kv import rope_kv_write  # noqa: F401
-from .attention import attention  # noqa: F401
-from .attention_splitk import (attention_partial, attention_reduce, attention_splitk,  # noqa: F401
-                              chunk_for, default_live_cap, live_share,
-                              live_splits_host, n_splits_for)
-from .o_proj_residual import o_proj_residual  # noqa: F401
-from .rms_gate_up_swiglu import rms_gate_up_swiglu  # noqa: F401
-from .down_residual import down_residual  # noqa: F401
-from .layer_persistent import entry as layer_persistent_entry  # noqa: F401
-from .layer_persistent import layer_persistent  # noqa: F401
-from .lm_head_argmax import lm_head_argmax, programs_for  # noqa: F401
-from .moe_router import moe_router  # noqa: F401
-from .moe_experts import moe_down_residual, moe_gate_up_swiglu  # noqa: F401
-from .peer import PeerBuffers, PeerSite  # noqa: F401
-from .tp_ops import allreduce_residual, argmax_merge, qk_sumsq, residual_add  # noqa: F401
+"""Triton kernels, one file per fused op, named for everything it fuses. A module holds
+the op's kernel ``_name_kernel`` and its launcher ``name(...)``, and the op is ``name``
+everywhere: the plan's launch, the launch-configuration key, the tuned table.
+
+    from onelaunch.kernels import rms_qkv
+    rms_qkv.rms_qkv(x, g, w_qkv, b_qkv, out, eps, cfg=c)
+
+Ops that share device code share a module: ``attention_splitk`` (``attention_partial``,
+``attention_reduce``, the pair as ``attention_splitk``), ``moe_experts``
+(``moe_gate_up_swiglu``, ``moe_down_residual``), ``tp_ops`` (the tensor-parallel
+reductions). ``config`` chooses launch configurations; ``tuned`` reads and writes the
+measured tables; ``peer`` holds the peer-mapped exchange buffers.
+"""
+from . import (attention, attention_splitk, config,  # noqa: F401
+               down_residual, embed, layer_persistent, lm_head_argmax, moe_experts,
+               moe_router, o_proj_residual, peer, rms_gate_up_swiglu, rms_qkv,
+               rope_kv_write, tp_ops, tuned)
+
+# every launcher the plan can issue -> the module that holds it (``Engine.trace``
+# replaces them by a recorder)
+LAUNCHERS = {
+    "embed": embed, "rms_qkv": rms_qkv, "rope_kv_write": rope_kv_write,
+    "attention": attention, "attention_partial": attention_splitk,
+    "attention_reduce": attention_splitk,
+    "o_proj_residual": o_proj_residual, "rms_gate_up_swiglu": rms_gate_up_swiglu,
+    "down_residual": down_residual, "layer_persistent": layer_persistent,
+    "lm_head_argmax": lm_head_argmax, "moe_router": moe_router,
+    "moe_gate_up_swiglu": moe_experts, "moe_down_residual": moe_experts,
+    "qk_sumsq": tp_ops, "allreduce_residual": tp_ops, "residual_add": tp_ops,
+    "argmax_merge": tp_ops,
+}

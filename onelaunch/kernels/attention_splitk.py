@@ -1,6 +1,6 @@
 """Split-K flash-decode attention: a partial kernel and a reduce kernel.
 
-Stage 1, ``_attn_partial_kernel``: one program per (kv head, split). The live timeline
+Stage 1, ``_attention_partial_kernel``: one program per (kv head, split). The live timeline
 [0, length) is cut into units of CHUNK positions, and the units are shared out over the
 fixed grid of n_splits splits *at run time*, from ``pos``: each split takes
 per = ceil(units / n_splits) consecutive units (``split_range``), so at a given length
@@ -26,7 +26,7 @@ the wait; the split that holds pos folds that token in first, as a tile of one v
 (the same tl.dot path as every tile, so the kernel that computes it from registers gets
 the same bits), then its older tiles.
 
-Stage 2, ``_attn_reduce_kernel``: one program per query head merges the live splits:
+Stage 2, ``_attention_reduce_kernel``: one program per query head merges the live splits:
 
     M   = max_s part_m[h, s]
     out = sum_s exp(part_m - M) part_o / sum_s exp(part_m - M) part_l
@@ -217,7 +217,7 @@ def partial_rest(q_ptr, k_cache_ptr, v_cache_ptr, part_o_ptr, part_m_ptr, part_l
 
 
 @triton.jit
-def _attn_partial_kernel(q_ptr, k_cache_ptr, v_cache_ptr, part_o_ptr, part_m_ptr,
+def _attention_partial_kernel(q_ptr, k_cache_ptr, v_cache_ptr, part_o_ptr, part_m_ptr,
                          part_l_ptr, pos_ptr, stride_c_h, stride_c_t, n_splits, n_share,
                          scale, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
                          D: tl.constexpr, BLOCK_D: tl.constexpr, CHUNK: tl.constexpr,
@@ -253,7 +253,7 @@ def reduce_head(part_o_ptr, part_m_ptr, part_l_ptr, out_ptr, h, n_splits, n_vali
 
 
 @triton.jit
-def _attn_reduce_kernel(part_o_ptr, part_m_ptr, part_l_ptr, out_ptr, pos_ptr, n_splits,
+def _attention_reduce_kernel(part_o_ptr, part_m_ptr, part_l_ptr, out_ptr, pos_ptr, n_splits,
                         n_share, D: tl.constexpr, BLOCK_D: tl.constexpr,
                         CHUNK: tl.constexpr, BLOCK_S: tl.constexpr,
                         BLOCK_M: tl.constexpr, USE_PDL: tl.constexpr):
@@ -329,7 +329,7 @@ def attention_partial(q, k_cache, v_cache, pos, part_o, part_m, part_l, heads, k
     block_t = min(cfg["BLOCK_T"], chunk)
     assert chunk % block_t == 0, "a tile must not straddle two chunks"
     kw = {"launch_pdl": True} if use_pdl else {}
-    _attn_partial_kernel[(kv_heads, n_splits)](
+    _attention_partial_kernel[(kv_heads, n_splits)](
         q, k_cache, v_cache, part_o, part_m, part_l, pos, k_cache.stride(0), k_cache.stride(1),
         n_splits, live_share(n_splits, live_cap), head_dim ** -0.5, GROUP=group,
         GROUP_PAD=max(16, triton.next_power_of_2(group)),
@@ -344,7 +344,7 @@ def attention_reduce(part_o, part_m, part_l, out, pos, head_dim, chunk, use_pdl=
     (``num_warps``: the persistent layer's reference runs the merge at its warps.)"""
     heads, n_splits = part_m.shape
     kw = {"launch_pdl": True} if use_pdl else {}
-    _attn_reduce_kernel[(heads,)](
+    _attention_reduce_kernel[(heads,)](
         part_o, part_m, part_l, out, pos, n_splits, live_share(n_splits, live_cap), D=head_dim,
         BLOCK_D=triton.next_power_of_2(head_dim), CHUNK=chunk, BLOCK_S=BLOCK_S,
         BLOCK_M=block_m(n_splits), USE_PDL=use_pdl, num_warps=num_warps, **kw)

@@ -15,23 +15,24 @@ its own table with the sweep.
 from __future__ import annotations
 
 import functools
-import json
-import os
 
 import torch
+
+from .. import env
+from . import tuned
 
 # op -> dict of launch parameters
 _DEFAULT = {
     "rms_qkv":     dict(BLOCK_N=16, BLOCK_K=512, num_warps=4),
-    "o_proj":      dict(BLOCK_N=16, BLOCK_K=512, num_warps=4),
-    "gate_up":     dict(BLOCK_N=16, BLOCK_K=512, num_warps=4),
-    "down":        dict(BLOCK_N=16, BLOCK_K=512, SPLIT_K=4, num_warps=4),
-    "lm_head":     dict(BLOCK_N=32, BLOCK_K=256, num_warps=4),   # not 64x512: it spilled (6%)
+    "o_proj_residual":      dict(BLOCK_N=16, BLOCK_K=512, num_warps=4),
+    "rms_gate_up_swiglu":     dict(BLOCK_N=16, BLOCK_K=512, num_warps=4),
+    "down_residual":        dict(BLOCK_N=16, BLOCK_K=512, SPLIT_K=4, num_warps=4),
+    "lm_head_argmax":     dict(BLOCK_N=32, BLOCK_K=256, num_warps=4),   # not 64x512: it spilled (6%)
     "attention":   dict(BLOCK_T=64, num_warps=4),
-    "attn_split":  dict(BLOCK_T=64, num_warps=4),
-    "router":      dict(BLOCK_N=4, BLOCK_K=512, num_warps=4),
-    "moe_gate_up": dict(BLOCK_N=8, BLOCK_K=512, num_warps=4),
-    "moe_down":    dict(BLOCK_N=8, BLOCK_K=512, num_warps=4),
+    "attention_splitk":  dict(BLOCK_T=64, num_warps=4),
+    "moe_router":      dict(BLOCK_N=4, BLOCK_K=512, num_warps=4),
+    "moe_gate_up_swiglu": dict(BLOCK_N=8, BLOCK_K=512, num_warps=4),
+    "moe_down_residual":    dict(BLOCK_N=8, BLOCK_K=512, num_warps=4),
     # the persistent layer kernel (one launch a layer): the warps of every phase; NEXT:
     # request the next phase's first tiles before each grid barrier; STAGES > 0: its GEMV
     # phases stream through shared memory, STAGES - 1 tiles of TILE (rows x K) ahead
@@ -42,14 +43,9 @@ _DEFAULT = {
 
 TABLE: dict[str, dict[str, dict]] = {
     "default": _DEFAULT,
-    "sm_90": {   # from the sweep in NOTES.md (H200, 2026-11-29)
-        "rms_qkv":    dict(BLOCK_N=8, BLOCK_K=512, num_warps=4),
-        "o_proj":     dict(BLOCK_N=4, BLOCK_K=512, num_warps=4),
-        "gate_up":    dict(BLOCK_N=8, BLOCK_K=512, num_warps=8),
-        "down":       dict(BLOCK_N=16, BLOCK_K=512, SPLIT_K=5, num_warps=4),
-        "lm_head":    dict(BLOCK_N=64, BLOCK_K=256, num_warps=4),
+    "sm_90": {   # the GEMVs' entries are in tuned/sm_90.json (a sweep: NOTES.md)
         "attention":  dict(BLOCK_T=64, num_warps=4),
-        "attn_split": dict(BLOCK_T=64, num_warps=4),
+        "attention_splitk": dict(BLOCK_T=64, num_warps=4),
         # measured (H200, Qwen, ctx 512; NOTES.md 13-14): with a register ring, 8 warps
         # 1 program per SM 2.47 ms, 4 warps 2 per SM 1.90; streamed through shared memory
         # (results/h200/session7/persistent_stream.json) 4 warps 2 per SM, 4 stages of
@@ -63,41 +59,28 @@ TABLE: dict[str, dict[str, dict]] = {
                                  PDL=0, FOLD_ROPE=1),
     },
     # RTX 4090 (Ada): not measured here; the defaults, whose tiles are safe on any GPU.
-    # `python -m onelaunch.bench --what sweepcfg --write-table` writes a measured table.
+    # `python -m onelaunch.bench --what sweepcfg --write-table` writes a measured table
+    # (tuned/sm_89.json, ``tuned.py``), which takes precedence over this one.
     "sm_89": _DEFAULT,
     # Triton's CPU interpreter: its cost grows with programs x loop steps, not with bytes,
     # so the CPU runs take few, wide programs (still several per op, so the masks and
     # the last-arrival reductions across programs are exercised at the tiny shapes)
     "interpreter": {**_DEFAULT,
                     "rms_qkv": dict(BLOCK_N=64, BLOCK_K=512, num_warps=4),
-                    "o_proj": dict(BLOCK_N=64, BLOCK_K=512, num_warps=4),
-                    "gate_up": dict(BLOCK_N=64, BLOCK_K=512, num_warps=4),
-                    "down": dict(BLOCK_N=64, BLOCK_K=128, SPLIT_K=2, num_warps=4),
-                    "lm_head": dict(BLOCK_N=256, BLOCK_K=256, num_warps=4),
-                    "router": dict(BLOCK_N=8, BLOCK_K=512, num_warps=4),
-                    "moe_gate_up": dict(BLOCK_N=32, BLOCK_K=512, num_warps=4),
-                    "moe_down": dict(BLOCK_N=64, BLOCK_K=512, num_warps=4),
+                    "o_proj_residual": dict(BLOCK_N=64, BLOCK_K=512, num_warps=4),
+                    "rms_gate_up_swiglu": dict(BLOCK_N=64, BLOCK_K=512, num_warps=4),
+                    "down_residual": dict(BLOCK_N=64, BLOCK_K=128, SPLIT_K=2, num_warps=4),
+                    "lm_head_argmax": dict(BLOCK_N=256, BLOCK_K=256, num_warps=4),
+                    "moe_router": dict(BLOCK_N=8, BLOCK_K=512, num_warps=4),
+                    "moe_gate_up_swiglu": dict(BLOCK_N=32, BLOCK_K=512, num_warps=4),
+                    "moe_down_residual": dict(BLOCK_N=64, BLOCK_K=512, num_warps=4),
                     # streamed at the ops' own tiles (plan.persistent_cfgs)
                     "layer_persistent": dict(num_warps=4, NEXT=1, STAGES=2)},
 }
 
-# tables written by a launch-configuration sweep on a GPU of that architecture
-# (`python -m onelaunch.bench --what sweepcfg --write-table`); they take precedence over
-# the hand-written entries above, and are committed with the sweep's figures in NOTES.md
-TUNED_DIR = os.path.join(os.path.dirname(__file__), "tuned")
-
-
-@functools.lru_cache(maxsize=None)
-def tuned(arch_name: str) -> dict:
-    p = os.path.join(TUNED_DIR, f"{arch_name}.json")
-    if not os.path.exists(p):
-        return {}
-    with open(p) as f:
-        return json.load(f).get("ops", {})
-
 
 def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    return env.interpreting()
 
 
 @functools.lru_cache(maxsize=None)
@@ -110,40 +93,22 @@ def arch(device_index: int = 0) -> str:
     return f"sm_{major}{minor}"
 
 
-def _nearest(entries: dict, shape) -> dict | None:
-    """The entry measured at the shape nearest ``shape`` (N, K) in log space. ``entries``
-    maps "N,K" to a config; a plain config (no shape) matches any shape."""
-    if "BLOCK_N" in entries or "BLOCK_T" in entries:
-        return entries
-    if not entries:
-        return None
-    if shape is None:
-        return next(iter(entries.values()))
-    import math
-
-    def dist(key):
-        n, k = (int(v) for v in key.split(","))
-        return abs(math.log(n / shape[0])) + abs(math.log(k / shape[1]))
-    return entries[min(entries, key=dist)]
-
-
 def get(op: str, device=None, shape: tuple[int, int] | None = None) -> dict:
-    """The launch configuration of ``op`` on ``device`` for a weight of ``shape`` (N, K):
-    a tuned table's entry for that shape, else the one measured nearest to it, else the
-    hand-written table of the architecture, else the defaults."""
+    """The launch configuration of ``op`` on ``device`` for a weight of ``shape`` (N, K)."""
     a = "interpreter" if interpreting() else "default"
     if device is not None and torch.device(device).type == "cuda":
         a = arch(torch.device(device).index or 0)
-    t = tuned(a)
-    if op in t:
-        c = _nearest(t[op], shape)
-        if c is not None:
-            return dict(c)
-    return dict(TABLE.get(a, _DEFAULT).get(op, _DEFAULT[op]))
+    return for_arch(op, a, shape)
 
 
-def shape_key(shape) -> str:
-    return f"{shape[0]},{shape[1]}"
+def for_arch(op: str, arch_name: str, shape: tuple[int, int] | None = None) -> dict:
+    """``op``'s configuration on ``arch_name``: the measured table's entry for that shape
+    (``tuned.py``: tuned/<arch>.json), else the one measured nearest to it, else the
+    hand-written table of the architecture, else the defaults."""
+    c = tuned.nearest(tuned.read(arch_name).get(op, {}), shape)
+    if c is not None:
+        return dict(c)
+    return dict(TABLE.get(arch_name, _DEFAULT).get(op, _DEFAULT[op]))
 
 
 def prefetch(c: dict, k_span: int) -> int:

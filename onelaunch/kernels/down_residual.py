@@ -91,7 +91,7 @@ def down_residual(h, w_down, x, scratch, counter, use_pdl=False, cfg=None, out=N
     TP: ``out`` fp32 [N] gets this rank's partial (the splits' fp32 sum) instead; ``peer``
     (tiles_max >= ceil(N / BLOCK_N)) sums the ranks' partials and adds them to x."""
     N, K = w_down.shape
-    c = cfg or config.get("down", x.device, w_down.shape)
+    c = cfg or config.get("down_residual", x.device, w_down.shape)
     bk = c["BLOCK_K"]
     k_per_split, split = down_split(K, c)                     # no empty splits
     n_blocks = triton.cdiv(N, c["BLOCK_N"])

@@ -47,12 +47,11 @@ the requests before them included (a lone program never waits for another).
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
+from ..options import PersistentOptions
 from . import config
 from ._common import pdl_wait, rms_rstd, row_tiles, stream_gemv, thread_fence
 from .attention_splitk import (BLOCK_S, block_m, live_share, live_splits, partial_early,
@@ -64,7 +63,7 @@ from .o_proj_residual import o_proj_tile
 from .rms_gate_up_swiglu import gate_up_first, gate_up_tile
 from .rms_qkv import rms_qkv_tile
 from .rope_attention_partial import rope_partial
-from .rope_kv import rope_kv_head
+from .rope_kv_write import rope_kv_head
 
 PHASES = ("rms_qkv", "rope_kv_write", "attention_partial", "attention_reduce", "o_proj_residual",
           "rms_gate_up_swiglu", "down_residual")
@@ -123,7 +122,7 @@ def grid_barrier(bar_ptr, target, n_progs, RESET: tl.constexpr, FENCE: tl.conste
 
 
 @triton.jit
-def _layer_kernel(
+def _layer_persistent_kernel(
         # phase 0: RMSNorm + QKV
         x_ptr, gin_ptr, w_qkv_ptr, b_qkv_ptr, qkv_ptr, N_QKV, H, eps, stride_qkv,
         # phase 1: RoPE + KV write
@@ -344,62 +343,56 @@ def _layer_kernel(
 
 
 # ---- the launcher ---------------------------------------------------------------------------
-def _env_int(name: str, default):
-    v = os.environ.get(name)
-    return default if v in (None, "") else int(v)
-
-
-def grid_size(device, cfg: dict) -> int:
-    """Programs of the persistent grid: ``ONELAUNCH_PERSIST_GRID`` if set, else the entry's
-    GRID, else SMs x PER_SM (``ONELAUNCH_PERSIST_PER_SM``, default 1). In the interpreter a
+def grid_size(device, cfg: dict, opts: PersistentOptions | None = None) -> int:
+    """Programs of the persistent grid: ``opts.grid`` if set, else the entry's GRID, else
+    SMs x PER_SM (``opts.per_sm``, else the entry's, default 1). In the interpreter a
     few programs (each then walks several tiles of most phases)."""
-    g = _env_int("ONELAUNCH_PERSIST_GRID", cfg.get("GRID"))
+    opts = opts or PersistentOptions()
+    g = opts.grid if opts.grid is not None else cfg.get("GRID")
     if g:
         return int(g)
     if config.interpreting() or torch.device(device).type != "cuda":
         return 3
     sms = torch.cuda.get_device_properties(torch.device(device)).multi_processor_count
-    return sms * _env_int("ONELAUNCH_PERSIST_PER_SM", cfg.get("PER_SM", 1))
+    return sms * int(opts.per_sm if opts.per_sm is not None else cfg.get("PER_SM", 1))
 
 
-def entry(c_p: dict) -> dict:
-    """The persistent kernel's table entry with the environment's overrides:
-    ``ONELAUNCH_PERSIST_STAGES`` (0: each GEMV phase walks its tiles with a register ring,
-    as the unfused kernels; N > 0: one flat loop streamed through shared memory, N - 1
-    tiles ahead, ``stream_gemv``), ``ONELAUNCH_PERSIST_TILE`` (``BNxBK``: the streamed
-    phases' row tile, for all four GEMVs; ``own`` or none: each op's own tile) and
-    ``ONELAUNCH_PERSIST_FOLD_ROPE=1`` (RoPE and the KV write inside the attention phase,
-    one barrier fewer a layer; a layer with q/k norms keeps its RoPE phase)."""
+def entry(c_p: dict, opts: PersistentOptions | None = None) -> dict:
+    """The persistent kernel's table entry with ``opts``' overrides (``options.py``):
+    ``stages`` (STAGES), ``tile`` (TILE, ``own``: none) and ``fold_rope`` (FOLD_ROPE)."""
+    opts = opts or PersistentOptions()
     c = dict(c_p)
-    c["STAGES"] = _env_int("ONELAUNCH_PERSIST_STAGES", c.get("STAGES", 0))
-    if _env_int("ONELAUNCH_PERSIST_FOLD_ROPE", c.get("FOLD_ROPE", 0)):
+    c["STAGES"] = int(opts.stages if opts.stages is not None else c.get("STAGES", 0))
+    if opts.fold_rope if opts.fold_rope is not None else int(c.get("FOLD_ROPE", 0)):
         c["FOLD_ROPE"] = 1
     else:
         c.pop("FOLD_ROPE", None)
-    tile = os.environ.get("ONELAUNCH_PERSIST_TILE") or c.get("TILE")
+    tile = opts.tile or c.get("TILE")
     c.pop("TILE", None)
     if tile and tile != "own":
         c["TILE"] = str(tile)
     return c
 
 
-def launch_options(device, use_pdl: bool, c_p: dict | None = None) -> dict:
-    """How the launch is made: cooperative (``ONELAUNCH_PERSIST_COOP``, default 1 on a GPU)
-    and PDL (``ONELAUNCH_PERSIST_PDL``, default: the engine's, unless the launch table's
-    entry ``c_p`` says ``PDL=0``), and whether all phases run in one launch
-    (``ONELAUNCH_PERSIST_SPLIT=1``: one launch per phase, as the interpreter; ``0-4,5-7``:
-    those groups of phases, see ``phase_ranges``)."""
+def launch_options(device, use_pdl: bool, c_p: dict | None = None,
+                   opts: PersistentOptions | None = None) -> dict:
+    """How the launch is made: cooperative (``opts.coop``, on a GPU) and PDL
+    (``opts.pdl``, default: the engine's, unless the launch table's entry ``c_p`` says
+    ``PDL=0``), and whether all phases run in one launch (``opts.split``: "1", one
+    launch per phase, as the interpreter; "0-4,5-7", those groups of phases, see
+    ``phase_ranges``)."""
+    opts = opts or PersistentOptions()
     gpu = not config.interpreting() and torch.device(device).type == "cuda"
-    split = os.environ.get("ONELAUNCH_PERSIST_SPLIT") or "0"
-    pdl = _env_int("ONELAUNCH_PERSIST_PDL", (c_p or {}).get("PDL", 1))
-    return dict(cooperative=gpu and bool(_env_int("ONELAUNCH_PERSIST_COOP", 1)),
+    split = opts.split or "0"
+    pdl = opts.pdl if opts.pdl is not None else int((c_p or {}).get("PDL", 1))
+    return dict(cooperative=gpu and bool(opts.coop),
                 pdl=bool(use_pdl) and bool(pdl), split=not gpu or split != "0",
                 groups=None if split in ("0", "1") else split)
 
 
 def phase_ranges(opts: dict, grid: int, last: int) -> list:
     """The launches of one layer as (first, last) phase ranges: one launch for all phases,
-    one per phase (split), or the groups of ``ONELAUNCH_PERSIST_SPLIT`` when it names them
+    one per phase (split), or the groups of ``PersistentOptions.split`` when it names them
     ("0-4,5-7": the attention block in one launch and the MoE block in another; a
     measurement of where one launch gains or loses). In the interpreter a range of more
     than one phase runs only at grid 1 (see ``one_launch``)."""
@@ -410,7 +403,7 @@ def phase_ranges(opts: dict, grid: int, last: int) -> list:
         a, _, b = part.partition("-")
         ranges.append((int(a), int(b or a)))
     if [p for a, b in ranges for p in range(a, b + 1)] != list(range(last + 1)):
-        raise ValueError(f"ONELAUNCH_PERSIST_SPLIT={opts['groups']!r} must cover phases "
+        raise ValueError(f"split={opts['groups']!r} must cover phases "
                          f"0-{last} in order, each once (e.g. '0-4,5-{last}')")
     return ranges
 
@@ -423,7 +416,8 @@ def one_launch(opts: dict, grid: int) -> bool:
 
 def layer_persistent(x, L: dict, qkv, q, attn, h, k_cache, v_cache, cos, sin, pos, part_o, part_m,
                      part_l, scratch, counter, bar, heads, kv_heads, head_dim, eps, chunk, cfgs: dict,
-                     use_pdl=False, grid=None, opts=None, live_cap=None, moe=None, clock=None):
+                     use_pdl=False, grid=None, opts=None, live_cap=None, moe=None, clock=None,
+                     persist: PersistentOptions | None = None):
     """One layer. ``L``: the layer's packed weights (input_norm, w_qkv, b_qkv, w_o,
     post_norm, then w_gate_up, w_down, or for a mixture of experts w_router,
     w_experts_gate_up, w_experts_down); the activation buffers, caches and split-K partials
@@ -433,17 +427,18 @@ def layer_persistent(x, L: dict, qkv, q, attn, h, k_cache, v_cache, cos, sin, po
     STAGES: see ``entry``). ``moe``: the router's buffers (logits, ids, weights, log,
     log_row, log_offset) and the experts' h [top_k, I]; the MoE layer must stream
     (STAGES > 0). ``clock``: int64 [grid, 2 x phases] for the programs' clock stamps
-    (a measurement on a GPU: ``clock_phases``). Returns the compiled kernels of the
-    launches it made."""
+    (a measurement on a GPU: ``clock_phases``). ``persist``: the engine's
+    ``PersistentOptions`` (grid, cooperative launch, PDL, split). Returns the compiled
+    kernels of the launches it made."""
     w_qkv, w_o = L["w_qkv"], L["w_o"]
     N_QKV, H = w_qkv.shape
-    c_qkv, c_o = cfgs["rms_qkv"], cfgs["o_proj"]
-    c_at, c_p = cfgs["attn_split"], cfgs["layer_persistent"]
+    c_qkv, c_o = cfgs["rms_qkv"], cfgs["o_proj_residual"]
+    c_at, c_p = cfgs["attention_splitk"], cfgs["layer_persistent"]
     stages = int(c_p.get("STAGES", 0))
     if moe is None:
         w_gu, w_dn = L["w_gate_up"], L["w_down"]
         I = w_gu.shape[0] // 2
-        c_gu, c_dn = cfgs["gate_up"], cfgs["down"]
+        c_gu, c_dn = cfgs["rms_gate_up_swiglu"], cfgs["down_residual"]
         k_per_split, split = down_split(I, c_dn)
         assert not stages or split == 1, "the streamed down phase runs whole rows (SPLIT_K 1)"
         n_dn_rows = triton.cdiv(H, c_dn["BLOCK_N"])
@@ -459,14 +454,14 @@ def layer_persistent(x, L: dict, qkv, q, attn, h, k_cache, v_cache, cos, sin, po
         E, I_E = w_r.shape[0], w_edn.shape[2]
         logits, ids, wts, log, eh = (moe[k] for k in ("logits", "ids", "weights", "log", "h"))
         log_row, log_offset, top_k = moe["log_row"], moe["log_offset"], ids.numel()
-        c_r, c_egu, c_edn = cfgs["router"], cfgs["moe_gate_up"], cfgs["moe_down"]
+        c_r, c_egu, c_edn = cfgs["moe_router"], cfgs["moe_gate_up_swiglu"], cfgs["moe_down_residual"]
     n_splits = part_m.shape[1]
     group = heads // kv_heads
     block_t = min(c_at["BLOCK_T"], chunk)
     assert chunk % block_t == 0, "a tile must not straddle two chunks"
     qn, kn = L.get("q_norm"), L.get("k_norm")
-    opts = opts or launch_options(x.device, use_pdl, c_p)
-    P = grid or grid_size(x.device, c_p)
+    opts = opts or launch_options(x.device, use_pdl, c_p, persist)
+    P = grid or grid_size(x.device, c_p, persist)
     kw = {}
     if opts["pdl"]:
         kw["launch_pdl"] = True
@@ -478,7 +473,7 @@ def layer_persistent(x, L: dict, qkv, q, attn, h, k_cache, v_cache, cos, sin, po
     if clock is not None:
         if config.interpreting():
             raise ValueError("the layer's clock reads %globaltimer: a GPU measurement, not "
-                             "for Triton's interpreter (leave ONELAUNCH_PERSIST_CLOCK unset)")
+                             "for Triton's interpreter (leave PersistentOptions.clock False)")
         assert clock.dtype == torch.int64 and clock.numel() >= P * slots, "clock too small"
     # RoPE folded into the attention phase (``rope_attention_partial.rope_partial``): one
     # barrier fewer a layer; not where q and k are normed over all heads (OLMoE)
@@ -489,7 +484,7 @@ def layer_persistent(x, L: dict, qkv, q, attn, h, k_cache, v_cache, cos, sin, po
     b = L["b_qkv"]
     compiled = []
     for first, final in ranges:
-        compiled.append(_layer_kernel[(P,)](
+        compiled.append(_layer_persistent_kernel[(P,)](
             x, L["input_norm"], w_qkv, b if b is not None else w_qkv, qkv, N_QKV, H, eps,
             w_qkv.stride(0),
             q, k_cache, v_cache, cos, sin, pos, qn if qn is not None else qkv,

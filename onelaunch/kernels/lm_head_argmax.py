@@ -119,7 +119,7 @@ def lm_head_argmax(x, g, w, logits, part_val, part_idx, counter, seq, pos, promp
     and leave seq/argmax/pos alone; with ``peer`` (a site with n_max >= 2 world), merge
     over the ranks and do the bookkeeping (rank and world come from the site)."""
     N, K = w.shape
-    c = cfg or config.get("lm_head", x.device, w.shape)
+    c = cfg or config.get("lm_head_argmax", x.device, w.shape)
     n_prog = triton.cdiv(N, c["BLOCK_N"])
     assert part_val.numel() >= n_prog and part_idx.numel() >= n_prog
     assert keys is None or peer is None, "keys (unfused TP) or peer (fused TP), not both"
@@ -145,4 +145,4 @@ def lm_head_argmax(x, g, w, logits, part_val, part_idx, counter, seq, pos, promp
 def programs_for(vocab: int, device, hidden: int | None = None) -> int:
     """Programs (and partial slots) the LM head launches for a [vocab, hidden] weight."""
     shape = None if hidden is None else (vocab, hidden)
-    return triton.cdiv(vocab, config.get("lm_head", device, shape)["BLOCK_N"])
+    return triton.cdiv(vocab, config.get("lm_head_argmax", device, shape)["BLOCK_N"])

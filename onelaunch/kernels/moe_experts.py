@@ -11,11 +11,11 @@ TOP_K experts), so a CUDA graph replays it while the experts it reads change eve
 What the indirection costs: an expert's address is known only after the router finishes,
 so, unlike the dense GEMVs, no weight tile can be requested before the PDL wait.
 
-Stage 1, ``_moe_gate_up_kernel``, grid (TOP_K, I / BLOCK_N):
+Stage 1, ``_moe_gate_up_swiglu_kernel``, grid (TOP_K, I / BLOCK_N):
 
     h[j, n] = silu(W_gu[ids[j], n] . xn) * (W_gu[ids[j], I + n] . xn)       h: [TOP_K, I] bf16
 
-Stage 2, ``_moe_down_kernel``, grid (K / BLOCK_N, TOP_K): each program computes one
+Stage 2, ``_moe_down_residual_kernel``, grid (K / BLOCK_N, TOP_K): each program computes one
 expert's rows, ``t_j = bf16(bf16(W_down[ids[j]] @ h[j]) * w_j)`` (HF's roundings), and the
 last of the TOP_K programs of a row block adds them in slot order and the residual:
 
@@ -39,7 +39,7 @@ from .peer import epilogue_args
 
 
 @triton.jit
-def _moe_gate_up_kernel(xn_ptr, w_ptr, ids_ptr, h_ptr, I, K, stride_w_e, stride_w_n,
+def _moe_gate_up_swiglu_kernel(xn_ptr, w_ptr, ids_ptr, h_ptr, I, K, stride_w_e, stride_w_n,
                         USE_PDL: tl.constexpr, BLOCK_N: tl.constexpr,
                         BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr):
     slot = tl.program_id(0)
@@ -62,7 +62,7 @@ def _moe_gate_up_kernel(xn_ptr, w_ptr, ids_ptr, h_ptr, I, K, stride_w_e, stride_
 
 
 @triton.jit
-def _moe_down_kernel(h_ptr, w_ptr, ids_ptr, wts_ptr, x_ptr, scratch_ptr, counter_ptr,
+def _moe_down_residual_kernel(h_ptr, w_ptr, ids_ptr, wts_ptr, x_ptr, scratch_ptr, counter_ptr,
                      out_ptr, peer_ptr, N, I, stride_w_e, stride_w_n,
                      TOP_K: tl.constexpr, FENCE: tl.constexpr, OUT: tl.constexpr,
                      PEER: tl.constexpr, WORLD: tl.constexpr, USE_PDL: tl.constexpr,
@@ -94,7 +94,7 @@ def stream_experts_gate_up(w_ptr, stride_w_e, stride_w_n, ids, I, K, x_ptr, g_pt
     ``first + step``, ... of h[j] = swiglu of expert ``ids[j]`` (``ids``: [TOP_KP] in
     registers, from ``moe_router.route``) over rmsnorm(x) * g, as one flat loop over
     (tile, K tile) streamed through shared memory (see ``_common.stream_gemv``). Same
-    sums and roundings as ``_moe_gate_up_kernel`` reading the router's xn."""
+    sums and roundings as ``_moe_gate_up_swiglu_kernel`` reading the router's xn."""
     n_t = tl.cdiv(I, BLOCK_N)
     nk = tl.cdiv(K, BLOCK_K)
     mine = tl.cdiv(tl.maximum(TOP_K * n_t - first, 0), step)
@@ -130,7 +130,7 @@ def stream_experts_down(w_ptr, stride_w_e, stride_w_n, ids_ptr, wts_ptr, N, I, h
     """The persistent MoE layer's down phase: row tiles ``first``, ``first + step``, ...
     of x += sum_j w_j * W_down[ids[j]] @ h[j], one flat loop over (row tile, slot,
     K tile) streamed through shared memory. Each slot's rows are rounded and weighted as
-    ``_moe_down_kernel`` does, and summed in slot order, so the row tile needs no
+    ``_moe_down_residual_kernel`` does, and summed in slot order, so the row tile needs no
     last-arrival exchange: one program owns all its slots."""
     nk = tl.cdiv(I, BLOCK_K)
     per = TOP_K * nk
@@ -168,9 +168,9 @@ def moe_gate_up_swiglu(xn, w_gate_up, ids, h, use_pdl=False, cfg=None):
     I = two_i // 2
     top_k = ids.numel()
     assert h.numel() >= top_k * I and w_gate_up.stride(2) == 1
-    c = cfg or config.get("moe_gate_up", xn.device, (two_i, K))
+    c = cfg or config.get("moe_gate_up_swiglu", xn.device, (two_i, K))
     kw = {"launch_pdl": True} if use_pdl else {}
-    _moe_gate_up_kernel[(top_k, triton.cdiv(I, c["BLOCK_N"]))](
+    _moe_gate_up_swiglu_kernel[(top_k, triton.cdiv(I, c["BLOCK_N"]))](
         xn, w_gate_up, ids, h, I, K, w_gate_up.stride(0), w_gate_up.stride(1), USE_PDL=use_pdl,
         BLOCK_N=c["BLOCK_N"], BLOCK_K=c["BLOCK_K"], PREFETCH=config.prefetch(c, K),
         num_warps=c["num_warps"], **kw)
@@ -185,13 +185,13 @@ def moe_down_residual(h, w_down, ids, weights, x, scratch, counter, use_pdl=Fals
     BLOCK_N)) sums the ranks' partials and adds them to x."""
     E, N, I = w_down.shape
     top_k = ids.numel()
-    c = cfg or config.get("moe_down", x.device, (N, I))
+    c = cfg or config.get("moe_down_residual", x.device, (N, I))
     n_blocks = triton.cdiv(N, c["BLOCK_N"])
     assert scratch.numel() >= top_k * N and counter.numel() >= n_blocks, "scratch too small"
     assert w_down.stride(2) == 1
     out_ptr, peer_ptr, ep = epilogue_args(x, out, peer, N, n_blocks)
     kw = {"launch_pdl": True} if use_pdl else {}
-    _moe_down_kernel[(n_blocks, top_k)](
+    _moe_down_residual_kernel[(n_blocks, top_k)](
         h, w_down, ids, weights, x, scratch, counter, out_ptr, peer_ptr, N, I, w_down.stride(0),
         w_down.stride(1), TOP_K=top_k, FENCE=not config.interpreting(), **ep, USE_PDL=use_pdl,
         BLOCK_N=c["BLOCK_N"],

@@ -103,7 +103,7 @@ def moe_router(x, g, w_router, xn, logits, ids, weights, counter, pos, eps, log=
     top_k = ids.numel()
     assert top_k <= E and logits.numel() >= E and weights.numel() >= top_k
     assert counter.dtype == torch.int32
-    c = cfg or config.get("router", x.device, (E, K))
+    c = cfg or config.get("moe_router", x.device, (E, K))
     n_prog = triton.cdiv(E, c["BLOCK_N"])
     if log is None:
         log, log_row, log_offset = ids, 0, 0          # the ids again: a harmless re-store

@@ -51,7 +51,7 @@ def o_proj_residual(attn, w_o, x, use_pdl=False, cfg=None, out=None, peer=None):
     alone; ``peer`` (a ``PeerBuffers`` site, tiles_max >= ceil(N / BLOCK_N)) sums the ranks'
     partials in rank order and adds them to x on every rank."""
     N, K = w_o.shape
-    c = cfg or config.get("o_proj", x.device, w_o.shape)
+    c = cfg or config.get("o_proj_residual", x.device, w_o.shape)
     n_blocks = triton.cdiv(N, c["BLOCK_N"])
     out_ptr, peer_ptr, ep = epilogue_args(x, out, peer, N, n_blocks)
     kw = {"launch_pdl": True} if use_pdl else {}

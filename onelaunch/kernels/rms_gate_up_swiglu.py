@@ -58,7 +58,7 @@ def rms_gate_up_swiglu(x, g, w_gate_up, h, eps, use_pdl=False, cfg=None):
     """h[I] = silu(W_gate @ xn) * (W_up @ xn), xn = rmsnorm(x) * g.  w_gate_up: [2I, K]."""
     two_i, K = w_gate_up.shape
     I = two_i // 2
-    c = cfg or config.get("gate_up", x.device, w_gate_up.shape)
+    c = cfg or config.get("rms_gate_up_swiglu", x.device, w_gate_up.shape)
     kw = {"launch_pdl": True} if use_pdl else {}
     _rms_gate_up_swiglu_kernel[(triton.cdiv(I, c["BLOCK_N"]),)](
         x, g, w_gate_up, h, I, K, eps, w_gate_up.stride(0), USE_PDL=use_pdl,

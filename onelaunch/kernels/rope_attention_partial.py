@@ -7,7 +7,7 @@ after the caller's wait, with the first tile of keys and values older than pos a
 requested (k0, v0, tm0: ``load_kv_tile``):
 
 1. the GROUP query heads of kv head kh are rotated from the un-rotated ``qkv`` with
-   ``rope_kv``'s own helper (same products, same roundings), so q never goes through
+   ``rope_kv_write``'s own helper (same products, same roundings), so q never goes through
    memory;
 2. the program whose share holds ``pos`` (the new token) also rotates the new k of its
    kv head and writes k and v at ``pos``, as ``rope_kv_write`` does, and folds that token
@@ -35,7 +35,7 @@ import triton.language as tl
 
 from ._common import bf16_round
 from .attention_splitk import NEW_T, split_partial, store_partials
-from .rope_kv import _rope_pair
+from .rope_kv_write import _rope_pair
 
 
 @triton.jit

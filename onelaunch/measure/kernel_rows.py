@@ -64,10 +64,10 @@ def kernel_rows(spec, w, device="cuda", ctx: int = 512, iters: int = 50, read_tb
     # ---- rms + qkv ----------------------------------------------------------------------
     out = torch.full((s.qkv_size,), float("nan"), dtype=bf, device=dev)
     c_qkv = cfg("rms_qkv", L0["w_qkv"].shape)
-    K.rms_qkv(x, L0["input_norm"], L0["w_qkv"], L0["b_qkv"], out, eps, cfg=c_qkv)
+    K.rms_qkv.rms_qkv(x, L0["input_norm"], L0["w_qkv"], L0["b_qkv"], out, eps, cfg=c_qkv)
     err = rel_err(out, ref_rms_qkv(x, L0["input_norm"], L0["w_qkv"], L0["b_qkv"], eps))
     row("rms_qkv", lambda: graph_time(
-        lambda: [K.rms_qkv(x, L["input_norm"], L["w_qkv"], L["b_qkv"], out, eps, cfg=c_qkv) for L in Ls],
+        lambda: [K.rms_qkv.rms_qkv(x, L["input_norm"], L["w_qkv"], L["b_qkv"], out, eps, cfg=c_qkv) for L in Ls],
         nL, dev, iters), L0["w_qkv"].numel() * 2 + s.qkv_size * 2 * 2, err, tol)
     # ---- rope + kv write ------------------------------------------------------------------
     C = ctx + 64
@@ -77,14 +77,14 @@ def kernel_rows(spec, w, device="cuda", ctx: int = 512, iters: int = 50, read_tb
     pos = torch.tensor([ctx - 1], dtype=torch.int32, device=dev)
     qkv = rnd(s.qkv_size)
     q = torch.empty(s.q_size, dtype=bf, device=dev)
-    K.rope_kv_write(qkv, q, kc[0], vc[0], cos, sin, pos, s.heads, s.kv_heads, s.head_dim)
+    K.rope_kv_write.rope_kv_write(qkv, q, kc[0], vc[0], cos, sin, pos, s.heads, s.kv_heads, s.head_dim)
     c1, s1 = cos[ctx - 1: ctx], sin[ctx - 1: ctx]
     q_ref = apply_rope(qkv[: s.q_size].view(1, s.heads, s.head_dim), c1, s1).flatten()
     k_ref = apply_rope(qkv[s.q_size: s.q_size + s.kv_size].view(1, s.kv_heads, s.head_dim), c1, s1)[0]
     err = max(rel_err(q, q_ref), rel_err(kc[0, :, ctx - 1], k_ref),
               rel_err(vc[0, :, ctx - 1], qkv[s.q_size + s.kv_size:].view(s.kv_heads, s.head_dim)))
     row("rope_kv_write", lambda: graph_time(
-        lambda: [K.rope_kv_write(qkv, q, kc[i], vc[i], cos, sin, pos, s.heads, s.kv_heads,
+        lambda: [K.rope_kv_write.rope_kv_write(qkv, q, kc[i], vc[i], cos, sin, pos, s.heads, s.kv_heads,
                                  s.head_dim) for i in range(nL)], nL, dev, iters),
         (s.qkv_size + s.q_size + 2 * s.kv_size) * 2, err, tol,
         note="rounds where HF's bf16 RoPE rounds: bit-exact in the tests")
@@ -95,43 +95,43 @@ def kernel_rows(spec, w, device="cuda", ctx: int = 512, iters: int = 50, read_tb
     attn = torch.full((s.q_size,), float("nan"), dtype=bf, device=dev)
     ref = ref_attention(q, kc[0], vc[0], ctx, s.heads, s.kv_heads, s.head_dim)
     kv_bytes = 2 * ctx * s.kv_heads * s.head_dim * 2
-    K.attention(q, kc[0], vc[0], attn, pos, s.heads, s.kv_heads, s.head_dim, cfg("attention"))
+    K.attention.attention(q, kc[0], vc[0], attn, pos, s.heads, s.kv_heads, s.head_dim, cfg("attention"))
     err = rel_err(attn, ref)
     row("attention (plain)", lambda: graph_time(
-        lambda: [K.attention(q, kc[i], vc[i], attn, pos, s.heads, s.kv_heads, s.head_dim,
+        lambda: [K.attention.attention(q, kc[i], vc[i], attn, pos, s.heads, s.kv_heads, s.head_dim,
                              cfg("attention")) for i in range(nL)], nL, dev, iters),
         kv_bytes, err, attn_tol, note=f"ctx {ctx}, one program per query head")
-    chunk = K.chunk_for(C)
-    ns = K.n_splits_for(C, chunk)
+    chunk = K.attention_splitk.chunk_for(C)
+    ns = K.attention_splitk.n_splits_for(C, chunk)
     po = torch.empty(s.heads, ns, s.head_dim, dtype=torch.float32, device=dev)
     pm = torch.empty(s.heads, ns, dtype=torch.float32, device=dev)
     pl = torch.empty_like(pm)
     attn.fill_(float("nan"))
-    K.attention_splitk(q, kc[0], vc[0], attn, pos, po, pm, pl, s.heads, s.kv_heads, s.head_dim, chunk,
-                       cfg("attn_split"))
+    K.attention_splitk.attention_splitk(q, kc[0], vc[0], attn, pos, po, pm, pl, s.heads, s.kv_heads, s.head_dim, chunk,
+                       cfg("attention_splitk"))
     err = rel_err(attn, ref)
     row("attention (split-K, 2 launches)", lambda: graph_time(
-        lambda: [K.attention_splitk(q, kc[i], vc[i], attn, pos, po, pm, pl, s.heads, s.kv_heads,
-                                    s.head_dim, chunk, cfg("attn_split")) for i in range(nL)],
+        lambda: [K.attention_splitk.attention_splitk(q, kc[i], vc[i], attn, pos, po, pm, pl, s.heads, s.kv_heads,
+                                    s.head_dim, chunk, cfg("attention_splitk")) for i in range(nL)],
         nL, dev, iters), kv_bytes, err, attn_tol, note=f"ctx {ctx}, chunk {chunk}")
     # ---- o_proj + residual -----------------------------------------------------------
     a = rnd(s.q_size)
     xo = x.clone()
-    c_o = cfg("o_proj", L0["w_o"].shape)
-    K.o_proj_residual(a, L0["w_o"], xo, cfg=c_o)
+    c_o = cfg("o_proj_residual", L0["w_o"].shape)
+    K.o_proj_residual.o_proj_residual(a, L0["w_o"], xo, cfg=c_o)
     err = rel_err(xo, ref_matvec_residual(a, L0["w_o"], x))
     xs = x.clone()
     row("o_proj_residual", lambda: graph_time(
-        lambda: [K.o_proj_residual(a, L["w_o"], xs, cfg=c_o) for L in Ls], nL, dev, iters),
+        lambda: [K.o_proj_residual.o_proj_residual(a, L["w_o"], xs, cfg=c_o) for L in Ls], nL, dev, iters),
         L0["w_o"].numel() * 2 + s.hidden * 4, err, tol)
     if "w_gate_up" in L0:    # the dense MLP (a mixture of experts has its own kernels)
         # ---- rms + gate/up + swiglu ----------------------------------------------------
         h = torch.full((s.intermediate,), float("nan"), dtype=bf, device=dev)
-        c_gu = cfg("gate_up", L0["w_gate_up"].shape)
-        K.rms_gate_up_swiglu(x, L0["post_norm"], L0["w_gate_up"], h, eps, cfg=c_gu)
+        c_gu = cfg("rms_gate_up_swiglu", L0["w_gate_up"].shape)
+        K.rms_gate_up_swiglu.rms_gate_up_swiglu(x, L0["post_norm"], L0["w_gate_up"], h, eps, cfg=c_gu)
         err = rel_err(h, ref_rms_gate_up_swiglu(x, L0["post_norm"], L0["w_gate_up"], eps))
         row("rms_gate_up_swiglu", lambda: graph_time(
-            lambda: [K.rms_gate_up_swiglu(x, L["post_norm"], L["w_gate_up"], h, eps, cfg=c_gu)
+            lambda: [K.rms_gate_up_swiglu.rms_gate_up_swiglu(x, L["post_norm"], L["w_gate_up"], h, eps, cfg=c_gu)
                      for L in Ls], nL, dev, iters),
             L0["w_gate_up"].numel() * 2 + s.intermediate * 2, err, tol)
         # ---- down + residual -----------------------------------------------------------
@@ -139,19 +139,19 @@ def kernel_rows(spec, w, device="cuda", ctx: int = 512, iters: int = 50, read_tb
         scratch = torch.full((16 * s.hidden,), float("nan"), dtype=torch.float32, device=dev)
         counter = torch.zeros(s.hidden, dtype=torch.int32, device=dev)
         xd = x.clone()
-        c_d = cfg("down", L0["w_down"].shape)
-        K.down_residual(hh, L0["w_down"], xd, scratch, counter, cfg=c_d)
+        c_d = cfg("down_residual", L0["w_down"].shape)
+        K.down_residual.down_residual(hh, L0["w_down"], xd, scratch, counter, cfg=c_d)
         err = rel_err(xd, ref_matvec_residual(hh, L0["w_down"], x))
         n_split = splits_written(scratch, s.hidden)
         left = int(counter.abs().max())
         xs = x.clone()
         row("down_residual", lambda: graph_time(
-            lambda: [K.down_residual(hh, L["w_down"], xs, scratch, counter, cfg=c_d) for L in Ls],
+            lambda: [K.down_residual.down_residual(hh, L["w_down"], xs, scratch, counter, cfg=c_d) for L in Ls],
             nL, dev, iters), L0["w_down"].numel() * 2 + s.hidden * 4, err, tol,
             note=f"split-K {max(1, n_split)} (asked {c_d.get('SPLIT_K', 1)}), last-arrival epilogue",
             extra_fail=f"counters left at {left}, not 0" if left else None)
     # ---- final norm + lm_head + argmax ---------------------------------------------------
-    c_lm = cfg("lm_head", P["lm_head"].shape)
+    c_lm = cfg("lm_head_argmax", P["lm_head"].shape)
     n_prog = -(-s.vocab // c_lm["BLOCK_N"])
     logits = torch.full((s.vocab,), float("nan"), dtype=torch.float32, device=dev)
     pv = torch.empty(n_prog, dtype=torch.float32, device=dev)
@@ -160,7 +160,7 @@ def kernel_rows(spec, w, device="cuda", ctx: int = 512, iters: int = 50, read_tb
     seq = torch.zeros(C + 1, dtype=torch.int32, device=dev)
     p0 = torch.tensor([ctx - 1], dtype=torch.int32, device=dev)
     plen = torch.zeros(1, dtype=torch.int32, device=dev)
-    K.lm_head_argmax(x, P["norm"], P["lm_head"], logits, pv, pi, cnt, seq, p0, plen, eps, cfg=c_lm)
+    K.lm_head_argmax.lm_head_argmax(x, P["norm"], P["lm_head"], logits, pv, pi, cnt, seq, p0, plen, eps, cfg=c_lm)
     ref, _ = ref_lm_head(x, P["norm"], P["lm_head"], eps)
     err = rel_err(logits, ref)
     tok = agree.judge_step(0, ref, int(seq[ctx]))
@@ -173,7 +173,7 @@ def kernel_rows(spec, w, device="cuda", ctx: int = 512, iters: int = 50, read_tb
 
     def time_lm():
         plen.fill_(2 ** 30)      # timing: positions advance, but no token is written
-        return graph_time(lambda: [K.lm_head_argmax(x, P["norm"], P["lm_head"], logits, pv, pi, cnt,
+        return graph_time(lambda: [K.lm_head_argmax.lm_head_argmax(x, P["norm"], P["lm_head"], logits, pv, pi, cnt,
                                                      seq, p0, plen, eps, cfg=c_lm) for _ in range(n_rep)],
                            n_rep, dev, iters)
     row("lm_head_argmax", time_lm, P["lm_head"].numel() * 2 + s.vocab * 4, err, tol,

@@ -18,13 +18,13 @@ from .hf_check import RouterLog, router_ties
 # from the weight's shape, its launch-configuration key)
 GEMVS = {
     "rms_qkv": ("w_qkv", lambda s: (s[0], s[1]), "rms_qkv"),
-    "o_proj_residual": ("w_o", lambda s: (s[0], s[1]), "o_proj"),
-    "rms_gate_up_swiglu": ("w_gate_up", lambda s: (s[0] // 2, s[1]), "gate_up"),
-    "down_residual": ("w_down", lambda s: (s[0], s[1]), "down"),
-    "lm_head_argmax": ("w", lambda s: (s[0], s[1]), "lm_head"),
-    "moe_router": ("w_router", lambda s: (s[0], s[1]), "router"),
-    "moe_gate_up_swiglu": ("w_gate_up", lambda s: (s[1] // 2, s[2]), "moe_gate_up"),
-    "moe_down_residual": ("w_down", lambda s: (s[1], s[2]), "moe_down"),
+    "o_proj_residual": ("w_o", lambda s: (s[0], s[1]), "o_proj_residual"),
+    "rms_gate_up_swiglu": ("w_gate_up", lambda s: (s[0] // 2, s[1]), "rms_gate_up_swiglu"),
+    "down_residual": ("w_down", lambda s: (s[0], s[1]), "down_residual"),
+    "lm_head_argmax": ("w", lambda s: (s[0], s[1]), "lm_head_argmax"),
+    "moe_router": ("w_router", lambda s: (s[0], s[1]), "moe_router"),
+    "moe_gate_up_swiglu": ("w_gate_up", lambda s: (s[1] // 2, s[2]), "moe_gate_up_swiglu"),
+    "moe_down_residual": ("w_down", lambda s: (s[1], s[2]), "moe_down_residual"),
 }
 
 # the covering run: a seeded prompt of COVER_PROMPT ids prefilled, then COVER_STEPS steps
@@ -60,7 +60,7 @@ def gemv_tiles(e, calls=None) -> dict:
         w = c["args"][arg]
         N, Kd = shape_of(tuple(w.shape))
         cfg = dict(c["args"].get("cfg") or e.cfg(key, w))
-        span, splits = down_split(Kd, cfg) if key == "down" else (Kd, 1)
+        span, splits = down_split(Kd, cfg) if key == "down_residual" else (Kd, 1)
         out[c["kernel"]] = dict(
             key=key, cfg=cfg, N=N, K=Kd, row_blocks=_cdiv(N, cfg["BLOCK_N"]),
             rows_partial=N % cfg["BLOCK_N"] != 0, k_tiles=_cdiv(min(span, Kd), cfg["BLOCK_K"]),
@@ -85,14 +85,15 @@ def mechanisms(e, first: int, last: int, ties: dict | None = None) -> list[tuple
         rows += [(f"{key}: several row blocks", g["row_blocks"] >= 2,
                   f"{g['row_blocks']} of {c['BLOCK_N']} rows"),
                  (f"{key}: several K tiles", g["k_tiles"] >= 2,
-                  f"{g['k_tiles']} of {c['BLOCK_K']}" + (" a split" if key == "down" else ""))]
-        if key == "down":
+                  f"{g['k_tiles']} of {c['BLOCK_K']}"
+                  + (" a split" if key == "down_residual" else ""))]
+        if key == "down_residual":
             rows.append(("down: a split over K", g["splits"] >= 2, f"{g['splits']} splits"))
     p = e.paths
     if p["attention"] == "splitk":
         n_splits = e.partials()[0].shape[1]
-        share = K.live_share(n_splits, e.live_cap)
-        bt = min(e.cfg("attn_split")["BLOCK_T"], e.chunk)
+        share = K.attention_splitk.live_share(n_splits, e.live_cap)
+        bt = min(e.cfg("attention_splitk")["BLOCK_T"], e.chunk)
         live = tiles = 0
         uneven = past = False
         for pos in range(first, last + 1):
@@ -123,7 +124,7 @@ def covering_cfgs(e) -> dict:
     from ..kernels.down_residual import down_split
     out = dict(e.cfgs)
     for g in gemv_tiles(e).values():
-        c, down = dict(g["cfg"]), g["key"] == "down"
+        c, down = dict(g["cfg"]), g["key"] == "down_residual"
         if down:
             c["SPLIT_K"] = max(2, c.get("SPLIT_K", 1))
         while c["BLOCK_N"] > 1 and _cdiv(g["N"], c["BLOCK_N"]) < 2:

@@ -185,7 +185,7 @@ def phase_rows(spec, weights, device="cuda", ctx: int = 512, tokens: int = 12,
                replays: int = 20, read_tbps: float | None = None, seed: int = 0,
                ref=None) -> list[dict]:
     """One launch a layer from the inside. The ``+ persistent layer`` rung is built with
-    the phases' clock (``ONELAUNCH_PERSIST_CLOCK=1``: every program stamps the GPU's
+    the phases' clock (``PersistentOptions(clock=True)``: every program stamps the GPU's
     global clock at each phase's start and end), checked against the oracle as the
     ladder checks it, then replayed ``replays`` times from position ``ctx``. One row per
     phase (``layer_persistent.clock_phases``: the last replay, median over layers), in
@@ -196,8 +196,8 @@ def phase_rows(spec, weights, device="cuda", ctx: int = 512, tokens: int = 12,
     so the rows add up to one layer. A failed check is one row with ``refused``. ``ref``:
     the oracle's tokens for the ladder's prompt at ``ctx`` (``agree.oracle_tokens``),
     computed here when not given."""
-    import importlib
-    LP = importlib.import_module("onelaunch.kernels.layer_persistent")
+    from ..kernels import layer_persistent as LP
+    from ..options import PersistentOptions
     dev = torch.device(device)
     _require_cuda(dev)
     read_tbps = read_tbps or read_bandwidth(dev)
@@ -205,15 +205,7 @@ def phase_rows(spec, weights, device="cuda", ctx: int = 512, tokens: int = 12,
     if ref is None:
         ref = agree.oracle_tokens(spec, weights, prompt, tokens, max_ctx)
     rung = "+ persistent layer"
-    was = os.environ.get("ONELAUNCH_PERSIST_CLOCK")
-    os.environ["ONELAUNCH_PERSIST_CLOCK"] = "1"     # read once, when the plan is built
-    try:
-        e = RUNGS[rung].engine(spec, weights, max_ctx)
-    finally:
-        if was is None:
-            del os.environ["ONELAUNCH_PERSIST_CLOCK"]
-        else:
-            os.environ["ONELAUNCH_PERSIST_CLOCK"] = was
+    e = RUNGS[rung].engine(spec, weights, max_ctx, persist=PersistentOptions(clock=True))
     base = {"model": spec.name, "rung": rung, "ctx": ctx}
     j = agree.judge(e, prompt, ref, graph=True)
     if not j["ok"]:

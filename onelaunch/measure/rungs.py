@@ -50,11 +50,12 @@ class Rung:
         return not (self.persistent and persistent_refusal(
             spec, self.attention, stages=stages))
 
-    def engine(self, spec, w, max_ctx: int):
-        """The rung's engine for ``max_ctx`` positions."""
+    def engine(self, spec, w, max_ctx: int, persist=None):
+        """The rung's engine for ``max_ctx`` positions (``persist``: the persistent
+        layer's ``PersistentOptions``, for a measurement such as its phase clock)."""
         return make_engine(spec, w, max_ctx=max_ctx, attention=self.attention,
                            pdl=self.pdl,
-                           persistent=self.persistent, cfgs=self.cfgs)
+                           persistent=self.persistent, cfgs=self.cfgs, persist=persist)
 
     def runs_on(self, device) -> bool:
         """False for the PDL rung on a GPU without PDL."""

@@ -83,7 +83,7 @@ def sweep_rows(spec, w, device="cuda", ctxs=(128, 512, 2048, 8192, 16384, 32768)
     o = Oracle(spec, w, max_ctx=max_ctx)
     rows = []
     for cap in live_caps:
-        e.live_cap = K.default_live_cap(spec.kv_heads) if cap == 0 else cap
+        e.live_cap = K.attention_splitk.default_live_cap(spec.kv_heads) if cap == 0 else cap
         e.capture()
         for c in ctxs:
             forced = random_prompt(spec, check_tokens, generator=g)
@@ -130,7 +130,7 @@ def maxctx_rows(spec, w, device="cuda", ctx=512, max_ctxs=(1024, None), iters=10
         n_splits = e.partials()[0].shape[1]
         r = {"model": spec.name, "rung": f"splitk{' + PDL' if e.pdl else ''}", "ctx": ctx,
              "max_ctx": mc, "chunk": e.chunk, "n_splits": n_splits,
-             "live_splits": K.live_splits_host(ctx + 1, e.chunk, K.live_share(n_splits, e.live_cap)),
+             "live_splits": K.attention_splitk.live_splits_host(ctx + 1, e.chunk, K.attention_splitk.live_share(n_splits, e.live_cap)),
              "agree": j["agree"], "flips": agree.disagreements(j), "floor_ms": floor}
         if first is None:
             first = mine

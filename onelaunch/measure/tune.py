@@ -14,8 +14,10 @@ import traceback
 import torch
 
 from .. import kernels as K
-from ..kernels import config
+from .. import plan
+from ..kernels import config, tuned
 from ..prompt import random_prompt
+from ..specs import get_spec
 from ..weights import pack_weights
 from . import agree
 from .references import (GEMV_TOL, ref_lm_head, ref_matvec_residual,
@@ -46,13 +48,13 @@ def config_sweep(spec, w, device="cuda", iters=30, read_tbps=None, pdl=None,
     down_keys = ("BLOCK_N", "BLOCK_K", "PREFETCH", "num_warps", "SPLIT_K")
     grid = grid or {
         "rms_qkv": cfgs((8, 2048, 1, 4), (8, 512, 2, 4), (8, 512, 3, 4), (4, 512, 2, 4), (16, 512, 2, 4)),
-        "o_proj": cfgs((8, 2048, 1, 8), (8, 512, 2, 4), (8, 512, 3, 8), (16, 512, 2, 8), (4, 512, 2, 4)),
-        "gate_up": cfgs((4, 512, 2, 4), (4, 512, 3, 4), (2, 512, 2, 4), (8, 512, 2, 4), (4, 256, 4, 4),
+        "o_proj_residual": cfgs((8, 2048, 1, 8), (8, 512, 2, 4), (8, 512, 3, 8), (16, 512, 2, 8), (4, 512, 2, 4)),
+        "rms_gate_up_swiglu": cfgs((4, 512, 2, 4), (4, 512, 3, 4), (2, 512, 2, 4), (8, 512, 2, 4), (4, 256, 4, 4),
                         (4, 256, 3, 4), (4, 512, 2, 8)),
-        "down": cfgs((2, 1024, 4, 4, 1), (2, 1024, 2, 4, 1), (2, 1024, 3, 4, 1), (2, 512, 4, 4, 1),
+        "down_residual": cfgs((2, 1024, 4, 4, 1), (2, 1024, 2, 4, 1), (2, 1024, 3, 4, 1), (2, 512, 4, 4, 1),
                      (4, 512, 4, 4, 1), (4, 1024, 2, 4, 1), (2, 1024, 2, 8, 1), (8, 512, 2, 4, 5),
                      (4, 512, 3, 4, 5), keys=down_keys),
-        "lm_head": cfgs((64, 256, 1, 4), (64, 256, 2, 4), (32, 256, 2, 4), (32, 256, 3, 4)),
+        "lm_head_argmax": cfgs((64, 256, 1, 4), (64, 256, 2, 4), (32, 256, 2, 4), (32, 256, 3, 4)),
     }
     P = pack_weights(spec, w)          # once: packing copies the weights
     out = []
@@ -70,9 +72,9 @@ def config_sweep(spec, w, device="cuda", iters=30, read_tbps=None, pdl=None,
 
 
 # the plan's ops whose launch configuration a step sweep tries, and the weight each reads
-PLAN_SWEEP_WEIGHT = {"rms_qkv": "w_qkv", "o_proj": "w_o", "gate_up": "w_gate_up", "down": "w_down",
-                     "router": "w_router", "moe_gate_up": "w_experts_gate_up",
-                     "moe_down": "w_experts_down"}
+PLAN_SWEEP_WEIGHT = {"rms_qkv": "w_qkv", "o_proj_residual": "w_o", "rms_gate_up_swiglu": "w_gate_up", "down_residual": "w_down",
+                     "moe_router": "w_router", "moe_gate_up_swiglu": "w_experts_gate_up",
+                     "moe_down_residual": "w_experts_down"}
 
 
 def plan_config_sweep(spec, w, device="cuda", grid: dict | None = None, ctx: int = 512,
@@ -87,13 +89,13 @@ def plan_config_sweep(spec, w, device="cuda", grid: dict | None = None, ctx: int
     pdl = config.pdl_supported(dev)
     c = lambda *r, keys=("BLOCK_N", "BLOCK_K", "PREFETCH", "num_warps"): dict(zip(keys, r))
     grid = grid or ({
-        "router": [c(4, 512, 1, 4), c(1, 2048, 1, 4), c(2, 2048, 1, 4), c(2, 512, 4, 4), c(8, 512, 2, 4)],
-        "moe_gate_up": [c(8, 512, 1, 4), c(8, 512, 2, 4), c(4, 512, 2, 4), c(16, 512, 2, 4),
+        "moe_router": [c(4, 512, 1, 4), c(1, 2048, 1, 4), c(2, 2048, 1, 4), c(2, 512, 4, 4), c(8, 512, 2, 4)],
+        "moe_gate_up_swiglu": [c(8, 512, 1, 4), c(8, 512, 2, 4), c(4, 512, 2, 4), c(16, 512, 2, 4),
                         c(4, 1024, 2, 4), c(8, 256, 4, 4)],
-        "moe_down": [c(8, 512, 1, 4), c(8, 512, 2, 4), c(4, 512, 2, 4), c(16, 512, 2, 4),
+        "moe_down_residual": [c(8, 512, 1, 4), c(8, 512, 2, 4), c(4, 512, 2, 4), c(16, 512, 2, 4),
                      c(4, 1024, 1, 4), c(2, 1024, 1, 4), c(16, 1024, 1, 8)],
         "rms_qkv": [c(8, 2048, 1, 4), c(8, 512, 2, 4), c(16, 512, 2, 4), c(4, 512, 3, 4)],
-        "o_proj": [c(8, 2048, 1, 8), c(4, 512, 2, 4), c(8, 512, 2, 4), c(16, 512, 2, 8)],
+        "o_proj_residual": [c(8, 2048, 1, 8), c(4, 512, 2, 4), c(8, 512, 2, 4), c(16, 512, 2, 8)],
     } if spec.is_moe else {})
     prompt = random_prompt(spec, ctx, 9 + seed)
     max_ctx = run_ctx(ctx, tokens, iters)
@@ -129,53 +131,41 @@ def plan_config_sweep(spec, w, device="cuda", grid: dict | None = None, ctx: int
 
 def write_plan_table(rows: list[dict], model: str) -> str:
     """Merge the fastest config of each (op, shape) of a step sweep into
-    ``kernels/tuned/<arch>.json``, keyed by the weight shape."""
-    import os
+    ``kernels/tuned/<arch>.json`` (``tuned.write_table``), keyed by the weight shape."""
     import datetime
     best = {}
     for r in rows:
         if r.get("ms_per_token") is None:
             continue
-        k = (r["op"], config.shape_key(r["shape"]))
+        k = (r["op"], tuned.shape_key(r["shape"]))
         if k not in best or r["ms_per_token"] < best[k]["ms_per_token"]:
             best[k] = r
-    arch = config.arch(0)
-    p = os.path.join(config.TUNED_DIR, f"{arch}.json")
-    d = json.load(open(p)) if os.path.exists(p) else {"arch": arch, "ops": {}}
+    entries, notes = {}, {}
     for (op, key), r in best.items():
-        entries = d["ops"].setdefault(op, {})
-        if "BLOCK_N" in entries:                         # a flat entry of an older sweep
-            entries = d["ops"][op] = {}
-        entries[key] = r["cfg"]
-        d.setdefault("step_sweeps", {})[f"{op} {key}"] = {
-            "model": model, "ms_per_token": r["ms_per_token"], "date": datetime.date.today().isoformat()}
-    with open(p, "w") as f:
-        json.dump(d, f, indent=1)
-    config.tuned.cache_clear()
-    return p
+        entries.setdefault(op, {})[key] = r["cfg"]
+        notes[f"{op} {key}"] = {"model": model, "ms_per_token": r["ms_per_token"],
+                                "date": datetime.date.today().isoformat()}
+    return tuned.write_table(config.arch(0), entries, notes={"step_sweeps": notes})
 
 
 def write_table(sweep: list[dict], read_tbps: float, model: str) -> str:
-    """Keep the fastest configuration of each op (ties: the first in grid order), among
-    the configurations that passed their check."""
-    import os
+    """Merge the fastest configuration of each op (ties: the first in grid order), among
+    the configurations that passed their check, into ``kernels/tuned/<arch>.json``
+    (``tuned.write_table``: keyed by ``model``'s weight shape; other entries stay)."""
     import datetime
     best = {}
     for r in sweep:
         if r.get("check") == "pass" and r.get("us") is not None and \
                 (r["op"] not in best or r["us"] < best[r["op"]]["us"]):
             best[r["op"]] = r
-    arch = config.arch(0)
-    os.makedirs(config.TUNED_DIR, exist_ok=True)
-    p = os.path.join(config.TUNED_DIR, f"{arch}.json")
-    with open(p, "w") as f:
-        json.dump({"arch": arch, "gpu": torch.cuda.get_device_name(), "model": model,
-                   "read_tbps": read_tbps, "date": datetime.date.today().isoformat(),
-                   "ops": {op: r["cfg"] for op, r in best.items()},
-                   "measured": {op: {"us": r["us"], "pct_of_read": r["pct_of_read"]} for op, r in best.items()}},
-                  f, indent=1)
-    config.tuned.cache_clear()
-    return p
+    spec = get_spec(model)
+    key = {op: tuned.shape_key(plan.weight_shape(spec, op)) for op in best}
+    meta = {"gpu": torch.cuda.get_device_name(), "model": model, "read_tbps": read_tbps,
+            "date": datetime.date.today().isoformat()}
+    measured = {f"{op} {key[op]}": {"us": r["us"], "pct_of_read": r["pct_of_read"]}
+                for op, r in best.items()}
+    return tuned.write_table(config.arch(0), {op: {key[op]: r["cfg"]} for op, r in best.items()},
+                             meta=meta, notes={"measured": measured})
 
 
 def _check_one(op, c, x, L0, P, s, eps, pdl, dev):
@@ -185,23 +175,23 @@ def _check_one(op, c, x, L0, P, s, eps, pdl, dev):
     g = torch.Generator(device="cpu").manual_seed(3)
     if op == "rms_qkv":
         out = torch.full((s.qkv_size,), float("nan"), dtype=bf, device=dev)
-        K.rms_qkv(x, L0["input_norm"], L0["w_qkv"], L0["b_qkv"], out, eps, use_pdl=pdl, cfg=c)
+        K.rms_qkv.rms_qkv(x, L0["input_norm"], L0["w_qkv"], L0["b_qkv"], out, eps, use_pdl=pdl, cfg=c)
         return rel_err(out, ref_rms_qkv(x, L0["input_norm"], L0["w_qkv"], L0["b_qkv"], eps)), None
-    if op == "o_proj":
+    if op == "o_proj_residual":
         a = torch.randn(s.q_size, generator=g).to(dev, bf)
         xo = x.clone()
-        K.o_proj_residual(a, L0["w_o"], xo, use_pdl=pdl, cfg=c)
+        K.o_proj_residual.o_proj_residual(a, L0["w_o"], xo, use_pdl=pdl, cfg=c)
         return rel_err(xo, ref_matvec_residual(a, L0["w_o"], x)), None
-    if op == "gate_up":
+    if op == "rms_gate_up_swiglu":
         h = torch.full((s.intermediate,), float("nan"), dtype=bf, device=dev)
-        K.rms_gate_up_swiglu(x, L0["post_norm"], L0["w_gate_up"], h, eps, use_pdl=pdl, cfg=c)
+        K.rms_gate_up_swiglu.rms_gate_up_swiglu(x, L0["post_norm"], L0["w_gate_up"], h, eps, use_pdl=pdl, cfg=c)
         return rel_err(h, ref_rms_gate_up_swiglu(x, L0["post_norm"], L0["w_gate_up"], eps)), None
-    if op == "down":
+    if op == "down_residual":
         hh = torch.randn(s.intermediate, generator=g).to(dev, bf)
         sc = torch.zeros(16 * s.hidden, dtype=torch.float32, device=dev)
         cnt = torch.zeros(s.hidden, dtype=torch.int32, device=dev)
         xd = x.clone()
-        K.down_residual(hh, L0["w_down"], xd, sc, cnt, use_pdl=pdl, cfg=c)
+        K.down_residual.down_residual(hh, L0["w_down"], xd, sc, cnt, use_pdl=pdl, cfg=c)
         left = int(cnt.abs().max())
         return (rel_err(xd, ref_matvec_residual(hh, L0["w_down"], x)),
                 f"counters left at {left}, not 0" if left else None)
@@ -209,7 +199,7 @@ def _check_one(op, c, x, L0, P, s, eps, pdl, dev):
     lg = torch.full((s.vocab,), float("nan"), dtype=torch.float32, device=dev)
     seq = torch.zeros(8, dtype=torch.int32, device=dev)
     p0 = torch.zeros(1, dtype=torch.int32, device=dev)
-    K.lm_head_argmax(x, P["norm"], P["lm_head"], lg, torch.empty(n_prog, device=dev),
+    K.lm_head_argmax.lm_head_argmax(x, P["norm"], P["lm_head"], lg, torch.empty(n_prog, device=dev),
                      torch.empty(n_prog, dtype=torch.int32, device=dev),
                      torch.zeros(1, dtype=torch.int32, device=dev), seq, p0,
                      torch.zeros(1, dtype=torch.int32, device=dev), eps, use_pdl=pdl, cfg=c)
@@ -240,23 +230,23 @@ def _time_one(spec, w, device, op, c, iters, read_tbps, packed=None, pdl=False):
     row["check"] = "pass"
     if op == "rms_qkv":
         out = torch.empty(s.qkv_size, dtype=bf, device=dev)
-        fn = lambda: [K.rms_qkv(x, L["input_norm"], L["w_qkv"], L["b_qkv"], out, eps, use_pdl=pdl, cfg=c) for L in Ls]
+        fn = lambda: [K.rms_qkv.rms_qkv(x, L["input_norm"], L["w_qkv"], L["b_qkv"], out, eps, use_pdl=pdl, cfg=c) for L in Ls]
         nbytes, n = Ls[0]["w_qkv"].numel() * 2, len(Ls)
-    elif op == "o_proj":
+    elif op == "o_proj_residual":
         a = torch.randn(s.q_size, device=dev).to(bf)
         xo = x.clone()
-        fn = lambda: [K.o_proj_residual(a, L["w_o"], xo, use_pdl=pdl, cfg=c) for L in Ls]
+        fn = lambda: [K.o_proj_residual.o_proj_residual(a, L["w_o"], xo, use_pdl=pdl, cfg=c) for L in Ls]
         nbytes, n = Ls[0]["w_o"].numel() * 2, len(Ls)
-    elif op == "gate_up":
+    elif op == "rms_gate_up_swiglu":
         h = torch.empty(s.intermediate, dtype=bf, device=dev)
-        fn = lambda: [K.rms_gate_up_swiglu(x, L["post_norm"], L["w_gate_up"], h, eps, use_pdl=pdl, cfg=c) for L in Ls]
+        fn = lambda: [K.rms_gate_up_swiglu.rms_gate_up_swiglu(x, L["post_norm"], L["w_gate_up"], h, eps, use_pdl=pdl, cfg=c) for L in Ls]
         nbytes, n = Ls[0]["w_gate_up"].numel() * 2, len(Ls)
-    elif op == "down":
+    elif op == "down_residual":
         hh = torch.randn(s.intermediate, device=dev).to(bf)
         sc = torch.zeros(16 * s.hidden, dtype=torch.float32, device=dev)
         cnt = torch.zeros(s.hidden, dtype=torch.int32, device=dev)
         xd = x.clone()
-        fn = lambda: [K.down_residual(hh, L["w_down"], xd, sc, cnt, use_pdl=pdl, cfg=c) for L in Ls]
+        fn = lambda: [K.down_residual.down_residual(hh, L["w_down"], xd, sc, cnt, use_pdl=pdl, cfg=c) for L in Ls]
         nbytes, n = Ls[0]["w_down"].numel() * 2, len(Ls)
     else:
         n_prog = -(-s.vocab // c["BLOCK_N"])
@@ -267,7 +257,7 @@ def _time_one(spec, w, device, op, c, iters, read_tbps, packed=None, pdl=False):
         seq = torch.zeros(64, dtype=torch.int32, device=dev)
         p0 = torch.zeros(1, dtype=torch.int32, device=dev)
         pl = torch.full((1,), 10 ** 6, dtype=torch.int32, device=dev)
-        fn = lambda: [K.lm_head_argmax(x, P["norm"], P["lm_head"], lg, pv, pi, cnt, seq, p0, pl, eps, use_pdl=pdl, cfg=c)
+        fn = lambda: [K.lm_head_argmax.lm_head_argmax(x, P["norm"], P["lm_head"], lg, pv, pi, cnt, seq, p0, pl, eps, use_pdl=pdl, cfg=c)
                       for _ in range(4)]
         nbytes, n = P["lm_head"].numel() * 2, 4
     try:

@@ -133,9 +133,6 @@ def run_banner(device, chapter: str | None = None):
 def commit() -> str:
     """The commit the code comes from: ``ONELAUNCH_COMMIT`` if set (the GPU machine gets
     a copy of the tree without ``.git``), else ``git rev-parse``."""
-    env = os.environ.get("ONELAUNCH_COMMIT")
-    if env:
-        return env[:12]
     from .results import git_commit
     return git_commit()
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from .. import env
 from ..measure.agree import NEAR_TIE_LOGITS
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -42,9 +43,8 @@ def gpu_slug(device="cuda") -> str:
 
 def git_commit() -> str:
     """The commit being run: ONELAUNCH_COMMIT where the tree has no .git (the GPU run)."""
-    import os
-    if os.environ.get("ONELAUNCH_COMMIT"):
-        return os.environ["ONELAUNCH_COMMIT"]
+    if env.get("ONELAUNCH_COMMIT"):
+        return env.get("ONELAUNCH_COMMIT")[:12]
     try:
         return subprocess.check_output(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT,
                                        stderr=subprocess.DEVNULL, text=True).strip()
@@ -54,8 +54,7 @@ def git_commit() -> str:
 
 def run_id() -> str | None:
     """The GPU book run this process belongs to (``ONELAUNCH_RUN``), or None."""
-    import os
-    return os.environ.get("ONELAUNCH_RUN") or None
+    return env.get("ONELAUNCH_RUN")
 
 
 def meta(device="cuda", parameters: dict | None = None) -> dict:
