@@ -18,7 +18,10 @@ import torch
 
 import onelaunch
 from onelaunch.engine import Engine
-from onelaunch.measure.timing import time_ms
+try:
+    from onelaunch.measure.timing import time_ms
+except ImportError:                     # a package from before issue 24's layout
+    from onelaunch.timing import time_ms
 from onelaunch.weights import random_weights
 
 

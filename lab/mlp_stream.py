@@ -117,9 +117,11 @@ def main(argv=None) -> int:
     ap.add_argument("--kernel", help="a file with an earlier gluon_mlp to time instead")
     ap.add_argument("--tails", default="on", choices=["on", "off"],
                     help="off: whole boxes with zero tiles past K (version 8's boxes)")
+    ap.add_argument("--gu-whole", default="on", choices=["on", "off"],
+                    help="off: gate/up rows as a box of 4 tiles and a tail box (version 10)")
     a = ap.parse_args(argv)
     km = kernel_module(a.kernel)
-    extra = {} if a.kernel else {"tails": a.tails == "on"}
+    extra = {} if a.kernel else {"tails": a.tails == "on", "gu_whole": a.gu_whole == "on"}
     dev = "cuda"
     P = torch.cuda.get_device_properties(0).multi_processor_count
     L, H, I = a.layers, 1536, 8960                      # Qwen2.5-1.5B's MLP

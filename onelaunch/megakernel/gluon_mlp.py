@@ -188,7 +188,8 @@ def _fill_one(desc, slots, ready, empty, t, r, kt0, STAGES: gl.constexpr, R: gl.
 
 @gluon.jit
 def _loader(prog_ptr, n_instr, wgu_desc, wgt_desc, wdn_desc, wdt_desc, ring, ring_gm, ring_gt,
-            ring_dn, ring_dt, ready, empty, I, H, GT: gl.constexpr, NF: gl.constexpr,
+            ring_dn, ring_dt, ready, empty, I, H, GT: gl.constexpr, GU_WHOLE: gl.constexpr,
+            NF: gl.constexpr,
             TAIL: gl.constexpr, STAGES: gl.constexpr, KB_: gl.constexpr,
             WIDTH: gl.constexpr):
     """Every weight box of this SM's list, in the order the compute partition eats them;
@@ -207,7 +208,7 @@ def _loader(prog_ptr, n_instr, wgu_desc, wgt_desc, wdn_desc, wdt_desc, ring, rin
         if op == 6:                                   # OP_GATE_UP: gate and up rows, one stage
             for rb in range(rows // TN_):
                 r = layer * 2 * I + row0 + rb * TN_
-                if GT > 0:
+                if (GT > 0) & (not GU_WHOLE):
                     t = _fill_gu(wgu_desc, wgt_desc, ring_gm, ring_gt, ready, empty, t, r, I,
                                  STAGES, KB_)
                 else:
@@ -230,6 +231,17 @@ def _dot_box(ring, k, v, acc, MATH: gl.constexpr, l3: gl.constexpr):
     if MATH:
         return acc + gl.sum(w * v[None, :, :], axis=1)
     return acc + gl.sum(w, axis=1)                    # diagnostic: read the box only
+
+
+@gluon.jit
+def _dot_slice(ring, k, k0: gl.constexpr, n: gl.constexpr, v, acc, MATH: gl.constexpr,
+               l3: gl.constexpr):
+    """``_dot_box`` over K tiles [k0, k0 + n) of box k: the TMA brought the whole row
+    (one run of memory a row), the math takes only the tiles inside K."""
+    w = ring.index(k).slice(k0, n, dim=1).load(l3).to(gl.float32)
+    if MATH:
+        return acc + gl.sum(w * v[None, :, :], axis=1)
+    return acc + gl.sum(w, axis=1)
 
 
 @gluon.jit
@@ -259,7 +271,7 @@ def _stage_free(empty, s):
 @gluon.jit
 def _compute(prog_ptr, n_instr, ring_gm, ring_gt, ring_dk, ring_tk, ready, empty, vec, x_ptr,
              g_ptr, h_ptr, ctr_ptr, err_ptr, clk_ptr, I, H, eps, timeout_ns,
-             KG: gl.constexpr, GT: gl.constexpr, NF: gl.constexpr,
+             KG: gl.constexpr, GT: gl.constexpr, GU_WHOLE: gl.constexpr, NF: gl.constexpr,
              KD: gl.constexpr, TAIL: gl.constexpr, STAGES: gl.constexpr, WIDTH: gl.constexpr,
              TN_: gl.constexpr, KB_: gl.constexpr, TK_: gl.constexpr, WAITS: gl.constexpr,
              MATH: gl.constexpr, CLOCK: gl.constexpr, num_warps: gl.constexpr):
@@ -329,9 +341,16 @@ def _compute(prog_ptr, n_instr, ring_gm, ring_gt, ring_dk, ring_tk, ready, empty
             for rb in range(rows // TN_):
                 zero = gl.zeros([TN_, TK_], gl.float32, al)
                 s = _stage_ready(ready, t, STAGES)
-                acc_g = _dot_box(ring_gm, 2 * s * (KB_ // KG), xn, zero, MATH, l3)
-                acc_u = _dot_box(ring_gm, (2 * s + 1) * (KB_ // KG), xn, zero, MATH, l3)
-                if GT > 0:                            # the K tiles past the main box
+                if GU_WHOLE:                          # one box of KB_ tiles a row, sliced
+                    acc_g = _dot_slice(ring_gm, 2 * s, 0, KG, xn, zero, MATH, l3)
+                    acc_u = _dot_slice(ring_gm, 2 * s + 1, 0, KG, xn, zero, MATH, l3)
+                    if GT > 0:
+                        acc_g = _dot_slice(ring_gm, 2 * s, KG, GT, xnt, acc_g, MATH, l3)
+                        acc_u = _dot_slice(ring_gm, 2 * s + 1, KG, GT, xnt, acc_u, MATH, l3)
+                else:
+                    acc_g = _dot_box(ring_gm, 2 * s * (KB_ // KG), xn, zero, MATH, l3)
+                    acc_u = _dot_box(ring_gm, (2 * s + 1) * (KB_ // KG), xn, zero, MATH, l3)
+                if (GT > 0) & (not GU_WHOLE):         # the K tiles past the main box
                     acc_g = _dot_box(ring_gt, 2 * s * (KB_ // GT) + KG // GT, xnt, acc_g,
                                      MATH, l3)
                     acc_u = _dot_box(ring_gt, (2 * s + 1) * (KB_ // GT) + KG // GT, xnt,
@@ -380,19 +399,22 @@ def _compute(prog_ptr, n_instr, ring_gm, ring_gt, ring_dk, ring_tk, ready, empty
 @gluon.jit
 def mlp_stream_kernel(prog_ptr, n_instr, wgu_desc, wgt_desc, wdn_desc, wdt_desc, x_ptr, g_ptr,
                       h_ptr, ctr_ptr, err_ptr, clk_ptr, I, H, eps, timeout_ns, n_ctr,
-                      KB_: gl.constexpr, GT: gl.constexpr, NF: gl.constexpr,
+                      KB_: gl.constexpr, KG: gl.constexpr, GT: gl.constexpr,
+                      GU_WHOLE: gl.constexpr, NF: gl.constexpr,
                       TAIL: gl.constexpr, STAGES: gl.constexpr,
                       WIDTH: gl.constexpr,
                       CTR_BLOCK: gl.constexpr, WAITS: gl.constexpr, MATH: gl.constexpr,
                       CLOCK: gl.constexpr, num_warps: gl.constexpr):
     TN_: gl.constexpr = wgu_desc.block_type.shape[0]
-    KG: gl.constexpr = wgu_desc.block_type.shape[1]
     TK_: gl.constexpr = wgu_desc.block_type.shape[2]
     # a stage is two slots of [TN, KB_, TK]: gate and up (each a KG box and its GT tail,
     # or one box of KG = KB_), or one down box over both
     ring = gl.allocate_shared_memory(gl.bfloat16, [2 * STAGES, TN_, KB_, TK_], wgu_desc.layout)
-    ring_gm = ring._reinterpret(gl.bfloat16, [2 * STAGES * (KB_ // KG), TN_, KG, TK_],
-                                wgu_desc.layout)
+    if GU_WHOLE:           # a gate/up box is a whole slot (KB_ tiles), sliced by the math
+        ring_gm = ring
+    else:
+        ring_gm = ring._reinterpret(gl.bfloat16, [2 * STAGES * (KB_ // KG), TN_, KG, TK_],
+                                    wgu_desc.layout)
     TG: gl.constexpr = wgt_desc.block_type.shape[1]
     ring_gt = ring._reinterpret(gl.bfloat16, [2 * STAGES * (KB_ // TG), TN_, TG, TK_],
                                 wgt_desc.layout)
@@ -422,11 +444,11 @@ def mlp_stream_kernel(prog_ptr, n_instr, wgu_desc, wgt_desc, wdn_desc, wdt_desc,
     gl.warp_specialize([
         (_compute, (prog_ptr, n_instr, ring_gm, ring_gt, ring_dk, ring_tk, ready, empty, vec,
                     x_ptr, g_ptr, h_ptr, ctr_ptr, err_ptr, clk_ptr, I, H, eps, timeout_ns,
-                    KG, GT, NF, KD, TAIL, STAGES, WIDTH, TN_, KB_, TK_, WAITS, MATH, CLOCK,
-                    num_warps)),
+                    KG, GT, GU_WHOLE, NF, KD, TAIL, STAGES, WIDTH, TN_, KB_, TK_, WAITS, MATH,
+                    CLOCK, num_warps)),
         (_loader, (prog_ptr, n_instr, wgu_desc, wgt_desc, wdn_desc, wdt_desc, ring, ring_gm,
-                   ring_gt, ring_dn, ring_dt, ready, empty, I, H, GT, NF, TAIL, STAGES, KB_,
-                   WIDTH))], [1], [48])
+                   ring_gt, ring_dn, ring_dt, ready, empty, I, H, GT, GU_WHOLE, NF, TAIL,
+                   STAGES, KB_, WIDTH))], [1], [48])
     # the last CTA out sets the counters back to zero for the next launch
     gl.thread_barrier()
     n_ctas = gl.num_programs(0)
@@ -443,7 +465,7 @@ class MLPStream:
     ``run()`` is one launch (x[0] in, x[layers % 2] out)."""
 
     def __init__(self, w_gu, w_dn, g, P, stages=6, num_warps=4, timeout_ns=200_000_000,
-                 waits=True, math=True, clock=False, tails=True):
+                 waits=True, math=True, clock=False, tails=True, gu_whole=True):
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
         L, two_i, H = w_gu.shape
         self.L, self.I, self.H = L, two_i // 2, H
@@ -461,7 +483,11 @@ class MLPStream:
         self.kt_gu, self.kt_dn = H // TK, self.I // TK
         self.kg, self.gt = gate_up_boxes(H // TK, KB, tails)
         gu = box_view(w_gu.view(L * two_i, H))
-        self.d_gu = TensorDescriptor.from_tensor(gu, [TN, self.kg, TK], lay)
+        # gu_whole: gate/up rows brought whole (one run of memory a row, one TMA copy a
+        # half, the math slicing off the tiles past K); else a box of KG and one of GT
+        self.gu_whole = gu_whole
+        self.d_gu = TensorDescriptor.from_tensor(gu, [TN, KB if gu_whole else self.kg, TK],
+                                                 lay)
         self.d_gt = TensorDescriptor.from_tensor(gu, [TN, self.gt or self.kg, TK], lay)
         self.nf, self.tail = down_boxes(self.kt_dn, 2 * KB, tails)
         if self.tail:                      # the tail's K tiles split over the warps too
@@ -479,7 +505,8 @@ class MLPStream:
         mlp_stream_kernel[(self.P,)](
             self.prog, self.n_instr, self.d_gu, self.d_gt, self.d_dn, self.d_dt, self.x, self.g,
             self.h, self.ctr, self.err, self.clk, self.I, self.H, 1e-6, self.timeout_ns,
-            self.n_ctr, KB_=KB, GT=self.gt, NF=self.nf, TAIL=self.tail, STAGES=self.stages,
+            self.n_ctr, KB_=KB, KG=self.kg, GT=self.gt, GU_WHOLE=self.gu_whole, NF=self.nf,
+            TAIL=self.tail, STAGES=self.stages,
             WIDTH=isa.WIDTH,
             WAITS=self.waits, MATH=self.math, CLOCK=self.clock,
             CTR_BLOCK=triton.next_power_of_2(self.n_ctr + 1), num_warps=self.num_warps)
@@ -517,18 +544,19 @@ def aot(stages=6, num_warps=4, H=1536, I=8960) -> dict:
     nf, tail = down_boxes(I // TK, 2 * KB)
     kg, gt = gate_up_boxes(H // TK, KB)
     sig = {"prog_ptr": "*i32", "n_instr": "i32",
-           "wgu_desc": f"tensordesc<bf16[{TN},{kg},{TK}],{lay!r}>",
+           "wgu_desc": f"tensordesc<bf16[{TN},{KB},{TK}],{lay!r}>",
            "wgt_desc": f"tensordesc<bf16[{TN},{gt or kg},{TK}],{lay!r}>",
            "wdn_desc": f"tensordesc<bf16[{TN},{2 * KB},{TK}],{lay!r}>",
            "wdt_desc": f"tensordesc<bf16[{TN},{tail or 2 * KB},{TK}],{lay!r}>",
            "x_ptr": "*bf16", "g_ptr": "*bf16", "h_ptr": "*bf16", "ctr_ptr": "*i32",
            "err_ptr": "*i32", "clk_ptr": "*i64", "I": "i32", "H": "i32", "eps": "fp32", "timeout_ns": "i64",
-           "n_ctr": "i32", "KB_": "constexpr", "GT": "constexpr", "NF": "constexpr",
+           "n_ctr": "i32", "KB_": "constexpr", "KG": "constexpr", "GT": "constexpr",
+           "GU_WHOLE": "constexpr", "NF": "constexpr",
            "TAIL": "constexpr",
            "STAGES": "constexpr", "WIDTH": "constexpr", "CTR_BLOCK": "constexpr",
            "WAITS": "constexpr", "MATH": "constexpr", "CLOCK": "constexpr",
            "num_warps": "constexpr"}
-    consts = dict(KB_=KB, GT=gt, NF=nf, TAIL=tail, STAGES=stages, WIDTH=isa.WIDTH, WAITS=1, MATH=1,
+    consts = dict(KB_=KB, KG=kg, GT=gt, GU_WHOLE=1, NF=nf, TAIL=tail, STAGES=stages, WIDTH=isa.WIDTH, WAITS=1, MATH=1,
                   CLOCK=1,
                   CTR_BLOCK=64, num_warps=num_warps)
     attrs = {(i,): [["tt.divisibility", 16]] for i in (0, 6, 7, 8, 9, 10, 11)}
