@@ -109,7 +109,7 @@ def timeline(m, x0) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python lab/mlp_stream.py")
     ap.add_argument("out", nargs="?")
-    ap.add_argument("--stages", default="6")
+    ap.add_argument("--stages", default="4")
     ap.add_argument("--warps", default="4")
     ap.add_argument("--modes", default="full,no-waits,no-math,stream-only")
     ap.add_argument("--layers", type=int, default=28)

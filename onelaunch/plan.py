@@ -219,9 +219,9 @@ def moe_mlp(e, li: int) -> list[Launch]:
             xn, L["w_experts_gate_up"], ids, h, use_pdl=pdl, cfg=c_gu),
             k * per_expert(L["w_experts_gate_up"])),
     ] + into_residual(e, "moe_down_residual", li, k * per_expert(L["w_experts_down"]),
-                      lambda **tp: K.moe_experts.moe_down_residual(h, L["w_experts_down"], ids, wts,
-                                                       e.x, scratch, counter,
-                                                       use_pdl=pdl, cfg=c_dn, **tp))
+                      lambda **tp: K.moe_experts.moe_down_residual(
+                          h, L["w_experts_down"], ids, wts, e.x, scratch, counter,
+                          use_pdl=pdl, cfg=c_dn, **tp))
 
 
 def head(e) -> list[Launch]:

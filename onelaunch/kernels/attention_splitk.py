@@ -1,8 +1,8 @@
 """Split-K flash-decode attention: a partial kernel and a reduce kernel.
 
-Stage 1, ``_attention_partial_kernel``: one program per (kv head, split). The live timeline
-[0, length) is cut into units of CHUNK positions, and the units are shared out over the
-fixed grid of n_splits splits *at run time*, from ``pos``: each split takes
+Stage 1, ``_attention_partial_kernel``: one program per (kv head, split). The live
+timeline [0, length) is cut into units of CHUNK positions, and the units are shared out
+over the fixed grid of n_splits splits *at run time*, from ``pos``: each split takes
 per = ceil(units / n_splits) consecutive units (``split_range``), so at a given length
 the work does not depend on how many splits the grid has, only on the length, as long
 as units <= n_splits (one unit each). Splits past the live length have an empty range:
@@ -26,7 +26,8 @@ the wait; the split that holds pos folds that token in first, as a tile of one v
 (the same tl.dot path as every tile, so the kernel that computes it from registers gets
 the same bits), then its older tiles.
 
-Stage 2, ``_attention_reduce_kernel``: one program per query head merges the live splits:
+Stage 2, ``_attention_reduce_kernel``: one program per query head merges the live
+splits:
 
     M   = max_s part_m[h, s]
     out = sum_s exp(part_m - M) part_o / sum_s exp(part_m - M) part_l
@@ -253,10 +254,10 @@ def reduce_head(part_o_ptr, part_m_ptr, part_l_ptr, out_ptr, h, n_splits, n_vali
 
 
 @triton.jit
-def _attention_reduce_kernel(part_o_ptr, part_m_ptr, part_l_ptr, out_ptr, pos_ptr, n_splits,
-                        n_share, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                        CHUNK: tl.constexpr, BLOCK_S: tl.constexpr,
-                        BLOCK_M: tl.constexpr, USE_PDL: tl.constexpr):
+def _attention_reduce_kernel(part_o_ptr, part_m_ptr, part_l_ptr, out_ptr, pos_ptr,
+                             n_splits, n_share, D: tl.constexpr, BLOCK_D: tl.constexpr,
+                             CHUNK: tl.constexpr, BLOCK_S: tl.constexpr,
+                             BLOCK_M: tl.constexpr, USE_PDL: tl.constexpr):
     h = tl.program_id(0)
     # before the wait: pos is old
     n_valid = live_splits(tl.load(pos_ptr), n_share, CHUNK)

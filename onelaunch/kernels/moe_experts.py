@@ -39,9 +39,9 @@ from .peer import epilogue_args
 
 
 @triton.jit
-def _moe_gate_up_swiglu_kernel(xn_ptr, w_ptr, ids_ptr, h_ptr, I, K, stride_w_e, stride_w_n,
-                        USE_PDL: tl.constexpr, BLOCK_N: tl.constexpr,
-                        BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr):
+def _moe_gate_up_swiglu_kernel(xn_ptr, w_ptr, ids_ptr, h_ptr, I, K, stride_w_e,
+                               stride_w_n, USE_PDL: tl.constexpr, BLOCK_N: tl.constexpr,
+                               BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr):
     slot = tl.program_id(0)
     pid = tl.program_id(1)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -62,12 +62,13 @@ def _moe_gate_up_swiglu_kernel(xn_ptr, w_ptr, ids_ptr, h_ptr, I, K, stride_w_e, 
 
 
 @triton.jit
-def _moe_down_residual_kernel(h_ptr, w_ptr, ids_ptr, wts_ptr, x_ptr, scratch_ptr, counter_ptr,
-                     out_ptr, peer_ptr, N, I, stride_w_e, stride_w_n,
-                     TOP_K: tl.constexpr, FENCE: tl.constexpr, OUT: tl.constexpr,
-                     PEER: tl.constexpr, WORLD: tl.constexpr, USE_PDL: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     PREFETCH: tl.constexpr):
+def _moe_down_residual_kernel(h_ptr, w_ptr, ids_ptr, wts_ptr, x_ptr, scratch_ptr,
+                              counter_ptr, out_ptr, peer_ptr, N, I, stride_w_e,
+                              stride_w_n, TOP_K: tl.constexpr, FENCE: tl.constexpr,
+                              OUT: tl.constexpr, PEER: tl.constexpr,
+                              WORLD: tl.constexpr, USE_PDL: tl.constexpr,
+                              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                              PREFETCH: tl.constexpr):
     pid_n = tl.program_id(0)
     slot = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -129,9 +130,9 @@ def stream_experts_down(w_ptr, stride_w_e, stride_w_n, ids_ptr, wts_ptr, N, I, h
                         BLOCK_K: tl.constexpr, STAGES: tl.constexpr):
     """The persistent MoE layer's down phase: row tiles ``first``, ``first + step``, ...
     of x += sum_j w_j * W_down[ids[j]] @ h[j], one flat loop over (row tile, slot,
-    K tile) streamed through shared memory. Each slot's rows are rounded and weighted as
-    ``_moe_down_residual_kernel`` does, and summed in slot order, so the row tile needs no
-    last-arrival exchange: one program owns all its slots."""
+    K tile) streamed through shared memory. Each slot's rows are rounded and weighted
+    as ``_moe_down_residual_kernel`` does, and summed in slot order, so the row tile
+    needs no last-arrival exchange: one program owns all its slots."""
     nk = tl.cdiv(I, BLOCK_K)
     per = TOP_K * nk
     mine = tl.cdiv(tl.maximum(tl.cdiv(N, BLOCK_N) - first, 0), step)

@@ -464,7 +464,7 @@ class MLPStream:
     """The stacked weights of ``layers`` dense MLPs, their schedule, counters and buffers;
     ``run()`` is one launch (x[0] in, x[layers % 2] out)."""
 
-    def __init__(self, w_gu, w_dn, g, P, stages=6, num_warps=4, timeout_ns=200_000_000,
+    def __init__(self, w_gu, w_dn, g, P, stages=4, num_warps=4, timeout_ns=200_000_000,
                  waits=True, math=True, clock=False, tails=True, gu_whole=True):
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
         L, two_i, H = w_gu.shape
