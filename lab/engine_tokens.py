@@ -4,7 +4,7 @@ each on PYTHONPATH, in the same GPU session): free-running greedy tokens, teache
 argmax over the same forced ids, and the graph step's median ms.
 
     PYTHONPATH=OLD python lab/engine_tokens.py MODEL CTX OUT.json [--pdl]
-    PYTHONPATH=NEW python lab/engine_tokens.py MODEL CTX OUT.json [--pdl]
+    PYTHONPATH=NEW python lab/engine_tokens.py MODEL CTX OUT.json [--pdl] [--plain]
     bash ci/gpu_run.sh tokens     # both, twice each (carry .old: the older package)
 
 Measured (NOTES.md entry 24, `results/h200/session12/engine_tokens_*.json`): issue 23's
@@ -28,14 +28,16 @@ from onelaunch.weights import random_weights
 def main():
     model, ctx, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     pdl = "--pdl" in sys.argv
+    attention = "plain" if "--plain" in sys.argv else "splitk"    # the fused + graph rung
     w = random_weights(model, 0, device="cuda")
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, w["model.embed_tokens.weight"].shape[0], (ctx,), generator=g)
-    e = Engine(model, w, max_ctx=ctx + 32 + 300, attention="splitk", pdl=pdl)
+    e = Engine(model, w, max_ctx=ctx + 32 + 300, attention=attention, pdl=pdl)
     free = e.generate(prompt, 32)
     tf = e.teacher_forced(prompt, free)
     times = [time_ms(lambda: e.step(True), iters=100, warmup=10).median_ms for _ in range(2)]
     r = {"package": onelaunch.__file__, "model": model, "ctx": ctx, "pdl": e.pdl,
+         "attention": attention,
          "tokens": free.tolist(), "teacher_forced": tf.tolist(), "ms": times,
          "launches": e.launches_per_step()}
     json.dump(r, open(out, "w"))
