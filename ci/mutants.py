@@ -44,6 +44,7 @@ TP = "tests/test_tp_kernels.py"                 # tensor parallelism's kernel mo
 SPLITK = ["tests/test_splitk.py"]       # split-K attention, PDL emulated: ~40 s
 STREAM = ["tests/test_persistent.py", "-k", "streamed or one_launch_of"]  # the streamed layer
 PERSIST_OPTS = ["tests/test_persistent.py", "-k", "groups or pdl_from or clock or kwargs"]
+CLOCK = ["tests/test_profile.py", "-k", "clock_phases"]   # the phases' clock stamps read
 MEGA_VM = ["tests/test_megakernel_vm.py"]      # the megakernel schedule's CPU VM: ~30 s
 MEGA_MOE = ["tests/test_megakernel_moe.py"]    # the same on tiny-olmoe and OLMoE: ~30 s
 PUBLISHED = ["tests/test_specs.py", "-k", "published"]   # the specs against config.json
@@ -113,8 +114,9 @@ MUTANTS = [
     Mutant("persistent layer: the table's PDL=0 ignored", "layer_persistent.py",
            'pdl = opts.pdl if opts.pdl is not None else int((c_p or {}).get("PDL", 1))',
            'pdl = opts.pdl if opts.pdl is not None else 1', PERSIST_OPTS),
-    Mutant("persistent layer's clock: release from the first arrival", "layer_persistent.py",
-           "rel = nxt - en.amax(1)", "rel = nxt - en.amin(1)", PERSIST_OPTS),
+    Mutant("persistent layer's clock: release from the first arrival",
+           "onelaunch/measure/profile.py", "rel = nxt - en.amax(1)", "rel = nxt - en.amin(1)",
+           CLOCK),
     # the checks' blind spots (issue 23): a wrong constant in a full-size spec, which every
     # reference built from the same spec shares; a flag that silently falls back, which a
     # comparison of two runs down the same path cannot see; and kernel bugs that only show

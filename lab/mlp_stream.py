@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Lab probe (GPU, Hopper): can one persistent Gluon launch stream the 28 MLPs of
 Qwen2.5-1.5B with counters instead of grid barriers at the speed of memory? (issue 25,
-step b; the kernel is ``onelaunch/megakernel/gluon_mlp.py``.)
+step b; the kernel is ``onelaunch/megakernel/gluon_mlp.py``, its host side
+``mlp_stream.py``.)
 
 Each setting is checked against a torch reference with the kernel's rounding points (two
 launches bit-identical, counters back at zero) before it is timed: min / median / max of
@@ -26,15 +27,16 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from onelaunch.megakernel import gluon_mlp, isa  # noqa: E402
+from onelaunch.megakernel import isa, mlp_stream  # noqa: E402
 from onelaunch.measure.timing import read_bandwidth  # noqa: E402
 
 
 def kernel_module(path: str | None):
-    """The package's ``gluon_mlp``, or an earlier version frozen in a file (``--kernel``),
-    so a change is timed against what it replaces in the same run."""
+    """The package's kernel (its host side, ``mlp_stream``), or an earlier version frozen
+    in a file (``--kernel``), so a change is timed against what it replaces in the same
+    run."""
     if not path:
-        return gluon_mlp
+        return mlp_stream
     spec = importlib.util.spec_from_file_location(Path(path).stem, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

@@ -50,7 +50,7 @@ the layer kernel), split=1 (one launch per phase, no barrier: isolates a barrier
 split=0-4,5-7 (those groups of phases, one launch each), stages, tile, fold_rope=1,
 clock=1 (each program stamps %globaltimer at every phase's start and end; ``clock_us`` in
 the report: per phase, its span, the median program's work, the skew and the release
-after the last arrival, ``layer_persistent.clock_phases``). A comma inside split's
+after the last arrival, ``measure.profile.clock_phases``). A comma inside split's
 groups stays with split (``split=0-4,5-7,clock=1``).
 """
 from __future__ import annotations
@@ -145,6 +145,7 @@ def child(a) -> int:
     from onelaunch.measure.timing import time_ms
     from onelaunch.weights import random_weights
     from onelaunch.kernels import layer_persistent as LP
+    from onelaunch.measure.profile import clock_phases
 
     spec = get_spec(a.model)
     gpu = torch.cuda.is_available()
@@ -239,7 +240,7 @@ def child(a) -> int:
     clock = eng["persistent"].buffers.get("layer_clock")
     if clock is not None:      # --persist clock=1: the last timed replay's stamps
         torch.cuda.synchronize(dev)
-        res["clock_us"] = LP.clock_phases(clock, LP.MOE_PHASES if spec.is_moe else LP.PHASES)
+        res["clock_us"] = clock_phases(clock, LP.MOE_PHASES if spec.is_moe else LP.PHASES)
         save()
 
     res["stage"] = "grids"

@@ -39,5 +39,5 @@ class PersistentOptions:
     # launch each (``layer_persistent.phase_ranges``)
     split: str = "0"
     # every program stamps %globaltimer at each phase's start and end into the engine's
-    # ``layer_clock`` buffer (a GPU measurement: ``layer_persistent.clock_phases``)
+    # ``layer_clock`` buffer (a GPU measurement: ``measure.profile.clock_phases``)
     clock: bool = False

@@ -149,7 +149,7 @@ def layer_clock(e, li: int, cfgs: dict):
     """With ``PersistentOptions(clock=True)`` (a measurement, ``lab/persistent_check.py``,
     ``profile.phase_rows``): layer ``li``'s rows of the int64 buffer [layers, grid,
     2 x phases] where each program of the persistent layer stamps its phases' start and
-    end (``clock_phases``)."""
+    end (``measure.profile.clock_phases``)."""
     if not e.persist.clock:
         return None
     LP = K.layer_persistent

@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from onelaunch.megakernel import loads
 from onelaunch.megakernel import schedule as S
 from onelaunch.megakernel import vm as V
 from onelaunch.megakernel.isa import (BUMP, HOIST, LAYER, LTARGET, LWAIT, NONE, OP, OP_EMBED,
@@ -102,8 +103,8 @@ def test_tiny_olmoe_decode_agrees_with_oracle(tiny, decode, P, stages, hold):
     cache, seq, ref, routes = decode
     assert min(m for step in routes for _, m in step) >= ROUTE_MARGIN
     sched = S.build(spec, P, START + STEPS, hold=hold, **TILES)
-    S.check(sched)
-    groups = {r[SPLITS] for _, _, r in S.all_rows(sched) if r[OP] == OP_EXPERT_DOWN}
+    loads.check(sched)
+    groups = {r[SPLITS] for _, _, r in loads.all_rows(sched) if r[OP] == OP_EXPERT_DOWN}
     assert groups == {2 if P == 16 else 1}
     tokens, logits, ids, _ = vm_run(spec, w, sched, cache, seq, START, STEPS, stages, 10 * P)
     assert chosen(ids.tolist()) == chosen([[r for r, _ in step] for step in routes])
@@ -172,19 +173,19 @@ def test_loader_asks_for_experts_only_after_the_router(tiny):
     schedule and the VM catches the loader reading the ids early, every seed."""
     spec, w = tiny
     sched = S.build(spec, 8, 40, **TILES)
-    route = {r[LAYER]: r[BUMP] for _, _, r in S.all_rows(sched) if r[OP] == OP_TOPK}
-    for _, _, r in S.all_rows(sched):
+    route = {r[LAYER]: r[BUMP] for _, _, r in loads.all_rows(sched) if r[OP] == OP_TOPK}
+    for _, _, r in loads.all_rows(sched):
         if r[OP] in (OP_EXPERT_GATE_UP, OP_EXPERT_DOWN):
             assert (r[LWAIT], r[LTARGET]) == (route[r[LAYER]], 1)
     hoisted = 0
     for sm in range(sched.P):
-        prog = S.stream(sched, sm)
+        prog = loads.stream(sched, sm)
         at = {st[1]: i for i, st in enumerate(prog) if st[0] == "wait"}
         assert len(at) == sum(st[0] == "wait" for st in prog)        # once a layer
         for i, st in enumerate(prog):
             if st[0] != "load":
                 continue
-            name, slot = S.split_slot(st[2][0])
+            name, slot = loads.split_slot(st[2][0])
             if slot is not None:                  # an expert's tile: after its layer's wait
                 assert at[route[int(name.split(".")[1])]] < i
             if st[3][0] == "hold":                # streamed before a wait: not an expert's,
@@ -196,7 +197,7 @@ def test_loader_asks_for_experts_only_after_the_router(tiny):
     t[:, :, LWAIT][(t[:, :, OP] == OP_EXPERT_GATE_UP) | (t[:, :, OP] == OP_EXPERT_DOWN)] = NONE
     bad = dataclasses.replace(sched, instr=t)
     with pytest.raises(S.ScheduleError, match="without its loader waiting"):
-        S.check(bad)
+        loads.check(bad)
     for seed in range(3):
         m = V.Machine(spec, w, 64, 2)
         m.start(ids_for(spec, 30, 0), 20)
@@ -216,7 +217,7 @@ def test_expert_bytes_do_not_depend_on_the_routing(tiny):
         got.append((m.step(sched, seed)["loaded"], m.buf["route_ids"].data.clone()))
     assert not torch.equal(got[0][1], got[1][1])
     assert got[0][0] == got[1][0] == [
-        sum(S.weight_bytes(sched, r) - S.side_bytes(spec, r) for r in sched.rows(sm))
+        sum(loads.weight_bytes(sched, r) - loads.side_bytes(spec, r) for r in sched.rows(sm))
         for sm in range(sched.P)]
 
 
@@ -243,20 +244,20 @@ def test_olmoe_schedule_reads_the_active_bytes_balanced():
     s = get_spec("olmoe-1b-7b")
     ctx, H, I, k = 512, s.hidden, s.intermediate, s.top_k
     sched = S.build(s, 132, ctx)
-    S.check(sched)
-    rows = [r for _, _, r in S.all_rows(sched)]
-    assert sum(S.weight_bytes(sched, r) for r in rows) == s.weight_bytes_per_token + H * 2
+    loads.check(sched)
+    rows = [r for _, _, r in loads.all_rows(sched)]
+    assert sum(loads.weight_bytes(sched, r) for r in rows) == s.weight_bytes_per_token + H * 2
     want = {"embed": H * 2, "rms_qkv": (s.qkv_size * H + H) * 2,
             "rope_kv": (s.q_size + s.kv_size) * 2,
             "attn_partial": ctx * 2 * s.kv_heads * s.head_dim * 2, "attn_merge": 0,
             "o_proj": H * s.q_size * 2, "router": (s.experts * H + H) * 2, "topk": 0,
             "expert_gate_up": k * 2 * I * H * 2, "expert_down": k * H * I * 2,
             "lm_head": (s.vocab * H + H) * 2, "argmax": 0}
-    tab = S.table(sched)
+    tab = loads.table(sched)
     assert len(tab) == 1 + 9 * s.layers + 2
     for d in tab:
         assert d["bytes"] == want[d["op"]], d
-    per = [sum(S.row_bytes(sched, r) for r in sched.rows(sm)) for sm in range(132)]
+    per = [sum(loads.row_bytes(sched, r) for r in sched.rows(sm)) for sm in range(132)]
     mean = sum(per) / len(per)
     assert max(per) <= 1.01 * mean and min(per) >= 0.98 * mean
     by = {(d["op"], d["layer"]): d for d in tab}
@@ -270,8 +271,8 @@ def test_olmoe_schedule_reads_the_active_bytes_balanced():
                for r in sched.rows(sm)]
         assert key == sorted(key)
         assert all(0 <= r[HOIST] <= sched.hold for r in sched.rows(sm))
-    names = {S.split_slot(tl[0]) for r in rows if r[OP] in (OP_EXPERT_GATE_UP, OP_EXPERT_DOWN)
-             for tl in S.tiles(sched, r)}
+    names = {loads.split_slot(tl[0]) for r in rows if r[OP] in (OP_EXPERT_GATE_UP, OP_EXPERT_DOWN)
+             for tl in loads.tiles(sched, r)}
     assert {j for _, j in names} == set(range(k))                    # slots, never experts
 
 
@@ -280,6 +281,6 @@ def test_qk_norm_sums_every_qkv_block(tiny):
     block of its layer (SPLITS of them, the qkv counter's target)."""
     spec, _ = tiny
     sched = S.build(spec, 16, 40, **TILES)
-    rows = [r for _, _, r in S.all_rows(sched)]
+    rows = [r for _, _, r in loads.all_rows(sched)]
     n = sum(r[OP] == OP_RMS_QKV and r[LAYER] == 0 for r in rows)
     assert n == 16 and all(r[SPLITS] == r[TARGET0] == n for r in rows if r[OP] == OP_ROPE_KV)

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from onelaunch.measure.agree import bf16_ulp, judge_tokens
+from onelaunch.megakernel import loads
 from onelaunch.megakernel import schedule as S
 from onelaunch.megakernel import vm as V
 from onelaunch.megakernel.isa import (LAYER, NONE, OP, OP_ARGMAX, OP_ATTN_MERGE,
@@ -97,8 +98,8 @@ def test_tiny_decode_agrees_with_oracle(tiny, P, stages):
     start, steps = 92, 5
     cache, seq, ref = oracle_steps(spec, w, ids_for(spec, 100, P), start, steps, 128)
     sched = S.build(spec, P, start + steps, **TILES)
-    S.check(sched)
-    splits = {r[SPLITS] for _, _, r in S.all_rows(sched) if r[OP] == OP_ATTN_PARTIAL}
+    loads.check(sched)
+    splits = {r[SPLITS] for _, _, r in loads.all_rows(sched) if r[OP] == OP_ATTN_PARTIAL}
     assert splits == {max(1, min(P // spec.kv_heads, 7))}
     tokens, logits, m = vm_steps(spec, w, sched, cache, seq, start, steps, stages, 10 * P)
     assert_agrees(ref, tokens, logits)
@@ -158,7 +159,7 @@ def test_full_shape_layer_matches_oracle():
     m.start(ids, start)
     x_ref = orc.hidden(ids[start:], torch.tensor([start]))[0]
     sched = S.build(spec, 132, start + 1)
-    S.check(sched)
+    loads.check(sched)
     out = m.step(sched, 0)
     scale = float(x_ref.abs().max())
     assert float((out["x"].float() - x_ref.float()).abs().max()) <= 4 * bf16_ulp(scale)
@@ -180,7 +181,7 @@ def test_exact_ties_go_to_the_lowest_index(tiny):
     cache, seq, ref = oracle_steps(spec, w, ids_for(spec, 20, 4), 16, 1, 64)
     assert int(ref[0].argmax()) == 0 and bool((ref[0] == ref[0, 0]).all())
     sched = S.build(spec, 8, 20, **TILES)
-    assert sum(r[OP] == OP_LM_HEAD for _, _, r in S.all_rows(sched)) == 8
+    assert sum(r[OP] == OP_LM_HEAD for _, _, r in loads.all_rows(sched)) == 8
     tokens, _, _ = vm_steps(spec, w, sched, cache, seq, 16, 1, max_ctx=64)
     assert tokens == [0]
 
@@ -198,15 +199,16 @@ def test_schedule_bytes_are_the_plans(tiny):
     want[big.name] = big.weight_bytes_per_token + big.hidden * 2
     for s, P, ctx, tl in ((spec, 8, 90, TILES), (big, 132, 512, {})):
         sched = S.build(s, P, ctx, **tl)
-        rows = [r for _, _, r in S.all_rows(sched)]
-        assert sum(S.weight_bytes(sched, r) for r in rows) == want[s.name]
-        assert sum(S.kv_bytes(s, r, ctx) for r in rows) == ctx * s.kv_bytes_per_token_of_context()
+        rows = [r for _, _, r in loads.all_rows(sched)]
+        assert sum(loads.weight_bytes(sched, r) for r in rows) == want[s.name]
+        kv = ctx * s.kv_bytes_per_token_of_context()
+        assert sum(loads.kv_bytes(s, r, ctx) for r in rows) == kv
         for r in rows:
-            ts = S.tiles(sched, r)
+            ts = loads.tiles(sched, r)
             assert all(n <= sched.tile_n and k <= sched.tile_k for _, _, n, _, k in ts)
-            assert sum(n * k * 2 for _, _, n, _, k in ts) + S.side_bytes(s, r) == \
-                S.weight_bytes(sched, r)
-        assert sum(d["bytes"] for d in S.table(sched)) == want[s.name] + \
+            assert sum(n * k * 2 for _, _, n, _, k in ts) + loads.side_bytes(s, r) == \
+                loads.weight_bytes(sched, r)
+        assert sum(d["bytes"] for d in loads.table(sched)) == want[s.name] + \
             ctx * s.kv_bytes_per_token_of_context()
 
 
@@ -215,11 +217,11 @@ def test_qwen_schedule_is_balanced_and_in_stage_order():
     as many SMs as it has instructions (up to 132); each list in layer order."""
     s = get_spec("qwen2.5-1.5b")
     sched = S.build(s, 132, 512)
-    S.check(sched)
-    per = [sum(S.row_bytes(sched, r) for r in sched.rows(sm)) for sm in range(132)]
+    loads.check(sched)
+    per = [sum(loads.row_bytes(sched, r) for r in sched.rows(sm)) for sm in range(132)]
     mean = sum(per) / len(per)
     assert max(per) <= 1.01 * mean and min(per) >= 0.99 * mean
-    tab = S.table(sched)
+    tab = loads.table(sched)
     assert [d["op"] for d in tab[:8]] == ["embed", "rms_qkv", "rope_kv", "attn_partial",
                                           "attn_merge", "o_proj", "gate_up", "down"]
     assert all(d["sms"] == min(132, d["instructions"]) for d in tab)
@@ -251,7 +253,7 @@ def test_deadlock_names_sm_instruction_and_counter(tiny):
     sched = S.build(tiny[0], 8, 30, **TILES)
     bad = edited(sched, OP_ATTN_MERGE, TARGET0, lambda r: r[:, TARGET0] + 1)
     with pytest.raises(S.ScheduleError, match="instructions bump it"):
-        S.check(bad)
+        loads.check(bad)
     with pytest.raises(V.VMDeadlock, match=r"SM \d+ instruction \d+ \(OP_ATTN_MERGE layer 0 "
                        r"row \d idx \d\) waits for counter \d+ \(part\.0\.\d\) >= 3, it is 2"):
         run_tiny(tiny, bad, 0)
@@ -262,7 +264,7 @@ def test_missing_wait_is_caught_every_time(tiny):
     sched = S.build(tiny[0], 8, 30, **TILES)
     bad = edited(sched, OP_O_PROJ, WAIT0, lambda r: torch.full_like(r[:, 0], NONE))
     with pytest.raises(S.ScheduleError, match="never waited"):
-        S.check(bad)
+        loads.check(bad)
     for seed in range(4):
         with pytest.raises(V.VMHazard, match=r"attn"):
             run_tiny(tiny, bad, seed)
@@ -292,7 +294,7 @@ def test_short_target_never_passes_silently(tiny):
     good = run_tiny(tiny, sched, 0)["logits"]
     bad = edited(sched, OP_ATTN_MERGE, TARGET0, lambda r: r[:, TARGET0] - 1)
     with pytest.raises(S.ScheduleError):
-        S.check(bad)
+        loads.check(bad)
     caught = 0
     for seed in range(8):
         try:
@@ -312,6 +314,6 @@ def test_counters_reset_by_the_last_instruction_only(tiny):
     t[sm, len(sched.rows(sm))] = t[(t[:, :, OP] == OP_EMBED)][0]
     bad = dataclasses.replace(sched, instr=t)
     with pytest.raises(S.ScheduleError):
-        S.check(bad)
+        loads.check(bad)
     with pytest.raises(V.VMHazard, match="not its SM's last"):
         run_tiny(tiny, bad, 0)

@@ -407,6 +407,23 @@ def test_lead_in_leaves_out_a_sessions_lost_or_corrupt_head():
         attribute(broken, plan, replays=5, lead_in=2)
 
 
+def test_clock_phases_reads_the_stamps():
+    """Two layers, two programs, two phases (stamps in ns): each phase's span, median
+    work, skew and the release after its last arrival; the last phase's release is the
+    gap to the next layer's first start."""
+    us = 1000
+    layer = lambda t0: [[t0, t0 + 4 * us, t0 + 5 * us, t0 + 9 * us],          # program 0
+                        [t0 + 1 * us, t0 + 3 * us, t0 + 6 * us, t0 + 8 * us]]  # program 1
+    clock = torch.tensor([layer(100 * us), layer(120 * us)], dtype=torch.int64)
+    rows = profile.clock_phases(clock, ["a", "b"])
+    assert [r["phase"] for r in rows] == ["a", "b"]
+    a, b = rows                  # (torch's median of two values is the lower one)
+    assert (a["span"], a["work"], a["skew"], a["release"]) == (4, 2, 1, 1)
+    assert (b["span"], b["work"], b["skew"], b["release"]) == (4, 2, 1, 11)
+    clock[:, :, 0] = 0                                   # phase a not stamped: left out
+    assert [r["phase"] for r in profile.clock_phases(clock, ["a", "b"])] == ["b"]
+
+
 def clock_rows():
     """Phase rows as ``phase_rows`` makes them: Qwen's clock of session 9 (us), the
     bytes at 4 TB/s."""

@@ -101,7 +101,7 @@ def grid_barrier(bar_ptr, target, n_progs, RESET: tl.constexpr, FENCE: tl.conste
     the launch) are counted in bar[0]. With RESET (the launch's last barrier) each
     program then bumps bar[1], and the last one resets both to zero. With CLOCK the
     program stamps its arrival (the end of phase PHASE - 1) and its leaving (the start
-    of PHASE): see ``clock_phases``."""
+    of PHASE): see ``measure.profile.clock_phases``."""
     thread_fence(FENCE)                # this thread's writes are visible GPU-wide ...
     tl.debug_barrier()                 # ... and every thread's, before the arrival
     stamp(clk_ptr, 2 * PHASE - 1, CLOCK)
@@ -141,7 +141,7 @@ def _layer_persistent_kernel(
         w_r_ptr, stride_r, E, logits_ptr, ids_ptr, wts_ptr, log_ptr, log_row, log_offset,
         w_egu_ptr, stride_egu_e, stride_egu_n, I_E, w_edn_ptr, stride_edn_e, stride_edn_n,
         eh_ptr,
-        # CLOCK: the programs' stamps, [P, SLOTS] int64 (a measurement; clock_phases)
+        # CLOCK: the programs' stamps, [P, SLOTS] int64 (read by profile.clock_phases)
         clock_ptr,
         HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
         BLOCK_R: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
@@ -427,9 +427,9 @@ def layer_persistent(x, L: dict, qkv, q, attn, h, k_cache, v_cache, cos, sin, po
     STAGES: see ``entry``). ``moe``: the router's buffers (logits, ids, weights, log,
     log_row, log_offset) and the experts' h [top_k, I]; the MoE layer must stream
     (STAGES > 0). ``clock``: int64 [grid, 2 x phases] for the programs' clock stamps
-    (a measurement on a GPU: ``clock_phases``). ``persist``: the engine's
-    ``PersistentOptions`` (grid, cooperative launch, PDL, split). Returns the compiled
-    kernels of the launches it made."""
+    (a measurement on a GPU: ``measure.profile.clock_phases``). ``persist``: the
+    engine's ``PersistentOptions`` (grid, cooperative launch, PDL, split). Returns the
+    compiled kernels of the launches it made."""
     w_qkv, w_o = L["w_qkv"], L["w_o"]
     N_QKV, H = w_qkv.shape
     c_qkv, c_o = cfgs["rms_qkv"], cfgs["o_proj_residual"]
@@ -518,39 +518,3 @@ def layer_persistent(x, L: dict, qkv, q, attn, h, k_cache, v_cache, cos, sin, po
             FOLD=fold, SKIP=int(fold and first <= 1 and final >= 2),
             num_warps=c_p["num_warps"], **kw))
     return compiled
-
-
-def clock_phases(clock: torch.Tensor, phases=None) -> list[dict]:
-    """What the programs' stamps say, per phase, from ``clock`` int64 [layers, P,
-    2 x phases] (slot 2k: program p starts phase k, after the barrier or the launch's
-    PDL wait; 2k + 1: it ends, arriving at the next barrier or leaving the kernel), in
-    us, the median over layers:
-
-    * ``span``: first start to last end (the phase's wall time, all programs);
-    * ``work``: the median program's end - start (torch's median: of two, the lower);
-    * ``skew``: last end - median end (what the slowest programs keep the rest waiting);
-    * ``release``: the last arrival to the first start of the next phase (what the
-      barrier or the launch boundary costs once everyone is there); for the last phase,
-      to the next layer's first start (the launch boundary between layers).
-
-    Slots a launch did not stamp (zero) are left out."""
-    c = clock.to(torch.float64).cpu() / 1e3                         # us
-    n = c.shape[-1] // 2
-    names = phases or [f"phase {k}" for k in range(n)]
-    rows = []
-    for k in range(n):
-        st, en = c[:, :, 2 * k], c[:, :, 2 * k + 1]
-        if not bool((st > 0).all() and (en > 0).all()):
-            continue
-        if k + 1 < n:
-            nxt = c[:, :, 2 * k + 2].amin(1)
-        else:
-            nxt = torch.cat([c[1:, :, 0].amin(1), torch.tensor([float("nan")])])
-        rel = nxt - en.amax(1)
-        rows.append(dict(phase=names[k] if k < len(names) else f"phase {k}",
-                         span=(en.amax(1) - st.amin(1)).median().item(),
-                         work=(en - st).median(1).values.median().item(),
-                         skew=(en.amax(1) - en.median(1).values).median().item(),
-                         release=(rel[~rel.isnan()].median().item()
-                                  if (~rel.isnan()).any() else float("nan"))))
-    return rows

@@ -1,6 +1,7 @@
 """The step profile on the GPU: each rung's captured step replayed under
 ``torch.profiler``, its kernels attributed to the plan (:mod:`onelaunch.measure.trace`);
-and the persistent layer's own clock, phase by phase (:func:`phase_rows`).
+and the persistent layer's own clock, phase by phase (:func:`clock_phases` reads the
+programs' stamps, :func:`phase_rows` pairs them with each phase's bytes).
 
 ``step_profile`` replays an engine's captured CUDA graph under ``torch.profiler`` (the
 CUDA activity: CUPTI records every kernel of a graph replay with its start and end on
@@ -181,6 +182,42 @@ def profile_rows(spec, weights, device="cuda", ctx: int = 512, rungs=PROFILE_RUN
     return rows
 
 
+def clock_phases(clock: torch.Tensor, phases=None) -> list[dict]:
+    """What the programs' stamps say, per phase, from ``clock`` int64 [layers, P,
+    2 x phases] (slot 2k: program p starts phase k, after the barrier or the launch's
+    PDL wait; 2k + 1: it ends, arriving at the next barrier or leaving the kernel), in
+    us, the median over layers:
+
+    * ``span``: first start to last end (the phase's wall time, all programs);
+    * ``work``: the median program's end - start (torch's median: of two, the lower);
+    * ``skew``: last end - median end (what the slowest programs keep the rest waiting);
+    * ``release``: the last arrival to the first start of the next phase (what the
+      barrier or the launch boundary costs once everyone is there); for the last phase,
+      to the next layer's first start (the launch boundary between layers).
+
+    Slots a launch did not stamp (zero) are left out."""
+    c = clock.to(torch.float64).cpu() / 1e3                         # us
+    n = c.shape[-1] // 2
+    names = phases or [f"phase {k}" for k in range(n)]
+    rows = []
+    for k in range(n):
+        st, en = c[:, :, 2 * k], c[:, :, 2 * k + 1]
+        if not bool((st > 0).all() and (en > 0).all()):
+            continue
+        if k + 1 < n:
+            nxt = c[:, :, 2 * k + 2].amin(1)
+        else:
+            nxt = torch.cat([c[1:, :, 0].amin(1), torch.tensor([float("nan")])])
+        rel = nxt - en.amax(1)
+        rows.append(dict(phase=names[k] if k < len(names) else f"phase {k}",
+                         span=(en.amax(1) - st.amin(1)).median().item(),
+                         work=(en - st).median(1).values.median().item(),
+                         skew=(en.amax(1) - en.median(1).values).median().item(),
+                         release=(rel[~rel.isnan()].median().item()
+                                  if (~rel.isnan()).any() else float("nan"))))
+    return rows
+
+
 def phase_rows(spec, weights, device="cuda", ctx: int = 512, tokens: int = 12,
                replays: int = 20, read_tbps: float | None = None, seed: int = 0,
                ref=None) -> list[dict]:
@@ -188,7 +225,7 @@ def phase_rows(spec, weights, device="cuda", ctx: int = 512, tokens: int = 12,
     the phases' clock (``PersistentOptions(clock=True)``: every program stamps the GPU's
     global clock at each phase's start and end), checked against the oracle as the
     ladder checks it, then replayed ``replays`` times from position ``ctx``. One row per
-    phase (``layer_persistent.clock_phases``: the last replay, median over layers), in
+    phase (``clock_phases``: the last replay, median over layers), in
     us: the time the phase's bytes need at ``read_tbps`` (the chain's launch for the same
     phase says how many bytes), the median program's work beyond them, the wait for the
     slowest program (``span - work``) and the barrier's release after the last arrival.
@@ -221,7 +258,7 @@ def phase_rows(spec, weights, device="cuda", ctx: int = 512, tokens: int = 12,
     for _ in range(replays):
         e.step(True)
     torch.cuda.synchronize(dev)
-    by = {ph["phase"]: ph for ph in LP.clock_phases(e.buffers["layer_clock"], names)}
+    by = {ph["phase"]: ph for ph in clock_phases(e.buffers["layer_clock"], names)}
     missing = [n for n in names if n not in by]
     if missing:
         raise ProfileError(f"phases {missing} left no clock stamps (clock_phases): "

@@ -7,8 +7,8 @@ the schedule (Gluon does not run on a CPU).
     out = m.step(sched, seed)                # {"token", "logits", "x", "events", "order",
                                              #  "loaded": each SM's tile bytes}
 
-Each SM is two actors. Its loader runs the SM's program from ``schedule.stream``: tile
-t of the SM's stream (``schedule.tiles`` of each instruction, in list order) goes into
+Each SM is two actors. Its loader runs the SM's program from ``loads.stream``: tile
+t of the SM's stream (``loads.tiles`` of each instruction, in list order) goes into
 ring stage n % S (the n-th tile through the ring) once that stage is free, or into held
 stage j (after the S ring stages) when hoisted. Its one wait on data is an expert
 instruction's LWAIT, the router's counter: only then does it read the layer's ids (a
@@ -40,7 +40,7 @@ from ..weights import pack_weights
 from .isa import (BUMP, IDX, LAYER, NONE, OP, OP_ATTN_PARTIAL, OP_DOWN, OP_EXPERT_DOWN,
                   OP_LM_HEAD, OP_RMS_QKV, OPCODES, ROW0, SPLITS, TARGET0, TARGET1, WAIT0,
                   WAIT1)
-from .schedule import TOKEN_ROW, split_slot, stream, tiles
+from .loads import TOKEN_ROW, split_slot, stream, tiles
 from .vm_ops import ALL, BF16, F32, I64, OPS
 
 UNWRITTEN, BEFORE = -1, -2        # an element's writer: none yet this step / an earlier step
@@ -290,11 +290,11 @@ class Machine:
 
     # ---- loaders and cores -------------------------------------------------------------------
     def stage(self, place) -> int:
-        """The ring stage of a ("ring", n) or ("hold", j) place of ``schedule.stream``."""
+        """The ring stage of a ("ring", n) or ("hold", j) place of ``loads.stream``."""
         return place[1] % self.S if place[0] == "ring" else self.S + place[1]
 
     def loader(self, lo: Loader):
-        """SM ``lo.sm``'s loader program (``schedule.stream``): each tile into its stage
+        """SM ``lo.sm``'s loader program (``loads.stream``): each tile into its stage
         once free; before an expert instruction's tiles, the router's counter, then the
         ids (tracked reads) that address them."""
         ring, starts = self.rings[lo.sm], []

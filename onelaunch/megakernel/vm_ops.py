@@ -21,7 +21,8 @@ import torch.nn.functional as F
 
 from ..oracle import apply_rope, rms_norm
 from .isa import ARG, IDX, K0, KLEN, LAYER, OP_END, OPCODES, ROW0, ROWS, SPLITS, UNIT
-from .schedule import split_range, split_slot, tiles
+from .loads import split_slot, tiles
+from .schedule import split_range
 
 BF16, F32, I64 = torch.bfloat16, torch.float32, torch.int64
 ALL = (slice(None),)
