@@ -1,9 +1,9 @@
 """``python -m onelaunch.bench``: every kernel and rung, checked, then timed
-(:func:`onelaunch.measure.commands.bench_main`; the measurements live in
+(:func:`onelaunch.cli.measure.bench_main`; the measurements live in
 :mod:`onelaunch.measure`)."""
 import sys
 
-from .measure.commands import bench_main
+from .cli.measure import bench_main
 
 if __name__ == "__main__":
     sys.exit(bench_main())

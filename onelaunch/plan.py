@@ -256,7 +256,7 @@ def head(e) -> list[Launch]:
 # ---- tensor parallelism: where partial sums meet ---------------------------------------
 def into_residual(e, op: str, li: int, weight_bytes: int, gemv) -> list[Launch]:
     """A row-parallel GEMV whose output is added to the residual stream x. ``gemv(**kw)``
-    issues the kernel; at TP=1 it adds into x itself. Under TP (``e.tp``, see ``tp.py``) the
+    issues the kernel; at TP=1 it adds into x itself. Under TP (``e.tp``, see ``tp/``) the
     rung decides: ``fused`` passes a peer call site (the program that finishes a row tile
     exchanges it with the other ranks and adds the sum); the others write the rank's fp32
     partial, all-reduce it (one more launch) and add it to x (one more); ``p2p`` exchanges

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from onelaunch.engine import Engine
-from onelaunch.measure import agree, commands, ladder, profile, rungs, trace
+from onelaunch.cli import measure as commands
+from onelaunch.measure import agree, ladder, profile, rungs, trace
 from onelaunch.measure.trace import ProfileError, attribute, split_replays
 from onelaunch.report import profile_figures
 from onelaunch.specs import get_spec

@@ -70,7 +70,7 @@ def kernel_rows(spec, w, device="cuda", ctx: int = 512, iters: int = 50, read_tb
         lambda: [K.rms_qkv.rms_qkv(x, L["input_norm"], L["w_qkv"], L["b_qkv"], out, eps, cfg=c_qkv) for L in Ls],
         nL, dev, iters), L0["w_qkv"].numel() * 2 + s.qkv_size * 2 * 2, err, tol)
     # ---- rope + kv write ------------------------------------------------------------------
-    C = ctx + 64
+    C = run_ctx(ctx, 0, 0)
     kc = torch.zeros(nL, s.kv_heads, C, s.head_dim, dtype=bf, device=dev)
     vc = torch.zeros_like(kc)
     cos, sin = rope_cos_sin(torch.arange(C, device=dev), s.head_dim, s.rope_theta, bf)

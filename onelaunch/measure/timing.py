@@ -95,6 +95,13 @@ def floor_ms(spec, read_tbps: float | None, ctx: int) -> float | None:
     return spec.floor_ms(read_tbps, ctx) if read_tbps else None
 
 
+def plan_floor_ms(launches, read_tbps: float | None, ctx: int) -> float | None:
+    """The floor of one step of a built plan (``plan.bytes_per_step``: what one
+    tensor-parallel rank reads, say) at ``read_tbps``; None without a bandwidth."""
+    from ..plan import bytes_per_step
+    return bytes_per_step(launches, ctx) / (read_tbps * 1e9) if read_tbps else None
+
+
 # An engine for a run holds the context, the checked tokens, the timed steps and this
 # margin (the warm-up steps and the profile's lead-in).
 CTX_MARGIN = 64

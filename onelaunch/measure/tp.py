@@ -64,10 +64,9 @@ def bench_job(rank, world, device, model, ctx=512, tokens=12, iters=100, rungs=R
     run stopped by its timeout still shows what it measured."""
     import json
     import torch.distributed as dist
-    from .. import plan
     from ..engine import Engine
     from . import agree
-    from .timing import read_bandwidth, run_ctx, time_engine_step
+    from .timing import plan_floor_ms, read_bandwidth, run_ctx, time_engine_step
     from ..prompt import random_prompt
     from ..weights import random_weights
     spec = get_spec(model)
@@ -83,7 +82,7 @@ def bench_job(rank, world, device, model, ctx=512, tokens=12, iters=100, rungs=R
         j = agree.judge(e, prompt, ref, graph=True)
         one = {"model": spec.name, "tp": 1, "rung": "one GPU", "ctx": ctx, "agree": j["agree"],
                "flips": j["flips"], "ok": j["ok"], "launches": e.launches_per_step(),
-               "read_tbps": bw, "floor_ms": plan.bytes_per_step(e.plan, ctx) / (bw * 1e9) if bw else None,
+               "read_tbps": bw, "floor_ms": plan_floor_ms(e.plan, bw, ctx),
                "ms_per_token": time_engine_step(e, True, iters, device) if j["ok"] else None}
         del e, w
         if cuda:
@@ -102,7 +101,7 @@ def bench_job(rank, world, device, model, ctx=512, tokens=12, iters=100, rungs=R
         ok_all = _gather(None if j is None else j["ok"])      # every rank times, or none
         timed = all(ok is not False for ok in ok_all)
         ms = time_engine_step(e, True, iters, device) if timed else None
-        floor = plan.bytes_per_step(e.plan, ctx) / (bw * 1e9) if bw else None
+        floor = plan_floor_ms(e.plan, bw, ctx)
         alone = _alone_us(e, device) if timed else None
         per_rank = _gather({"ms": ms, "floor_ms": floor, "read_tbps": bw, "alone_us": alone})
         times = [p["ms"] for p in per_rank]

@@ -32,7 +32,7 @@ def smem_layout():
     return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=3)
 
 
-def down_boxes(kt: int, kd: int, tail: bool = True) -> tuple[int, int]:
+def down_boxes(kt: int, kd: int, tail: bool = True, warps: int = 1) -> tuple[int, int]:
     """The down projection's K tiles as NF full boxes of ``kd`` tiles and a tail box of
     TAIL tiles (what is left, rounded up to a power of two; 0 if nothing is left): 35
     tiles (Qwen's 8960) in boxes of 16 are 2 boxes and a tail of 4, one zero tile
@@ -40,7 +40,10 @@ def down_boxes(kt: int, kd: int, tail: bool = True) -> tuple[int, int]:
     nf, rest = divmod(kt, kd)
     if not tail:
         return nf + (rest > 0), 0
-    return nf, (triton.next_power_of_2(rest) if rest else 0)
+    if not rest:
+        return nf, 0
+    # the tail's K tiles are split over the ``warps`` compute warps too
+    return nf, min(max(triton.next_power_of_2(rest), warps), kd)
 
 
 def gate_up_boxes(kt: int, kb: int, tail: bool = True) -> tuple[int, int]:
@@ -130,9 +133,7 @@ class MLPStream:
         self.d_gu = TensorDescriptor.from_tensor(gu, [TN, KB if gu_whole else self.kg, TK],
                                                  lay)
         self.d_gt = TensorDescriptor.from_tensor(gu, [TN, self.gt or self.kg, TK], lay)
-        self.nf, self.tail = down_boxes(self.kt_dn, 2 * KB, tails)
-        if self.tail:                      # the tail's K tiles split over the warps too
-            self.tail = min(max(self.tail, num_warps), 2 * KB)
+        self.nf, self.tail = down_boxes(self.kt_dn, 2 * KB, tails, num_warps)
         dn = box_view(w_dn.view(L * H, self.I))
         self.d_dn = TensorDescriptor.from_tensor(dn, [TN, 2 * KB, TK], lay)
         self.d_dt = TensorDescriptor.from_tensor(dn, [TN, self.tail or 2 * KB, TK], lay)
@@ -176,13 +177,13 @@ def reference(w_gu, w_dn, g, x0, eps=1e-6):
     return x
 
 
-def aot(stages=6, num_warps=4, H=1536, I=8960) -> dict:
+def aot(stages=4, num_warps=4, H=1536, I=8960) -> dict:
     """Compile for sm_90 on any machine (no GPU): the layouts, TMA and barriers hold
     (Qwen's intermediate size by default: two full down boxes and a tail of 4 tiles)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
     lay = smem_layout()
-    nf, tail = down_boxes(I // TK, 2 * KB)
+    nf, tail = down_boxes(I // TK, 2 * KB, warps=num_warps)
     kg, gt = gate_up_boxes(H // TK, KB)
     sig = {"prog_ptr": "*i32", "n_instr": "i32",
            "wgu_desc": f"tensordesc<bf16[{TN},{KB},{TK}],{lay!r}>",
@@ -216,7 +217,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m onelaunch.megakernel.mlp_stream",
                                  description="compile the MLP stream for sm_90 (no GPU)")
     ap.add_argument("--aot", action="store_true", required=True)
-    ap.add_argument("--stages", default="6")
+    ap.add_argument("--stages", default="4")
     ap.add_argument("--warps", default="4")
     a = ap.parse_args(argv)
     for w in (int(v) for v in a.warps.split(",")):

@@ -21,14 +21,14 @@ import torch
 
 from ..specs import get_spec
 from ..weights import random_weights
-from . import agree
-from .kernel_rows import kernel_rows, plan_op_rows
-from .ladder import bench_rows
-from .profile import PROFILE_RUNGS, profile_rows
-from .rungs import LADDER
-from .sweeps import long_context_agreement, maxctx_rows, sweep_rows
-from .timing import floor_ms, run_bandwidth
-from .tune import config_sweep, plan_config_sweep, write_plan_table, write_table
+from ..measure import agree
+from ..measure.kernel_rows import kernel_rows, plan_op_rows
+from ..measure.ladder import bench_rows
+from ..measure.profile import PROFILE_RUNGS, profile_rows
+from ..measure.rungs import LADDER
+from ..measure.sweeps import long_context_agreement, maxctx_rows, sweep_rows
+from ..measure.timing import floor_ms, run_bandwidth
+from ..measure.tune import config_sweep, plan_config_sweep, write_plan_table, write_table
 
 
 def bench_main(argv=None) -> int:
