@@ -34,7 +34,8 @@ Compiling the HF forward ourselves is not a rung: on transformers 5.17 wrapping
 ("skipping cudagraphs due to mutated inputs", then an overwrite error);
 ``cache_implementation="static"`` is the supported path.
 
-On the CPU (tiny models, fp32) every rung runs, for smoke tests only: there is no floor
+On the CPU (tiny models, fp32 unless the caller passes its weights: ``bench`` passes the
+run's bf16 ones) every rung runs, for smoke tests only: there is no floor
 (``floor_ms`` is None), HF static is not compiled (transformers compiles on GPUs only), and
 the compiled oracle uses ``backend="aot_eager"`` by default (dynamo capture and
 functionalisation of the cache writes, no code generation, no CUDA graphs). Every such

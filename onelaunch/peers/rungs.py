@@ -182,7 +182,8 @@ def peer_rungs(spec, ctx: int = 512, device="cuda", iters: int = 50,
     ``{model, rung, ctx, ms_per_token, floor_ms, agree, read_tbps, prompt, ...}``.
 
     Random weights are built once (bf16 on a GPU, fp32 on the CPU) and shared by every
-    rung (pass ``weights`` to reuse a dict). Each peer is first teacher-forced along the
+    rung; pass ``weights`` to reuse a dict (``bench`` passes the run's own, bf16 on the
+    CPU too, so that its peers and rungs share one oracle run). Each peer is first teacher-forced along the
     eager oracle's greedy tokens over the same prompt and judged by the agreement rule
     (:mod:`onelaunch.measure.agree`): ``agree`` is "k/N" over every step, ``flips`` lists
     each step that differs (both logits, the gap, the verdict), and a peer with a real
