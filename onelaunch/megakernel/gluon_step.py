@@ -1,0 +1,526 @@
+"""Step (d) of the megakernel (issue 25): a dense model's whole decode step, embedding to
+argmax, in one persistent Gluon launch that runs ``schedule.build``'s instruction lists
+(the lists the CPU VM checks, ``vm.py``).
+
+One CTA an SM walks its own list (``isa`` format). Two partitions share a ring of
+``STAGES`` shared-memory stages, each two slots of [TN, KB, TK] weights:
+
+- the **loader** (one warp) walks the same list and asks the TMA engine for every weight
+  row block in order (QKV, O, gate/up, down, LM head), waiting only for a free stage,
+  never for data: while the compute partition waits on the rest of the grid, the ring
+  fills with what comes next;
+- the **compute** partition (``num_warps`` warps) waits on each instruction's counters
+  (acquire), computes (RMS + GEMV from the ring; RoPE, attention partials and merges from
+  the activations and the KV cache), stores, and bumps its counter (release).
+
+A GEMV over all of K (QKV, O, gate/up, the LM head) takes one stage a pair of row blocks
+(gate/up: a row block's gate rows and up rows), each row whole in one TMA copy; the
+down projection one box of KD K tiles a stage. A pair whose second block is past the
+instruction's rows asks for rows past the tensor, which the TMA fills with zeros (its
+bytes still count on the stage's barrier, no memory is read).
+
+Activations other SMs write in this launch are read with ``.cg`` (from L2, never a stale
+L1 line). No wait is unbounded: a counter wait that outlasts ``timeout_ns`` records
+(instruction, counter, value seen, target) in ``err[pid]`` and the CTA runs on without
+waiting, still consuming every tile so its loader finishes; the host raises with the
+stalled SM named. The last CTA out sets every counter back to zero, so CUDA-graph
+replays need no host work.
+
+The host side (weights stacked per kind, the TMA descriptors, buffers, the compile for
+sm_90 without a GPU) is ``step.py``.
+"""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+
+from .gluon_mlp import (_dot_box_k, _dot_slice, _fill, _fill_one, _now, _stage_free,
+                        _stage_ready, _wait_counter)
+
+# opcodes (isa.py): the kernel's branches name them by value
+RMS_QKV, ROPE_KV, ATTN_PARTIAL, ATTN_MERGE, O_PROJ, GATE_UP, DOWN, LM_HEAD, ARGMAX, EMBED = (
+    1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
+
+
+# ---- the loader -------------------------------------------------------------------------
+@gluon.jit
+def _fill_pair(desc, ring, ready, empty, t, r, n_rows, r_end, STAGES: gl.constexpr):
+    """Stage t % STAGES <- row blocks r and r + TN of ``desc`` (whole rows); a second block
+    at or past ``r_end`` (the instruction's last row) is asked for past the tensor's
+    ``n_rows``: zeros, no memory read, the same bytes on the barrier."""
+    TN_: gl.constexpr = desc.block_type.shape[0]
+    s = t % STAGES
+    mbarrier.wait(empty.index(s), ((t // STAGES) & 1) ^ 1)
+    mbarrier.expect(ready.index(s), 2 * desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(desc, [r, 0, 0], ready.index(s), ring.index(2 * s))
+    r2 = gl.where(r + TN_ < r_end, r + TN_, n_rows)
+    tma.async_copy_global_to_shared(desc, [r2, 0, 0], ready.index(s), ring.index(2 * s + 1))
+    return t + 1
+
+
+@gluon.jit
+def _loader(prog_ptr, n_instr, d_qkv, d_o, d_gu, d_dn, d_dt, d_lm, ring, ring_dn, ring_dt,
+            ready, empty, L, H, I, QKV, V, NF: gl.constexpr, TAIL: gl.constexpr,
+            STAGES: gl.constexpr, WIDTH: gl.constexpr):
+    """Every weight row block of this SM's list, in the order the compute eats them; the
+    only wait is for a free stage."""
+    TN_: gl.constexpr = d_gu.block_type.shape[0]
+    KD: gl.constexpr = d_dn.block_type.shape[1]
+    base = prog_ptr + gl.program_id(0) * n_instr * WIDTH
+    t = 0
+    for i in range(n_instr):
+        op = gl.load(base + i * WIDTH + 0)
+        layer = gl.load(base + i * WIDTH + 1)
+        row0 = gl.load(base + i * WIDTH + 2)
+        rows = gl.load(base + i * WIDTH + 3)
+        if op == 1:                                   # RMS_QKV
+            r = layer * QKV + row0
+            for rb in range(0, rows, 2 * TN_):
+                t = _fill_pair(d_qkv, ring, ready, empty, t, r + rb, L * QKV, r + rows, STAGES)
+        elif op == 5:                                 # O_PROJ
+            r = layer * H + row0
+            for rb in range(0, rows, 2 * TN_):
+                t = _fill_pair(d_o, ring, ready, empty, t, r + rb, L * H, r + rows, STAGES)
+        elif op == 6:                                 # GATE_UP: gate rows, up rows
+            for rb in range(0, rows, TN_):
+                t = _fill(d_gu, ring, ready, empty, t, layer * 2 * I + row0 + rb, 0, 2, I,
+                          STAGES)
+        elif op == 7:                                 # DOWN: all of K a row block
+            for rb in range(0, rows, TN_):
+                r = layer * H + row0 + rb
+                for j in range(NF):
+                    t = _fill_one(d_dn, ring_dn, ready, empty, t, r, j * KD, STAGES, 1)
+                if TAIL > 0:
+                    t = _fill_one(d_dt, ring_dt, ready, empty, t, r, NF * KD, STAGES,
+                                  KD // TAIL)
+        elif op == 8:                                 # LM_HEAD
+            for rb in range(0, rows, 2 * TN_):
+                t = _fill_pair(d_lm, ring, ready, empty, t, row0 + rb, V, row0 + rows, STAGES)
+
+
+# ---- the compute partition's pieces --------------------------------------------------------
+@gluon.jit
+def _rms_vec(x_ptr, g_ptr, H, eps, offs, offs_t, GT: gl.constexpr):
+    """rmsnorm(x) * g as HF rounds it (bf16(g * bf16(x * rstd))), fp32, as the [KG, TK]
+    and [GT, TK] pieces a GEMV's row boxes multiply."""
+    m = offs < H
+    xv = gl.load(x_ptr + offs, mask=m, other=0.0, cache_modifier=".cg").to(gl.float32)
+    ss = gl.sum(gl.sum(xv * xv, axis=1), axis=0)
+    mt = offs_t < H
+    xt = gl.load(x_ptr + offs_t, mask=mt, other=0.0, cache_modifier=".cg").to(gl.float32)
+    if GT > 0:
+        ss += gl.sum(gl.sum(xt * xt, axis=1), axis=0)
+    rstd = 1.0 / gl.sqrt(ss / H + eps)
+    gv = gl.load(g_ptr + offs, mask=m, other=0.0).to(gl.float32)
+    gt = gl.load(g_ptr + offs_t, mask=mt, other=0.0).to(gl.float32)
+    xn = (gv * (xv * rstd).to(gl.bfloat16).to(gl.float32)).to(gl.bfloat16).to(gl.float32)
+    xnt = (gt * (xt * rstd).to(gl.bfloat16).to(gl.float32)).to(gl.bfloat16).to(gl.float32)
+    return xn, xnt
+
+
+@gluon.jit
+def _row_dot(ring, slot, xn, xnt, KG: gl.constexpr, GT: gl.constexpr, TN_: gl.constexpr,
+             TK_: gl.constexpr, l3: gl.constexpr, al: gl.constexpr):
+    """fp32 [TN]: the rows of ring slot ``slot`` (whole rows of KG + GT K tiles) times the
+    vector pieces xn, xnt."""
+    acc = _dot_slice(ring, slot, 0, KG, xn, gl.zeros([TN_, TK_], gl.float32, al), True, l3)
+    if GT > 0:
+        acc = _dot_slice(ring, slot, KG, GT, xnt, acc, True, l3)
+    return gl.sum(acc, axis=1)
+
+
+@gluon.jit
+def _rope(ptr, d, D: gl.constexpr, c, s, mask):
+    """bf16 RoPE of the head rows at ``ptr`` (HF: bf16(bf16(x cos) + bf16(rot(x) sin)))."""
+    x = gl.load(ptr + d, mask=mask, other=0.0, cache_modifier=".cg").to(gl.float32)
+    half: gl.constexpr = D // 2
+    o = gl.load(ptr + (d + half) % D, mask=mask, other=0.0, cache_modifier=".cg").to(gl.float32)
+    rot = gl.where(d % D < half, -o, o)
+    a = (x * c).to(gl.bfloat16).to(gl.float32)
+    b = (rot * s).to(gl.bfloat16).to(gl.float32)
+    return (a + b).to(gl.bfloat16)
+
+
+@gluon.jit
+def _op_rope_kv(layer, kh, pos_ptr, qkv_ptr, q_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr, HQ, KVS,
+                MAXCTX, G: gl.constexpr, GP: gl.constexpr, D: gl.constexpr,
+                HKV: gl.constexpr, num_warps: gl.constexpr):
+    """RoPE on kv head kh's G query heads (into q) and its key; the key and value into the
+    cache at slot pos."""
+    l2: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [num_warps, 1], [1, 0])
+    pos = gl.load(pos_ptr, cache_modifier=".cg")
+    hh = gl.arange(0, GP, gl.SliceLayout(1, l2))
+    dd = gl.arange(0, D, gl.SliceLayout(0, l2))
+    d2 = hh[:, None] * 0 + dd[None, :]
+    c = gl.load(cos_ptr + pos * D + d2).to(gl.float32)
+    s = gl.load(sin_ptr + pos * D + d2).to(gl.float32)
+    qm = (hh[:, None] < G) & (dd[None, :] < D)
+    qoff = (kh * G + hh[:, None]) * D
+    q = _rope(qkv_ptr + qoff, dd[None, :], D, c, s, qm)
+    gl.store(q_ptr + qoff + dd[None, :], q, mask=qm)
+    # the key (row 0 of the tile) and the value
+    km = (hh[:, None] == 0) & (dd[None, :] < D)
+    k = _rope(qkv_ptr + HQ + kh * D + hh[:, None] * 0, dd[None, :], D, c, s, km)
+    slot = ((layer * HKV + kh) * MAXCTX + pos) * D
+    gl.store(kc_ptr + slot + hh[:, None] * 0 + dd[None, :], k, mask=km)
+    v = gl.load(qkv_ptr + HQ + KVS + kh * D + hh[:, None] * 0 + dd[None, :], mask=km,
+                other=0.0, cache_modifier=".cg")
+    gl.store(vc_ptr + slot + hh[:, None] * 0 + dd[None, :], v, mask=km)
+
+
+@gluon.jit
+def _op_attn_partial(layer, kh, sp, splits, unit, pos_ptr, q_ptr, kc_ptr, vc_ptr, pm_ptr,
+                     pl_ptr, po_ptr, SPMAX, MAXCTX, scale, G: gl.constexpr,
+                     GP: gl.constexpr, D: gl.constexpr, HKV: gl.constexpr,
+                     BT: gl.constexpr, num_warps: gl.constexpr):
+    """Split ``sp`` of ``splits`` of kv head kh's keys [0, pos]: its G query heads'
+    running max, sum of exp and unnormalised output (fp32, online over blocks of BT
+    keys; bf16 probabilities into P @ V, as the split-K kernel)."""
+    l3: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 1, 32], [num_warps, 1, 1], [2, 1, 0])
+    sl: gl.constexpr = gl.SliceLayout(2, l3)              # [GP, BT] scores
+    kl: gl.constexpr = gl.SliceLayout(0, l3)              # [BT, D] keys / values
+    ql: gl.constexpr = gl.SliceLayout(1, l3)              # [GP, D] queries / output
+    pos = gl.load(pos_ptr, cache_modifier=".cg")
+    length = pos + 1
+    per = ((length + unit - 1) // unit + splits - 1) // splits
+    start = sp * per * unit
+    end = gl.maximum(start, gl.minimum(start + per * unit, length))
+    hq = gl.arange(0, GP, gl.SliceLayout(1, ql))
+    dq = gl.arange(0, D, gl.SliceLayout(0, ql))
+    qmask = (hq[:, None] < G) & (dq[None, :] < D)
+    q = gl.load(q_ptr + (kh * G + hq[:, None]) * D + dq[None, :], mask=qmask, other=0.0,
+                cache_modifier=".cg").to(gl.float32)
+    tk = gl.arange(0, BT, gl.SliceLayout(1, kl))
+    dk = gl.arange(0, D, gl.SliceLayout(0, kl))
+    ts = gl.arange(0, BT, gl.SliceLayout(0, sl))
+    base = (layer * HKV + kh) * MAXCTX * D
+    m_i = gl.full([GP], float("-inf"), gl.float32, gl.SliceLayout(1, sl))
+    l_i = gl.zeros([GP], gl.float32, gl.SliceLayout(1, sl))
+    o = gl.zeros([GP, D], gl.float32, ql)
+    for t0 in range(start, end, BT):
+        km = ((t0 + tk) < end)[:, None] & (dk[None, :] < D)
+        kv_off = base + (t0 + tk)[:, None] * D + dk[None, :]
+        k = gl.load(kc_ptr + kv_off, mask=km, other=0.0, cache_modifier=".cg").to(gl.float32)
+        v = gl.load(vc_ptr + kv_off, mask=km, other=0.0, cache_modifier=".cg").to(gl.float32)
+        sc = gl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale      # [GP, BT]
+        sc = gl.where(((t0 + ts) < end)[None, :], sc, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(sc, axis=1))
+        alpha = gl.exp(m_i - m_new)
+        p = gl.exp(sc - m_new[:, None])
+        l_i = l_i * alpha + gl.sum(p, axis=1)
+        pb = p.to(gl.bfloat16).to(gl.float32)
+        pv = gl.sum(pb[:, :, None] * v[None, :, :], axis=1)            # [GP, D]
+        o = o * gl.convert_layout(alpha, gl.SliceLayout(1, ql))[:, None] + pv
+        m_i = m_new
+    hs = gl.arange(0, GP, gl.SliceLayout(1, sl))
+    row = (kh * G + hs) * SPMAX + sp
+    gl.store(pm_ptr + row, m_i, mask=hs < G)
+    gl.store(pl_ptr + row, l_i, mask=hs < G)
+    gl.store(po_ptr + ((kh * G + hq[:, None]) * SPMAX + sp) * D + dq[None, :], o, mask=qmask)
+
+
+@gluon.jit
+def _op_attn_merge(h, splits, pm_ptr, pl_ptr, po_ptr, attn_ptr, SPMAX, D: gl.constexpr,
+                   SB: gl.constexpr, num_warps: gl.constexpr):
+    """Query head h's ``splits`` partials merged: attn[h] = sum_s w_s o_s / sum_s w_s l_s,
+    w_s = exp(m_s - max m), in chunks of SB splits."""
+    l2: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [num_warps, 1], [1, 0])
+    ss = gl.arange(0, SB, gl.SliceLayout(1, l2))
+    dd = gl.arange(0, D, gl.SliceLayout(0, l2))
+    mx = gl.full([SB], float("-inf"), gl.float32, gl.SliceLayout(1, l2))
+    for c0 in range(0, splits, SB):
+        mm = gl.load(pm_ptr + h * SPMAX + c0 + ss, mask=c0 + ss < splits, other=float("-inf"),
+                     cache_modifier=".cg")
+        mx = gl.maximum(mx, mm)
+    mtop = gl.max(mx, axis=0)
+    num = gl.zeros([D], gl.float32, gl.SliceLayout(0, l2))
+    den = gl.zeros([SB], gl.float32, gl.SliceLayout(1, l2))
+    for c0 in range(0, splits, SB):
+        live = c0 + ss < splits
+        mm = gl.load(pm_ptr + h * SPMAX + c0 + ss, mask=live, other=float("-inf"),
+                     cache_modifier=".cg")
+        ll = gl.load(pl_ptr + h * SPMAX + c0 + ss, mask=live, other=0.0, cache_modifier=".cg")
+        oo = gl.load(po_ptr + (h * SPMAX + c0 + ss)[:, None] * D + dd[None, :],
+                     mask=live[:, None] & (dd[None, :] < D), other=0.0, cache_modifier=".cg")
+        w = gl.where(live, gl.exp(mm - mtop), 0.0)
+        num += gl.sum(w[:, None] * oo, axis=0)
+        den += w * ll
+    out = num / gl.sum(den, axis=0)
+    gl.store(attn_ptr + h * D + dd, out.to(gl.bfloat16))
+
+
+@gluon.jit
+def _op_embed(row0, rows, pos_ptr, seq_ptr, emb_ptr, x_ptr, H, EB: gl.constexpr,
+              num_warps: gl.constexpr):
+    """x[row0:row0 + rows] = E[seq[pos], row0:row0 + rows]."""
+    l1: gl.constexpr = gl.BlockedLayout([8], [32], [num_warps], [0])
+    pos = gl.load(pos_ptr, cache_modifier=".cg")
+    tok = gl.load(seq_ptr + pos, cache_modifier=".cg").to(gl.int64)
+    for c0 in range(row0, row0 + rows, EB):
+        cc = c0 + gl.arange(0, EB, l1)
+        m = cc < row0 + rows
+        gl.store(x_ptr + cc, gl.load(emb_ptr + tok * H + cc, mask=m, other=0.0), mask=m)
+
+
+@gluon.jit
+def _op_argmax(n, pos_ptr, plen_ptr, seq_ptr, amax_ptr, val_ptr, idx_ptr,
+               NPB: gl.constexpr, num_warps: gl.constexpr):
+    """The token: the largest of the LM-head instructions' bests, the lowest row among
+    equals; into argmax[pos + 1] (and seq[pos + 1] past the prompt); pos + 1."""
+    l1: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
+    j = gl.arange(0, NPB, l1)
+    v = gl.load(val_ptr + j, mask=j < n, other=float("-inf"), cache_modifier=".cg")
+    ix = gl.load(idx_ptr + j, mask=j < n, other=2147483647, cache_modifier=".cg")
+    best = gl.max(v, axis=0)
+    tok = gl.min(gl.where(v == best, ix, 2147483647), axis=0)
+    pos = gl.load(pos_ptr, cache_modifier=".cg")
+    gl.store(amax_ptr + pos + 1, tok)
+    if pos + 1 >= gl.load(plen_ptr):
+        gl.store(seq_ptr + pos + 1, tok)
+    gl.store(pos_ptr, pos + 1)
+
+
+# ---- the compute partition -------------------------------------------------------------------
+@gluon.jit
+def _compute(prog_ptr, n_instr, ring, ring_dk, ring_tk, ready, empty, vec, x_ptr, qkv_ptr,
+             q_ptr, attn_ptr, h_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr, pm_ptr, pl_ptr, po_ptr,
+             val_ptr, idx_ptr, seq_ptr, amax_ptr, pos_ptr, plen_ptr, emb_ptr, gin_ptr, gpost_ptr,
+             gfin_ptr, bqkv_ptr, ctr_ptr, err_ptr, clk_ptr, H, I, QKV, HQ, KVS, SPMAX, MAXCTX,
+             eps, scale, timeout_ns, KG: gl.constexpr, GT: gl.constexpr, NF: gl.constexpr,
+             KD: gl.constexpr, TAIL: gl.constexpr, STAGES: gl.constexpr,
+             WIDTH: gl.constexpr, TN_: gl.constexpr, TK_: gl.constexpr, G: gl.constexpr,
+             GP: gl.constexpr, D: gl.constexpr, HKV: gl.constexpr, BT: gl.constexpr,
+             SB: gl.constexpr, NPB: gl.constexpr, EB: gl.constexpr, BIAS: gl.constexpr,
+             CLOCK: gl.constexpr, num_warps: gl.constexpr):
+    # a row box [TN, kb, TK]: rows over the warps, K tiles in each thread's registers,
+    # columns over a warp's lanes, 8 a lane (16-byte shared loads)
+    l3: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 1, 32], [num_warps, 1, 1], [2, 1, 0])
+    vl: gl.constexpr = gl.SliceLayout(0, l3)             # [kb, TK]: the vector's pieces
+    al: gl.constexpr = gl.SliceLayout(1, l3)             # [TN, TK]: the accumulator
+    rl: gl.constexpr = gl.SliceLayout(1, al)             # [TN]: a row block's results
+    KTV: gl.constexpr = NF * KD + TAIL                   # K tiles of h in shared memory
+    pid = gl.program_id(0)
+    base = prog_ptr + pid * n_instr * WIDTH
+    err = err_ptr + pid * 4
+    clk = clk_ptr + pid * n_instr * 4                    # [P, N, 4] globaltimer stamps
+    kk = gl.arange(0, KG, gl.SliceLayout(1, vl))
+    cc = gl.arange(0, TK_, gl.SliceLayout(0, vl))
+    offs = kk[:, None] * TK_ + cc[None, :]               # [KG, TK]
+    offs_t = (KG + gl.arange(0, GT, gl.SliceLayout(1, vl)))[:, None] * TK_ + cc[None, :]
+    k4 = gl.arange(0, 4, gl.SliceLayout(1, vl))
+    offs4 = k4[:, None] * TK_ + cc[None, :]              # [4, TK]: h staged 4 tiles a time
+    rows_ = gl.arange(0, TN_, rl)
+    # the down projection: a box [TN, NW, KD / NW, TK], its K tiles over the warps
+    NW: gl.constexpr = num_warps
+    l4: gl.constexpr = gl.BlockedLayout([1, 1, 1, 8], [1, 1, 1, 32], [1, NW, 1, 1],
+                                        [3, 2, 1, 0])
+    vl4: gl.constexpr = gl.SliceLayout(0, l4)
+    a4: gl.constexpr = gl.SliceLayout(2, l4)
+    rows_d = gl.arange(0, TN_, gl.SliceLayout(1, gl.SliceLayout(2, a4)))
+    pl3: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=1,
+                                                order=[2, 1, 0])
+    v_full = vec._reinterpret(gl.bfloat16, [NF, NW, KD // NW, TK_], pl3)
+    t = 0
+    failed = 0
+    for i in range(n_instr):
+        op = gl.load(base + i * WIDTH + 0)
+        layer = gl.load(base + i * WIDTH + 1)
+        row0 = gl.load(base + i * WIDTH + 2)
+        rows = gl.load(base + i * WIDTH + 3)
+        w0 = gl.load(base + i * WIDTH + 6)
+        t0 = gl.load(base + i * WIDTH + 7)
+        w1 = gl.load(base + i * WIDTH + 8)
+        t1 = gl.load(base + i * WIDTH + 9)
+        bump = gl.load(base + i * WIDTH + 10)
+        arg = gl.load(base + i * WIDTH + 11)
+        idx = gl.load(base + i * WIDTH + 12)
+        splits = gl.load(base + i * WIDTH + 13)
+        unit = gl.load(base + i * WIDTH + 14)
+        if CLOCK:
+            gl.store(clk + i * 4, _now())
+        if w0 >= 0:
+            if failed == 0:
+                gl.store(err + 1, w0)
+            failed = _wait_counter(ctr_ptr + w0, t0, timeout_ns, failed, err, i)
+        if w1 >= 0:
+            if failed == 0:
+                gl.store(err + 1, w1)
+            failed = _wait_counter(ctr_ptr + w1, t1, timeout_ns, failed, err, i)
+        if CLOCK:
+            gl.store(clk + i * 4 + 1, _now())
+        if op == 1:                                   # RMS_QKV (+ bias)
+            xn, xnt = _rms_vec(x_ptr, gin_ptr + layer * H, H, eps, offs, offs_t, GT)
+            for rb in range(0, rows, 2 * TN_):
+                s = _stage_ready(ready, t, STAGES)
+                ya = _row_dot(ring, 2 * s, xn, xnt, KG, GT, TN_, TK_, l3, al)
+                yb = _row_dot(ring, 2 * s + 1, xn, xnt, KG, GT, TN_, TK_, l3, al)
+                _stage_free(empty, s)
+                t += 1
+                ra = row0 + rb + rows_
+                rbb = ra + TN_
+                if BIAS:
+                    ya = ya.to(gl.bfloat16).to(gl.float32) + gl.load(
+                        bqkv_ptr + layer * QKV + ra).to(gl.float32)
+                    yb = yb.to(gl.bfloat16).to(gl.float32) + gl.load(
+                        bqkv_ptr + layer * QKV + rbb, mask=rbb < row0 + rows,
+                        other=0.0).to(gl.float32)
+                gl.store(qkv_ptr + ra, ya.to(gl.bfloat16))
+                gl.store(qkv_ptr + rbb, yb.to(gl.bfloat16), mask=rbb < row0 + rows)
+        elif op == 2:                                 # ROPE_KV
+            _op_rope_kv(layer, row0, pos_ptr, qkv_ptr, q_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr,
+                        HQ, KVS, MAXCTX, G, GP, D, HKV, num_warps)
+        elif op == 3:                                 # ATTN_PARTIAL
+            _op_attn_partial(layer, row0, arg, splits, unit, pos_ptr, q_ptr, kc_ptr, vc_ptr,
+                             pm_ptr, pl_ptr, po_ptr, SPMAX, MAXCTX, scale, G, GP, D, HKV, BT,
+                             num_warps)
+        elif op == 4:                                 # ATTN_MERGE
+            _op_attn_merge(row0, splits, pm_ptr, pl_ptr, po_ptr, attn_ptr, SPMAX, D, SB,
+                           num_warps)
+        elif op == 5:                                 # O_PROJ (+ residual)
+            av = gl.load(attn_ptr + offs, mask=offs < HQ, other=0.0,
+                         cache_modifier=".cg").to(gl.float32)
+            avt = gl.load(attn_ptr + offs_t, mask=offs_t < HQ, other=0.0,
+                          cache_modifier=".cg").to(gl.float32)
+            for rb in range(0, rows, 2 * TN_):
+                ra = row0 + rb + rows_
+                rbb = ra + TN_
+                xa = gl.load(x_ptr + ra, cache_modifier=".cg").to(gl.float32)
+                xb = gl.load(x_ptr + rbb, mask=rbb < row0 + rows, other=0.0,
+                             cache_modifier=".cg").to(gl.float32)
+                s = _stage_ready(ready, t, STAGES)
+                ya = _row_dot(ring, 2 * s, av, avt, KG, GT, TN_, TK_, l3, al)
+                yb = _row_dot(ring, 2 * s + 1, av, avt, KG, GT, TN_, TK_, l3, al)
+                _stage_free(empty, s)
+                t += 1
+                gl.store(x_ptr + ra, (xa + ya.to(gl.bfloat16).to(gl.float32)).to(gl.bfloat16))
+                gl.store(x_ptr + rbb, (xb + yb.to(gl.bfloat16).to(gl.float32)).to(gl.bfloat16),
+                         mask=rbb < row0 + rows)
+        elif op == 6:                                 # GATE_UP (+ SwiGLU)
+            xn, xnt = _rms_vec(x_ptr, gpost_ptr + layer * H, H, eps, offs, offs_t, GT)
+            for rb in range(0, rows, TN_):
+                s = _stage_ready(ready, t, STAGES)
+                g = _row_dot(ring, 2 * s, xn, xnt, KG, GT, TN_, TK_, l3, al)
+                u = _row_dot(ring, 2 * s + 1, xn, xnt, KG, GT, TN_, TK_, l3, al)
+                _stage_free(empty, s)
+                t += 1
+                gb = g.to(gl.bfloat16).to(gl.float32)          # bf16 SwiGLU, as HF
+                sg = (gb / (1.0 + gl.exp(-gb))).to(gl.bfloat16).to(gl.float32)
+                hv = sg * u.to(gl.bfloat16).to(gl.float32)
+                gl.store(h_ptr + row0 + rb + rows_, hv.to(gl.bfloat16))
+        elif op == 7:                                 # DOWN (+ residual), all of K
+            for c in gl.static_range(KTV // 4):
+                hv = gl.load(h_ptr + c * 4 * TK_ + offs4, mask=c * 4 * TK_ + offs4 < I,
+                             other=0.0, cache_modifier=".cg")
+                vec.index(c).store(hv)
+            gl.thread_barrier()
+            for rb in range(0, rows, TN_):
+                r = row0 + rb + rows_d
+                xr = gl.load(x_ptr + r, cache_modifier=".cg").to(gl.float32)
+                acc = gl.zeros([TN_, NW, TK_], gl.float32, a4)
+                for j in range(NF):
+                    s = _stage_ready(ready, t, STAGES)
+                    hj = v_full.index(j).load(vl4).to(gl.float32)
+                    acc = _dot_box_k(ring_dk, s, hj, acc, True, l4)
+                    _stage_free(empty, s)
+                    t += 1
+                if TAIL > 0:
+                    v_tail = vec._reinterpret(gl.bfloat16, [KTV // TAIL, NW, TAIL // NW, TK_],
+                                              pl3)
+                    s = _stage_ready(ready, t, STAGES)
+                    ht = v_tail.index(NF * KD // TAIL).load(vl4).to(gl.float32)
+                    acc = _dot_box_k(ring_tk, s * (KD // TAIL), ht, acc, True, l4)
+                    _stage_free(empty, s)
+                    t += 1
+                y = gl.sum(gl.sum(acc, axis=2), axis=1).to(gl.bfloat16).to(gl.float32)
+                gl.store(x_ptr + r, (xr + y).to(gl.bfloat16))
+            gl.thread_barrier()                       # vec is rewritten by the next DOWN
+        elif op == 8:                                 # LM_HEAD: this instruction's best
+            xn, xnt = _rms_vec(x_ptr, gfin_ptr, H, eps, offs, offs_t, GT)
+            best_v = gl.full([TN_], float("-inf"), gl.float32, rl)
+            best_i = gl.full([TN_], 2147483647, gl.int32, rl)
+            for rb in range(0, rows, 2 * TN_):
+                s = _stage_ready(ready, t, STAGES)
+                ya = _row_dot(ring, 2 * s, xn, xnt, KG, GT, TN_, TK_, l3, al)
+                yb = _row_dot(ring, 2 * s + 1, xn, xnt, KG, GT, TN_, TK_, l3, al)
+                _stage_free(empty, s)
+                t += 1
+                ra = row0 + rb + rows_
+                ya = ya.to(gl.bfloat16).to(gl.float32)
+                yb = gl.where(ra + TN_ < row0 + rows, yb.to(gl.bfloat16).to(gl.float32),
+                              float("-inf"))
+                up = ya > best_v                      # rows in order: strict keeps the
+                best_i = gl.where(up, ra, best_i)     # earlier row among equals
+                best_v = gl.where(up, ya, best_v)
+                up = yb > best_v
+                best_i = gl.where(up, ra + TN_, best_i)
+                best_v = gl.where(up, yb, best_v)
+            bv = gl.max(best_v, axis=0)
+            bi = gl.min(gl.where(best_v == bv, best_i, 2147483647), axis=0)
+            gl.store(val_ptr + idx, bv)
+            gl.store(idx_ptr + idx, bi)
+        elif op == 9:                                 # ARGMAX
+            _op_argmax(rows, pos_ptr, plen_ptr, seq_ptr, amax_ptr, val_ptr, idx_ptr, NPB,
+                       num_warps)
+        elif op == 10:                                # EMBED
+            _op_embed(row0, rows, pos_ptr, seq_ptr, emb_ptr, x_ptr, H, EB, num_warps)
+        if bump >= 0:                                 # every thread's stores, then release
+            gl.thread_barrier()
+            gl.atomic_add(ctr_ptr + bump, 1, sem="release", scope="gpu")
+        if CLOCK:
+            gl.store(clk + i * 4 + 2, _now())
+
+
+@gluon.jit
+def step_kernel(prog_ptr, n_instr, d_qkv, d_o, d_gu, d_dn, d_dt, d_lm, x_ptr, qkv_ptr, q_ptr,
+                attn_ptr, h_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr, pm_ptr, pl_ptr, po_ptr,
+                val_ptr, idx_ptr, seq_ptr, amax_ptr, pos_ptr, plen_ptr, emb_ptr, gin_ptr,
+                gpost_ptr, gfin_ptr, bqkv_ptr, ctr_ptr, err_ptr, clk_ptr, L, H, I, QKV, HQ,
+                KVS, V, SPMAX, MAXCTX, eps, scale, timeout_ns, n_ctr, KB_: gl.constexpr,
+                KG: gl.constexpr, GT: gl.constexpr, NF: gl.constexpr, TAIL: gl.constexpr,
+                STAGES: gl.constexpr, WIDTH: gl.constexpr, G: gl.constexpr,
+                GP: gl.constexpr, D: gl.constexpr, HKV: gl.constexpr, BT: gl.constexpr,
+                SB: gl.constexpr, NPB: gl.constexpr, EB: gl.constexpr, BIAS: gl.constexpr,
+                CTR_BLOCK: gl.constexpr, CLOCK: gl.constexpr, num_warps: gl.constexpr):
+    TN_: gl.constexpr = d_gu.block_type.shape[0]
+    TK_: gl.constexpr = d_gu.block_type.shape[2]
+    # a stage: two slots of [TN, KB_, TK] (two row blocks, or gate and up), or the same
+    # bytes as one [TN, KD = 2 KB_, TK] down box
+    ring = gl.allocate_shared_memory(gl.bfloat16, [2 * STAGES, TN_, KB_, TK_], d_gu.layout)
+    KD: gl.constexpr = d_dn.block_type.shape[1]
+    ring_dn = ring._reinterpret(gl.bfloat16, [STAGES, TN_, KD, TK_], d_dn.layout)
+    TB: gl.constexpr = d_dt.block_type.shape[1]
+    ring_dt = ring._reinterpret(gl.bfloat16, [STAGES * (KD // TB), TN_, TB, TK_], d_dt.layout)
+    NW: gl.constexpr = num_warps
+    pl4: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=1,
+                                                order=[3, 2, 1, 0])
+    ring_dk = ring._reinterpret(gl.bfloat16, [STAGES, TN_, NW, KD // NW, TK_], pl4)
+    ring_tk = ring._reinterpret(gl.bfloat16, [STAGES * (KD // TB), TN_, NW, TB // NW, TK_],
+                                pl4)
+    vl: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=1,
+                                               order=[1, 0])
+    vec = gl.allocate_shared_memory(gl.bfloat16, [(NF * KD + TAIL) // 4, 4, TK_], vl)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=1)
+    gl.warp_specialize([
+        (_compute, (prog_ptr, n_instr, ring, ring_dk, ring_tk, ready, empty, vec, x_ptr,
+                    qkv_ptr, q_ptr, attn_ptr, h_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr, pm_ptr,
+                    pl_ptr, po_ptr, val_ptr, idx_ptr, seq_ptr, amax_ptr, pos_ptr, plen_ptr,
+                    emb_ptr, gin_ptr, gpost_ptr, gfin_ptr, bqkv_ptr, ctr_ptr, err_ptr, clk_ptr,
+                    H, I, QKV, HQ, KVS, SPMAX, MAXCTX, eps, scale, timeout_ns, KG, GT, NF, KD,
+                    TAIL, STAGES, WIDTH, TN_, TK_, G, GP, D, HKV, BT, SB, NPB, EB, BIAS,
+                    CLOCK, num_warps)),
+        (_loader, (prog_ptr, n_instr, d_qkv, d_o, d_gu, d_dn, d_dt, d_lm, ring, ring_dn,
+                   ring_dt, ready, empty, L, H, I, QKV, V, NF, TAIL, STAGES, WIDTH))],
+        [1], [48])
+    # the last CTA out sets the counters back to zero for the next launch
+    gl.thread_barrier()
+    n_ctas = gl.num_programs(0)
+    old = gl.atomic_add(ctr_ptr + n_ctr, 1, sem="acq_rel", scope="gpu")
+    if old == n_ctas - 1:
+        zl: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
+        offs = gl.arange(0, CTR_BLOCK, zl)
+        gl.store(ctr_ptr + offs, gl.zeros([CTR_BLOCK], gl.int32, zl), mask=offs <= n_ctr)

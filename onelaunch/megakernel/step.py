@@ -1,0 +1,216 @@
+"""The host side of the one-launch step (``gluon_step.py`` is its device code): the
+schedule it runs, the weights stacked one tensor a kind with their TMA descriptors, the
+buffers it shares with an ``Engine`` (x, the caches, seq, pos, argmax), one launch, the
+stall check and the per-instruction clock; and a compile for sm_90 that needs no GPU.
+
+    e = Engine(spec, weights, pdl=True)
+    mk = MegaStep(e)                          # plans at ctx 512 on every SM
+    e.plan = [mk.launch()]                    # the engine's step is now one launch
+    e.teacher_forced(prompt, forced)          # graph capture, replays: as before
+
+    python -m onelaunch.megakernel.step --aot      # any machine: compile for sm_90
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+import triton
+
+from . import isa, schedule
+from .gluon_step import step_kernel
+from .mlp_stream import KB, TK, TN, box_view, down_boxes, gate_up_boxes, smem_layout
+
+ERR = 4                    # err[pid] = (instruction + 1, counter, value seen, target)
+BT = 16                    # keys an attention partial takes a block
+SB = 64                    # splits a merge takes a chunk
+EB = 1024                  # columns an embedding copy takes a block
+TIMEOUT_NS = 200_000_000   # a counter wait's bound: 0.2 s
+
+
+def refusal(spec) -> str | None:
+    """Why the one-launch step cannot run ``spec`` (None: it can)."""
+    if spec.is_moe:
+        return "the one-launch step runs dense models; the MoE one is issue 26"
+    if spec.qk_norm:
+        return "the one-launch step has no q/k norm yet"
+    if spec.hidden % TK or spec.intermediate % TK or spec.hidden > KB * TK:
+        return (f"the one-launch step needs hidden and intermediate in whole {TK}-column "
+                f"tiles, hidden at most {KB * TK}")
+    if spec.q_size != spec.hidden:
+        return "the one-launch step's O projection needs heads x head_dim == hidden"
+    if spec.head_dim & (spec.head_dim - 1):
+        return "the one-launch step needs a power-of-two head_dim"
+    return None
+
+
+def plan_schedule(spec, P: int, ctx: int) -> schedule.Schedule:
+    """``schedule.build`` with the kernel's tiles (TN rows); the kernel's down
+    projection takes all of K an instruction, so the schedule must not split it."""
+    sched = schedule.build(spec, P, ctx, tile_n=TN, tile_k=TK)
+    rows = sched.instr.view(-1, isa.WIDTH)
+    down = rows[rows[:, isa.OP] == isa.OP_DOWN]
+    if (down[:, isa.KLEN] != spec.intermediate).any():
+        raise schedule.ScheduleError("the one-launch kernel's down takes all of K")
+    return sched
+
+
+def stacked(W: dict, key: str) -> torch.Tensor:
+    """The layers' ``key`` weights as one [L * rows, K] tensor (a copy)."""
+    return torch.cat([L[key] for L in W["layers"]]).contiguous()
+
+
+class MegaStep:
+    """One decode step of an engine's dense model as one persistent launch over its
+    buffers; ``run()`` launches it (it reads seq/pos and writes argmax/seq/pos as the
+    chain's last kernel does)."""
+
+    def __init__(self, engine, P: int | None = None, ctx: int = 512, stages: int = 4,
+                 num_warps: int = 4, timeout_ns: int = TIMEOUT_NS, clock: bool = False):
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+        e, s = engine, engine.spec
+        why = refusal(s)
+        if why:
+            raise ValueError(why)
+        dev = e.device
+        self.P = P or torch.cuda.get_device_properties(dev).multi_processor_count
+        self.sched = plan_schedule(s, self.P, ctx)
+        self.prog = self.sched.instr.to(dev)
+        self.n_instr = self.prog.shape[1]
+        self.n_ctr = len(self.sched.counters)
+        self.e, self.stages, self.num_warps, self.timeout_ns = e, stages, num_warps, timeout_ns
+        self.clock = clock
+        W = e.W
+        self.w = {"qkv": stacked(W, "w_qkv"), "o": stacked(W, "w_o"),
+                  "gu": stacked(W, "w_gate_up"), "dn": stacked(W, "w_down")}
+        self.g_in = torch.stack([L["input_norm"] for L in W["layers"]]).contiguous()
+        self.g_post = torch.stack([L["post_norm"] for L in W["layers"]]).contiguous()
+        self.b_qkv = (torch.cat([L["b_qkv"] for L in W["layers"]]).contiguous()
+                      if s.qkv_bias else self.g_in)          # unread without a bias
+        lay = smem_layout()
+        box = lambda t, kb: TensorDescriptor.from_tensor(box_view(t), [TN, kb, TK], lay)
+        self.kg, self.gt = gate_up_boxes(s.hidden // TK, KB)
+        self.nf, self.tail = down_boxes(s.intermediate // TK, 2 * KB, True, num_warps)
+        self.d = [box(self.w["qkv"], KB), box(self.w["o"], KB), box(self.w["gu"], KB),
+                  box(self.w["dn"], 2 * KB), box(self.w["dn"], self.tail or 2 * KB),
+                  box(W["lm_head"], KB)]
+        rows = self.sched.instr.view(-1, isa.WIDTH)
+        self.spmax = splits = int(rows[rows[:, isa.OP] == isa.OP_ATTN_PARTIAL, isa.SPLITS].max())
+        f32 = torch.float32
+        z = lambda *shape, dt=torch.bfloat16: torch.zeros(shape, dtype=dt, device=dev)
+        self.qkv, self.q, self.attn = z(s.qkv_size), z(s.q_size), z(s.q_size)
+        self.h = z(s.intermediate)
+        self.part_m = z(s.heads, splits, dt=f32)
+        self.part_l = z(s.heads, splits, dt=f32)
+        self.part_o = z(s.heads, splits, s.head_dim, dt=f32)
+        self.lm_val, self.lm_idx = z(self.P, dt=f32), z(self.P, dt=torch.int32)
+        self.ctr = z(self.n_ctr + 1, dt=torch.int32)
+        self.err = z(self.P, ERR, dt=torch.int32)
+        # per instruction: start, counters in, end (globaltimer ns)
+        self.clk = z(self.P, self.n_instr, 4, dt=torch.int64)
+
+    def weight_bytes(self) -> int:
+        W = self.e.W
+        return (sum(t.numel() * t.element_size() for t in self.w.values())
+                + W["lm_head"].numel() * W["lm_head"].element_size())
+
+    def run(self):
+        e, s = self.e, self.e.spec
+        step_kernel[(self.P,)](
+            self.prog, self.n_instr, *self.d, e.x, self.qkv, self.q, self.attn, self.h,
+            e.k_cache, e.v_cache, e.cos, e.sin, self.part_m, self.part_l, self.part_o,
+            self.lm_val, self.lm_idx, e.seq, e.argmax, e.pos, e.prompt_len, e.W["embed"],
+            self.g_in, self.g_post, e.W["norm"], self.b_qkv, self.ctr, self.err, self.clk,
+            s.layers, s.hidden, s.intermediate, s.qkv_size, s.q_size, s.kv_size, s.vocab,
+            self.spmax, e.max_ctx, s.rms_eps, s.head_dim ** -0.5, self.timeout_ns, self.n_ctr,
+            **self.constexprs())
+
+    def constexprs(self) -> dict:
+        s = self.e.spec
+        return constexprs(s, self.P, self.n_ctr, self.stages, self.num_warps, self.clock,
+                          self.kg, self.gt, self.nf, self.tail)
+
+    def launch(self):
+        """This step as the engine plan's one entry."""
+        from ..plan import Launch
+        s = self.e.spec
+        kv = 2 * s.kv_heads * s.head_dim * self.e.k_cache.element_size() * s.layers
+        return Launch("megakernel", None, self.run, self.weight_bytes(), kv)
+
+    def check_stalls(self):
+        """Raise, naming the SM and counter, if any wait timed out."""
+        e = self.err.cpu()
+        bad = (e[:, 0] > 0).nonzero().flatten().tolist()
+        if bad:
+            p = bad[0]
+            i, c, v, t = e[p].tolist()
+            name = self.sched.counters[c] if 0 <= c < self.n_ctr else "?"
+            raise RuntimeError(f"megakernel stalled: SM {p} instruction {i - 1} waited on "
+                               f"counter {c} ({name}: saw {v}, needs {t}); {len(bad)} SMs "
+                               f"stalled")
+
+
+def constexprs(s, P, n_ctr, stages, num_warps, clock, kg, gt, nf, tail) -> dict:
+    g = s.heads // s.kv_heads
+    return dict(KB_=KB, KG=kg, GT=gt, NF=nf, TAIL=tail, STAGES=stages, WIDTH=isa.WIDTH, G=g,
+                GP=triton.next_power_of_2(g), D=s.head_dim, HKV=s.kv_heads, BT=BT, SB=SB,
+                NPB=triton.next_power_of_2(P), EB=EB, BIAS=int(s.qkv_bias),
+                CTR_BLOCK=triton.next_power_of_2(n_ctr + 1),
+                CLOCK=int(clock), num_warps=num_warps)
+
+
+def aot(spec_name: str = "qwen2.5-1.5b", P: int = 132, stages: int = 4,
+        num_warps: int = 4) -> dict:
+    """Compile for sm_90 on any machine (no GPU): the layouts, TMA and barriers hold."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from ..specs import get_spec
+    s = get_spec(spec_name)
+    lay = smem_layout()
+    kg, gt = gate_up_boxes(s.hidden // TK, KB)
+    nf, tail = down_boxes(s.intermediate // TK, 2 * KB, True, num_warps)
+    desc = lambda kb: f"tensordesc<bf16[{TN},{kb},{TK}],{lay!r}>"
+    ptrs = dict(prog_ptr="*i32", n_instr="i32", d_qkv=desc(KB), d_o=desc(KB), d_gu=desc(KB),
+                d_dn=desc(2 * KB), d_dt=desc(tail or 2 * KB), d_lm=desc(KB))
+    for name in ("x", "qkv", "q", "attn", "h", "kc", "vc", "cos", "sin"):
+        ptrs[f"{name}_ptr"] = "*bf16"
+    for name in ("pm", "pl", "po", "val"):
+        ptrs[f"{name}_ptr"] = "*fp32"
+    for name in ("idx", "seq", "amax", "pos", "plen"):
+        ptrs[f"{name}_ptr"] = "*i32"
+    for name in ("emb", "gin", "gpost", "gfin", "bqkv"):
+        ptrs[f"{name}_ptr"] = "*bf16"
+    ptrs.update(ctr_ptr="*i32", err_ptr="*i32", clk_ptr="*i64")
+    ptrs.update({k: "i32" for k in ("L", "H", "I", "QKV", "HQ", "KVS", "V", "SPMAX",
+                                    "MAXCTX")})
+    ptrs.update(eps="fp32", scale="fp32", timeout_ns="i64", n_ctr="i32")
+    n_ctr = len(plan_schedule(s, P, 512).counters)
+    consts = constexprs(s, P, n_ctr, stages, num_warps, True, kg, gt, nf, tail)
+    sig = dict(ptrs, **{k: "constexpr" for k in consts})
+    first_ptrs = [i for i, (k, v) in enumerate(ptrs.items()) if v.startswith("*")]
+    attrs = {(i,): [["tt.divisibility", 16]] for i in first_ptrs}
+    k = triton.compile(GluonASTSource(step_kernel, sig, constexprs=consts, attrs=attrs),
+                       target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps))
+    ptx = k.asm["ptx"]
+    assert "cp.async.bulk.tensor" in ptx, "TMA loads"
+    assert "mbarrier" in ptx and "%globaltimer" in ptx
+    return {"shared": k.metadata.shared, "regs": getattr(k, "n_regs", None),
+            "spills": getattr(k, "n_spills", None),
+            "tma": ptx.count("cp.async.bulk.tensor"), "ptx_lines": ptx.count("\n")}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m onelaunch.megakernel.step",
+                                 description="compile the one-launch step for sm_90 (no GPU)")
+    ap.add_argument("--aot", action="store_true", required=True)
+    ap.add_argument("--stages", default="4")
+    a = ap.parse_args(argv)
+    for st in (int(v) for v in a.stages.split(",")):
+        print(f"[gluon_step] sm_90 STAGES {st}: {aot(stages=st)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
