@@ -4,7 +4,8 @@ from the same state, the oracle check of both (teacher-forced, the agreement rul
 replays bit-identical, and both steps timed alternately against the floor measured here.
 
     python lab/step_check.py OUT.json [--ctx 512,4000] [--tokens 32] [--iters 200]
-                             [--stages 4] [--model qwen2.5-1.5b]
+                             [--stages 4] [--model qwen2.5-1.5b] [--clock PREFIX]
+    python lab/step_clock.py PREFIX_512.pt       # where the time goes, per layer and op
 """
 import argparse
 import json
@@ -43,7 +44,7 @@ def buffers_after_step(e, plan, pos, names):
     return {n: t.float().clone() for n, t in names().items()}
 
 
-def one_ctx(spec, w, ctx, tokens, iters, stages, bw, out):
+def one_ctx(spec, w, ctx, tokens, iters, stages, bw, out, clock_to=None):
     g = torch.Generator().manual_seed(ctx)
     prompt = torch.randint(0, spec.vocab, (ctx,), generator=g)
     max_ctx = run_ctx(ctx, tokens, iters)
@@ -96,6 +97,18 @@ def one_ctx(spec, w, ctx, tokens, iters, stages, bw, out):
         out[k]["median_ms"] = med[1]
         out[k]["x_floor"] = med[1] / fl
     out["mega_vs_chain"] = out["mega"]["median_ms"] / out["chain"]["median_ms"]
+    if clock_to:                              # per-instruction stamps of a few steps
+        mkc = MegaStep(e, ctx=ctx, stages=stages, clock=True)
+        e.plan = [mkc.launch()]
+        stamps = []
+        for _ in range(3):
+            e.pos.fill_(ctx)
+            e.step_launches()
+            torch.cuda.synchronize()
+            stamps.append(mkc.clk.cpu().clone())
+        mkc.check_stalls()
+        torch.save({"clk": torch.stack(stamps), "prog": mkc.prog.cpu(),
+                    "counters": mkc.sched.counters}, f"{clock_to}_{ctx}.pt")
     del graphs, e, mk
     torch.cuda.empty_cache()
 
@@ -108,6 +121,7 @@ def main():
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--stages", type=int, default=4)
+    ap.add_argument("--clock", default=None, help="save the clock stamps to CLOCK_<ctx>.pt")
     a = ap.parse_args()
     spec = get_spec(a.model)
     w = random_weights(a.model, 0, device="cuda")
@@ -116,7 +130,7 @@ def main():
     for ctx in (int(c) for c in a.ctx.split(",")):
         r = res["runs"][ctx] = {}
         try:
-            one_ctx(spec, w, ctx, a.tokens, a.iters, a.stages, bw, r)
+            one_ctx(spec, w, ctx, a.tokens, a.iters, a.stages, bw, r, a.clock)
         except Exception as ex:                   # keep what was measured
             r["error"] = f"{type(ex).__name__}: {ex}"
         json.dump(res, open(a.out, "w"), indent=1)

@@ -43,6 +43,12 @@ RMS_QKV, ROPE_KV, ATTN_PARTIAL, ATTN_MERGE, O_PROJ, GATE_UP, DOWN, LM_HEAD, ARGM
     1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
 
 
+@gluon.jit
+def _field(hdr, f16, f: gl.constexpr):
+    """Field f of an instruction header held whole in each thread (no shuffles)."""
+    return gl.sum(gl.where(f16 == f, hdr, 0), axis=0)
+
+
 # ---- the loader -------------------------------------------------------------------------
 @gluon.jit
 def _fill_pair(desc, ring, ready, empty, t, r, n_rows, r_end, STAGES: gl.constexpr):
@@ -68,12 +74,18 @@ def _loader(prog_ptr, n_instr, d_qkv, d_o, d_gu, d_dn, d_dt, d_lm, ring, ring_dn
     TN_: gl.constexpr = d_gu.block_type.shape[0]
     KD: gl.constexpr = d_dn.block_type.shape[1]
     base = prog_ptr + gl.program_id(0) * n_instr * WIDTH
+    hl: gl.constexpr = gl.BlockedLayout([16], [32], [1], [0])
+    f16 = gl.arange(0, 16, hl)
+    nxt = gl.load(base + f16)
     t = 0
     for i in range(n_instr):
-        op = gl.load(base + i * WIDTH + 0)
-        layer = gl.load(base + i * WIDTH + 1)
-        row0 = gl.load(base + i * WIDTH + 2)
-        rows = gl.load(base + i * WIDTH + 3)
+        hdr = nxt
+        nxt = gl.load(base + (i + 1) * WIDTH + f16, mask=(i + 1 < n_instr) & (f16 < 16),
+                      other=0)
+        op = _field(hdr, f16, 0)
+        layer = _field(hdr, f16, 1)
+        row0 = _field(hdr, f16, 2)
+        rows = _field(hdr, f16, 3)
         if op == 1:                                   # RMS_QKV
             r = layer * QKV + row0
             for rb in range(0, rows, 2 * TN_):
@@ -321,22 +333,30 @@ def _compute(prog_ptr, n_instr, ring, ring_dk, ring_tk, ready, empty, vec, x_ptr
     pl3: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=1,
                                                 order=[2, 1, 0])
     v_full = vec._reinterpret(gl.bfloat16, [NF, NW, KD // NW, TK_], pl3)
+    # an instruction's header (its first 16 fields) in every thread's registers, the
+    # next one asked for while this one runs (the list is read once a step: DRAM)
+    hl: gl.constexpr = gl.BlockedLayout([16], [32], [num_warps], [0])
+    f16 = gl.arange(0, 16, hl)
+    nxt = gl.load(base + f16)
     t = 0
     failed = 0
     for i in range(n_instr):
-        op = gl.load(base + i * WIDTH + 0)
-        layer = gl.load(base + i * WIDTH + 1)
-        row0 = gl.load(base + i * WIDTH + 2)
-        rows = gl.load(base + i * WIDTH + 3)
-        w0 = gl.load(base + i * WIDTH + 6)
-        t0 = gl.load(base + i * WIDTH + 7)
-        w1 = gl.load(base + i * WIDTH + 8)
-        t1 = gl.load(base + i * WIDTH + 9)
-        bump = gl.load(base + i * WIDTH + 10)
-        arg = gl.load(base + i * WIDTH + 11)
-        idx = gl.load(base + i * WIDTH + 12)
-        splits = gl.load(base + i * WIDTH + 13)
-        unit = gl.load(base + i * WIDTH + 14)
+        hdr = nxt
+        nxt = gl.load(base + (i + 1) * WIDTH + f16, mask=(i + 1 < n_instr) & (f16 < 16),
+                      other=0)
+        op = _field(hdr, f16, 0)
+        layer = _field(hdr, f16, 1)
+        row0 = _field(hdr, f16, 2)
+        rows = _field(hdr, f16, 3)
+        w0 = _field(hdr, f16, 6)
+        t0 = _field(hdr, f16, 7)
+        w1 = _field(hdr, f16, 8)
+        t1 = _field(hdr, f16, 9)
+        bump = _field(hdr, f16, 10)
+        arg = _field(hdr, f16, 11)
+        idx = _field(hdr, f16, 12)
+        splits = _field(hdr, f16, 13)
+        unit = _field(hdr, f16, 14)
         if CLOCK:
             gl.store(clk + i * 4, _now())
         if w0 >= 0:
