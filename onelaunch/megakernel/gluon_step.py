@@ -182,13 +182,32 @@ def _op_rope_kv(layer, kh, pos_ptr, qkv_ptr, q_ptr, kc_ptr, vc_ptr, cos_ptr, sin
 
 
 @gluon.jit
+def _attn_block(q, k, v, valid, m_i, l_i, o, scale, ql: gl.constexpr):
+    """One block of keys into the running (max, sum of exp, output) of G query heads."""
+    sc = gl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale          # [GP, BT]
+    sc = gl.where(valid[None, :], sc, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(sc, axis=1))
+    alpha = gl.exp(m_i - m_new)
+    p = gl.exp(sc - m_new[:, None])
+    l_i = l_i * alpha + gl.sum(p, axis=1)
+    pb = p.to(gl.bfloat16).to(gl.float32)
+    pv = gl.sum(pb[:, :, None] * v[None, :, :], axis=1)                # [GP, D]
+    o = o * gl.convert_layout(alpha, gl.SliceLayout(1, ql))[:, None] + pv
+    return m_new, l_i, o
+
+
+@gluon.jit
 def _op_attn_partial(layer, kh, sp, splits, unit, pos_ptr, q_ptr, kc_ptr, vc_ptr, pm_ptr,
-                     pl_ptr, po_ptr, SPMAX, MAXCTX, scale, G: gl.constexpr,
-                     GP: gl.constexpr, D: gl.constexpr, HKV: gl.constexpr,
-                     BT: gl.constexpr, num_warps: gl.constexpr):
+                     pl_ptr, po_ptr, SPMAX, MAXCTX, scale, ctr_ptr, w0, target, timeout_ns,
+                     failed, err, instr, G: gl.constexpr, GP: gl.constexpr,
+                     D: gl.constexpr, HKV: gl.constexpr, BT: gl.constexpr,
+                     num_warps: gl.constexpr):
     """Split ``sp`` of ``splits`` of kv head kh's keys [0, pos]: its G query heads'
     running max, sum of exp and unnormalised output (fp32, online over blocks of BT
-    keys; bf16 probabilities into P @ V, as the split-K kernel)."""
+    keys; bf16 probabilities into P @ V, as the split-K kernel). The first block's keys
+    before pos (earlier steps wrote them) are asked for before the counter wait, so
+    their memory latency runs under it; key pos (this step's RoPE) and the queries
+    after. Returns the wait's ``failed``."""
     l3: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 1, 32], [num_warps, 1, 1], [2, 1, 0])
     sl: gl.constexpr = gl.SliceLayout(2, l3)              # [GP, BT] scores
     kl: gl.constexpr = gl.SliceLayout(0, l3)              # [BT, D] keys / values
@@ -198,38 +217,45 @@ def _op_attn_partial(layer, kh, sp, splits, unit, pos_ptr, q_ptr, kc_ptr, vc_ptr
     per = ((length + unit - 1) // unit + splits - 1) // splits
     start = sp * per * unit
     end = gl.maximum(start, gl.minimum(start + per * unit, length))
+    tk = gl.arange(0, BT, gl.SliceLayout(1, kl))
+    dk = gl.arange(0, D, gl.SliceLayout(0, kl))
+    ts = gl.arange(0, BT, gl.SliceLayout(0, sl))
+    base = (layer * HKV + kh) * MAXCTX * D
+    kv_off = base + (start + tk)[:, None] * D + dk[None, :]
+    old = ((start + tk < end) & (start + tk < pos))[:, None] & (dk[None, :] < D)
+    k_old = gl.load(kc_ptr + kv_off, mask=old, other=0.0)
+    v_old = gl.load(vc_ptr + kv_off, mask=old, other=0.0)
+    if w0 >= 0:
+        if failed == 0:
+            gl.store(err + 1, w0)
+        failed = _wait_counter(ctr_ptr + w0, target, timeout_ns, failed, err, instr)
     hq = gl.arange(0, GP, gl.SliceLayout(1, ql))
     dq = gl.arange(0, D, gl.SliceLayout(0, ql))
     qmask = (hq[:, None] < G) & (dq[None, :] < D)
     q = gl.load(q_ptr + (kh * G + hq[:, None]) * D + dq[None, :], mask=qmask, other=0.0,
                 cache_modifier=".cg").to(gl.float32)
-    tk = gl.arange(0, BT, gl.SliceLayout(1, kl))
-    dk = gl.arange(0, D, gl.SliceLayout(0, kl))
-    ts = gl.arange(0, BT, gl.SliceLayout(0, sl))
-    base = (layer * HKV + kh) * MAXCTX * D
     m_i = gl.full([GP], float("-inf"), gl.float32, gl.SliceLayout(1, sl))
     l_i = gl.zeros([GP], gl.float32, gl.SliceLayout(1, sl))
     o = gl.zeros([GP, D], gl.float32, ql)
-    for t0 in range(start, end, BT):
+    if start < end:                                   # the first block: + key pos
+        new = ((start + tk) == pos)[:, None] & (dk[None, :] < D)
+        k = gl.where(new, gl.load(kc_ptr + kv_off, mask=new, other=0.0, cache_modifier=".cg"),
+                     k_old).to(gl.float32)
+        v = gl.where(new, gl.load(vc_ptr + kv_off, mask=new, other=0.0, cache_modifier=".cg"),
+                     v_old).to(gl.float32)
+        m_i, l_i, o = _attn_block(q, k, v, start + ts < end, m_i, l_i, o, scale, ql)
+    for t0 in range(start + BT, end, BT):
         km = ((t0 + tk) < end)[:, None] & (dk[None, :] < D)
-        kv_off = base + (t0 + tk)[:, None] * D + dk[None, :]
-        k = gl.load(kc_ptr + kv_off, mask=km, other=0.0, cache_modifier=".cg").to(gl.float32)
-        v = gl.load(vc_ptr + kv_off, mask=km, other=0.0, cache_modifier=".cg").to(gl.float32)
-        sc = gl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale      # [GP, BT]
-        sc = gl.where(((t0 + ts) < end)[None, :], sc, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(sc, axis=1))
-        alpha = gl.exp(m_i - m_new)
-        p = gl.exp(sc - m_new[:, None])
-        l_i = l_i * alpha + gl.sum(p, axis=1)
-        pb = p.to(gl.bfloat16).to(gl.float32)
-        pv = gl.sum(pb[:, :, None] * v[None, :, :], axis=1)            # [GP, D]
-        o = o * gl.convert_layout(alpha, gl.SliceLayout(1, ql))[:, None] + pv
-        m_i = m_new
+        off = base + (t0 + tk)[:, None] * D + dk[None, :]
+        k = gl.load(kc_ptr + off, mask=km, other=0.0, cache_modifier=".cg").to(gl.float32)
+        v = gl.load(vc_ptr + off, mask=km, other=0.0, cache_modifier=".cg").to(gl.float32)
+        m_i, l_i, o = _attn_block(q, k, v, t0 + ts < end, m_i, l_i, o, scale, ql)
     hs = gl.arange(0, GP, gl.SliceLayout(1, sl))
     row = (kh * G + hs) * SPMAX + sp
     gl.store(pm_ptr + row, m_i, mask=hs < G)
     gl.store(pl_ptr + row, l_i, mask=hs < G)
     gl.store(po_ptr + ((kh * G + hq[:, None]) * SPMAX + sp) * D + dq[None, :], o, mask=qmask)
+    return failed
 
 
 @gluon.jit
@@ -359,7 +385,7 @@ def _compute(prog_ptr, n_instr, ring, ring_dk, ring_tk, ready, empty, vec, x_ptr
         unit = _field(hdr, f16, 14)
         if CLOCK:
             gl.store(clk + i * 4, _now())
-        if w0 >= 0:
+        if (w0 >= 0) & (op != 3):                    # a partial waits in its own code
             if failed == 0:
                 gl.store(err + 1, w0)
             failed = _wait_counter(ctr_ptr + w0, t0, timeout_ns, failed, err, i)
@@ -391,9 +417,10 @@ def _compute(prog_ptr, n_instr, ring, ring_dk, ring_tk, ready, empty, vec, x_ptr
             _op_rope_kv(layer, row0, pos_ptr, qkv_ptr, q_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr,
                         HQ, KVS, MAXCTX, G, GP, D, HKV, num_warps)
         elif op == 3:                                 # ATTN_PARTIAL
-            _op_attn_partial(layer, row0, arg, splits, unit, pos_ptr, q_ptr, kc_ptr, vc_ptr,
-                             pm_ptr, pl_ptr, po_ptr, SPMAX, MAXCTX, scale, G, GP, D, HKV, BT,
-                             num_warps)
+            failed = _op_attn_partial(layer, row0, arg, splits, unit, pos_ptr, q_ptr, kc_ptr,
+                                      vc_ptr, pm_ptr, pl_ptr, po_ptr, SPMAX, MAXCTX, scale,
+                                      ctr_ptr, w0, t0, timeout_ns, failed, err, i, G, GP, D,
+                                      HKV, BT, num_warps)
         elif op == 4:                                 # ATTN_MERGE
             _op_attn_merge(row0, splits, pm_ptr, pl_ptr, po_ptr, attn_ptr, SPMAX, D, SB,
                            num_warps)

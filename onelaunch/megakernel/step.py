@@ -56,6 +56,12 @@ def plan_schedule(spec, P: int, ctx: int) -> schedule.Schedule:
     return sched
 
 
+def plan_ctx(spec, P: int) -> int:
+    """The shortest context the schedule is planned at: every (kv head, split) pair of
+    the P SMs gets a split of MIN_UNIT keys."""
+    return schedule.MIN_UNIT * (P // spec.kv_heads)
+
+
 def stacked(W: dict, key: str) -> torch.Tensor:
     """The layers' ``key`` weights as one [L * rows, K] tensor (a copy)."""
     return torch.cat([L[key] for L in W["layers"]]).contiguous()
@@ -75,7 +81,9 @@ class MegaStep:
             raise ValueError(why)
         dev = e.device
         self.P = P or torch.cuda.get_device_properties(dev).multi_processor_count
-        self.sched = plan_schedule(s, self.P, ctx)
+        # planned for at least MIN_UNIT keys a split on every (kv head, split) SM pair,
+        # so a short context gives each split one block of BT keys
+        self.sched = plan_schedule(s, self.P, max(ctx, plan_ctx(s, self.P)))
         self.prog = self.sched.instr.to(dev)
         self.n_instr = self.prog.shape[1]
         self.n_ctr = len(self.sched.counters)
