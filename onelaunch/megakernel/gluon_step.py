@@ -156,10 +156,12 @@ def _rope(ptr, d, D: gl.constexpr, c, s, mask):
 
 @gluon.jit
 def _op_rope_kv(layer, kh, pos_ptr, qkv_ptr, q_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr, HQ, KVS,
-                MAXCTX, G: gl.constexpr, GP: gl.constexpr, D: gl.constexpr,
-                HKV: gl.constexpr, num_warps: gl.constexpr):
+                MAXCTX, ctr_ptr, w0, target, timeout_ns, failed, err, instr,
+                G: gl.constexpr, GP: gl.constexpr, D: gl.constexpr, HKV: gl.constexpr,
+                num_warps: gl.constexpr):
     """RoPE on kv head kh's G query heads (into q) and its key; the key and value into the
-    cache at slot pos."""
+    cache at slot pos. The position's cos/sin are asked for before the counter wait.
+    Returns the wait's ``failed``."""
     l2: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [num_warps, 1], [1, 0])
     pos = gl.load(pos_ptr, cache_modifier=".cg")
     hh = gl.arange(0, GP, gl.SliceLayout(1, l2))
@@ -167,6 +169,10 @@ def _op_rope_kv(layer, kh, pos_ptr, qkv_ptr, q_ptr, kc_ptr, vc_ptr, cos_ptr, sin
     d2 = hh[:, None] * 0 + dd[None, :]
     c = gl.load(cos_ptr + pos * D + d2).to(gl.float32)
     s = gl.load(sin_ptr + pos * D + d2).to(gl.float32)
+    if w0 >= 0:
+        if failed == 0:
+            gl.store(err + 1, w0)
+        failed = _wait_counter(ctr_ptr + w0, target, timeout_ns, failed, err, instr)
     qm = (hh[:, None] < G) & (dd[None, :] < D)
     qoff = (kh * G + hh[:, None]) * D
     q = _rope(qkv_ptr + qoff, dd[None, :], D, c, s, qm)
@@ -179,6 +185,7 @@ def _op_rope_kv(layer, kh, pos_ptr, qkv_ptr, q_ptr, kc_ptr, vc_ptr, cos_ptr, sin
     v = gl.load(qkv_ptr + HQ + KVS + kh * D + hh[:, None] * 0 + dd[None, :], mask=km,
                 other=0.0, cache_modifier=".cg")
     gl.store(vc_ptr + slot + hh[:, None] * 0 + dd[None, :], v, mask=km)
+    return failed
 
 
 @gluon.jit
@@ -259,33 +266,34 @@ def _op_attn_partial(layer, kh, sp, splits, unit, pos_ptr, q_ptr, kc_ptr, vc_ptr
 
 
 @gluon.jit
-def _op_attn_merge(h, splits, pm_ptr, pl_ptr, po_ptr, attn_ptr, SPMAX, D: gl.constexpr,
-                   SB: gl.constexpr, num_warps: gl.constexpr):
-    """Query head h's ``splits`` partials merged: attn[h] = sum_s w_s o_s / sum_s w_s l_s,
-    w_s = exp(m_s - max m), in chunks of SB splits."""
+def _op_attn_merge(h, splits, unit, pos_ptr, pm_ptr, pl_ptr, po_ptr, attn_ptr, SPMAX,
+                   D: gl.constexpr, SB: gl.constexpr, num_warps: gl.constexpr):
+    """Query head h's live partials merged in one pass of chunks of SB splits (one
+    memory round trip a chunk): attn[h] = sum_s w_s o_s / sum_s w_s l_s, w_s = exp(m_s -
+    max m), the running max rescaling the sums chunk to chunk."""
     l2: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [num_warps, 1], [1, 0])
+    length = gl.load(pos_ptr, cache_modifier=".cg") + 1
+    per = ((length + unit - 1) // unit + splits - 1) // splits
+    live = gl.minimum(splits, (length + per * unit - 1) // (per * unit))
     ss = gl.arange(0, SB, gl.SliceLayout(1, l2))
     dd = gl.arange(0, D, gl.SliceLayout(0, l2))
-    mx = gl.full([SB], float("-inf"), gl.float32, gl.SliceLayout(1, l2))
-    for c0 in range(0, splits, SB):
-        mm = gl.load(pm_ptr + h * SPMAX + c0 + ss, mask=c0 + ss < splits, other=float("-inf"),
-                     cache_modifier=".cg")
-        mx = gl.maximum(mx, mm)
-    mtop = gl.max(mx, axis=0)
+    m_run = float("-inf")
     num = gl.zeros([D], gl.float32, gl.SliceLayout(0, l2))
-    den = gl.zeros([SB], gl.float32, gl.SliceLayout(1, l2))
-    for c0 in range(0, splits, SB):
-        live = c0 + ss < splits
-        mm = gl.load(pm_ptr + h * SPMAX + c0 + ss, mask=live, other=float("-inf"),
+    den = 0.0
+    for c0 in range(0, live, SB):
+        ok = c0 + ss < live
+        mm = gl.load(pm_ptr + h * SPMAX + c0 + ss, mask=ok, other=float("-inf"),
                      cache_modifier=".cg")
-        ll = gl.load(pl_ptr + h * SPMAX + c0 + ss, mask=live, other=0.0, cache_modifier=".cg")
+        ll = gl.load(pl_ptr + h * SPMAX + c0 + ss, mask=ok, other=0.0, cache_modifier=".cg")
         oo = gl.load(po_ptr + (h * SPMAX + c0 + ss)[:, None] * D + dd[None, :],
-                     mask=live[:, None] & (dd[None, :] < D), other=0.0, cache_modifier=".cg")
-        w = gl.where(live, gl.exp(mm - mtop), 0.0)
-        num += gl.sum(w[:, None] * oo, axis=0)
-        den += w * ll
-    out = num / gl.sum(den, axis=0)
-    gl.store(attn_ptr + h * D + dd, out.to(gl.bfloat16))
+                     mask=ok[:, None] & (dd[None, :] < D), other=0.0, cache_modifier=".cg")
+        m_new = gl.maximum(m_run, gl.max(mm, axis=0))
+        a = gl.exp(m_run - m_new)
+        w = gl.where(ok, gl.exp(mm - m_new), 0.0)
+        num = num * a + gl.sum(w[:, None] * oo, axis=0)
+        den = den * a + gl.sum(w * ll, axis=0)
+        m_run = m_new
+    gl.store(attn_ptr + h * D + dd, (num / den).to(gl.bfloat16))
 
 
 @gluon.jit
@@ -385,7 +393,7 @@ def _compute(prog_ptr, n_instr, ring, ring_dk, ring_tk, ready, empty, vec, x_ptr
         unit = _field(hdr, f16, 14)
         if CLOCK:
             gl.store(clk + i * 4, _now())
-        if (w0 >= 0) & (op != 3):                    # a partial waits in its own code
+        if (w0 >= 0) & (op != 2) & (op != 3):        # RoPE, a partial: in their own code
             if failed == 0:
                 gl.store(err + 1, w0)
             failed = _wait_counter(ctr_ptr + w0, t0, timeout_ns, failed, err, i)
@@ -414,16 +422,17 @@ def _compute(prog_ptr, n_instr, ring, ring_dk, ring_tk, ready, empty, vec, x_ptr
                 gl.store(qkv_ptr + ra, ya.to(gl.bfloat16))
                 gl.store(qkv_ptr + rbb, yb.to(gl.bfloat16), mask=rbb < row0 + rows)
         elif op == 2:                                 # ROPE_KV
-            _op_rope_kv(layer, row0, pos_ptr, qkv_ptr, q_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr,
-                        HQ, KVS, MAXCTX, G, GP, D, HKV, num_warps)
+            failed = _op_rope_kv(layer, row0, pos_ptr, qkv_ptr, q_ptr, kc_ptr, vc_ptr, cos_ptr,
+                                 sin_ptr, HQ, KVS, MAXCTX, ctr_ptr, w0, t0, timeout_ns, failed,
+                                 err, i, G, GP, D, HKV, num_warps)
         elif op == 3:                                 # ATTN_PARTIAL
             failed = _op_attn_partial(layer, row0, arg, splits, unit, pos_ptr, q_ptr, kc_ptr,
                                       vc_ptr, pm_ptr, pl_ptr, po_ptr, SPMAX, MAXCTX, scale,
                                       ctr_ptr, w0, t0, timeout_ns, failed, err, i, G, GP, D,
                                       HKV, BT, num_warps)
         elif op == 4:                                 # ATTN_MERGE
-            _op_attn_merge(row0, splits, pm_ptr, pl_ptr, po_ptr, attn_ptr, SPMAX, D, SB,
-                           num_warps)
+            _op_attn_merge(row0, splits, unit, pos_ptr, pm_ptr, pl_ptr, po_ptr, attn_ptr, SPMAX,
+                           D, SB, num_warps)
         elif op == 5:                                 # O_PROJ (+ residual)
             av = gl.load(attn_ptr + offs, mask=offs < HQ, other=0.0,
                          cache_modifier=".cg").to(gl.float32)
