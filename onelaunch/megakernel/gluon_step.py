@@ -211,10 +211,10 @@ def _op_attn_partial(layer, kh, sp, splits, unit, pos_ptr, q_ptr, kc_ptr, vc_ptr
                      num_warps: gl.constexpr):
     """Split ``sp`` of ``splits`` of kv head kh's keys [0, pos]: its G query heads'
     running max, sum of exp and unnormalised output (fp32, online over blocks of BT
-    keys; bf16 probabilities into P @ V, as the split-K kernel). Keys before pos
-    (earlier steps wrote them) are asked for a block ahead, the first block before the
-    counter wait, so their memory latency runs under it; key pos (this step's RoPE) and
-    the queries after the wait. Returns the wait's ``failed``."""
+    keys; bf16 probabilities into P @ V, as the split-K kernel). The first block's keys
+    before pos (earlier steps wrote them) are asked for before the counter wait, so
+    their memory latency runs under it; key pos (this step's RoPE) and the queries
+    after. Returns the wait's ``failed``."""
     l3: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 1, 32], [num_warps, 1, 1], [2, 1, 0])
     sl: gl.constexpr = gl.SliceLayout(2, l3)              # [GP, BT] scores
     kl: gl.constexpr = gl.SliceLayout(0, l3)              # [BT, D] keys / values
@@ -228,11 +228,10 @@ def _op_attn_partial(layer, kh, sp, splits, unit, pos_ptr, q_ptr, kc_ptr, vc_ptr
     dk = gl.arange(0, D, gl.SliceLayout(0, kl))
     ts = gl.arange(0, BT, gl.SliceLayout(0, sl))
     base = (layer * HKV + kh) * MAXCTX * D
-    lim = gl.minimum(end, pos)                        # keys earlier steps wrote
-    off = base + (start + tk)[:, None] * D + dk[None, :]
-    old = (start + tk < lim)[:, None] & (dk[None, :] < D)
-    k_nx = gl.load(kc_ptr + off, mask=old, other=0.0)
-    v_nx = gl.load(vc_ptr + off, mask=old, other=0.0)
+    kv_off = base + (start + tk)[:, None] * D + dk[None, :]
+    old = ((start + tk < end) & (start + tk < pos))[:, None] & (dk[None, :] < D)
+    k_old = gl.load(kc_ptr + kv_off, mask=old, other=0.0)
+    v_old = gl.load(vc_ptr + kv_off, mask=old, other=0.0)
     if w0 >= 0:
         if failed == 0:
             gl.store(err + 1, w0)
@@ -245,21 +244,19 @@ def _op_attn_partial(layer, kh, sp, splits, unit, pos_ptr, q_ptr, kc_ptr, vc_ptr
     m_i = gl.full([GP], float("-inf"), gl.float32, gl.SliceLayout(1, sl))
     l_i = gl.zeros([GP], gl.float32, gl.SliceLayout(1, sl))
     o = gl.zeros([GP, D], gl.float32, ql)
-    for t0 in range(start, end, BT):                  # the next block asked for first
-        k = k_nx
-        v = v_nx
+    if start < end:                                   # the first block: + key pos
+        new = ((start + tk) == pos)[:, None] & (dk[None, :] < D)
+        k = gl.where(new, gl.load(kc_ptr + kv_off, mask=new, other=0.0, cache_modifier=".cg"),
+                     k_old).to(gl.float32)
+        v = gl.where(new, gl.load(vc_ptr + kv_off, mask=new, other=0.0, cache_modifier=".cg"),
+                     v_old).to(gl.float32)
+        m_i, l_i, o = _attn_block(q, k, v, start + ts < end, m_i, l_i, o, scale, ql)
+    for t0 in range(start + BT, end, BT):
+        km = ((t0 + tk) < end)[:, None] & (dk[None, :] < D)
         off = base + (t0 + tk)[:, None] * D + dk[None, :]
-        nx = (t0 + BT + tk < lim)[:, None] & (dk[None, :] < D)
-        k_nx = gl.load(kc_ptr + off + BT * D, mask=nx, other=0.0)
-        v_nx = gl.load(vc_ptr + off + BT * D, mask=nx, other=0.0)
-        if (t0 <= pos) & (pos < t0 + BT):             # key pos: this step's RoPE wrote it
-            new = ((t0 + tk) == pos)[:, None] & (dk[None, :] < D)
-            k = gl.where(new, gl.load(kc_ptr + off, mask=new, other=0.0, cache_modifier=".cg"),
-                         k)
-            v = gl.where(new, gl.load(vc_ptr + off, mask=new, other=0.0, cache_modifier=".cg"),
-                         v)
-        m_i, l_i, o = _attn_block(q, k.to(gl.float32), v.to(gl.float32), t0 + ts < end, m_i,
-                                  l_i, o, scale, ql)
+        k = gl.load(kc_ptr + off, mask=km, other=0.0, cache_modifier=".cg").to(gl.float32)
+        v = gl.load(vc_ptr + off, mask=km, other=0.0, cache_modifier=".cg").to(gl.float32)
+        m_i, l_i, o = _attn_block(q, k, v, t0 + ts < end, m_i, l_i, o, scale, ql)
     hs = gl.arange(0, GP, gl.SliceLayout(1, sl))
     row = (kh * G + hs) * SPMAX + sp
     gl.store(pm_ptr + row, m_i, mask=hs < G)
