@@ -38,6 +38,8 @@ import torch.distributed
 from . import kernels as K
 from . import plan
 from .kernels import config
+from .megakernel.step import MegaStep, device_refusal
+from .megakernel.step import refusal as step_refusal
 from .options import PersistentOptions
 from .oracle import rope_cos_sin
 from .specs import get_spec
@@ -64,11 +66,20 @@ def persistent_refusal(spec, attention: str = "splitk", tp=None, stages: int | N
     return None
 
 
+def megakernel_refusal(spec, device, attention="splitk", tp=None, persistent=False):
+    """Why an engine with ``megakernel=True`` cannot be built (one line; None: it can)."""
+    if attention != "splitk" or tp is not None or persistent:
+        return ("megakernel=True is the whole step in one launch on one GPU: leave "
+                "attention at 'splitk', and leave out tp and persistent")
+    return device_refusal(device) or step_refusal(spec)
+
+
 class Engine:
     def __init__(self, spec, weights: dict[str, torch.Tensor], max_ctx: int | None = None,
                  attention: str = "splitk", pdl: bool = False,
                  device=None, cfgs: dict | None = None, tp=None, persistent: bool = False,
-                 live_cap: int | None = 0, persist: PersistentOptions | None = None):
+                 live_cap: int | None = 0, persist: PersistentOptions | None = None,
+                 megakernel: bool = False):
         self.spec = spec = get_spec(spec)
         if attention not in ("plain", "splitk"):
             raise EngineError("attention must be 'plain' or 'splitk'")
@@ -92,6 +103,8 @@ class Engine:
                 config.get("layer_persistent", self.device),
                 **(cfgs or {}).get("layer_persistent", {})), self.persist)["STAGES"]
         why = persistent_refusal(spec, attention, tp, stages) if persistent else None
+        if megakernel:
+            why = megakernel_refusal(spec, self.device, attention, tp, persistent)
         if why:
             raise EngineError(why)
         self.persistent = bool(persistent)
@@ -120,7 +133,8 @@ class Engine:
         self.live_cap = (K.attention_splitk.default_live_cap(spec.kv_heads) if live_cap == 0
                          else live_cap)
         # ---- the step: a list of launches; each builder asks for the buffers it needs --
-        self.plan = plan.build(self)
+        # (the one-launch step: megakernel/step.py, over this engine's buffers)
+        self.plan = [MegaStep(self).launch()] if megakernel else plan.build(self)
         self.graph = None
         self.paths = self.ran_paths()   # what the plan runs, read from its launches
         self.last_run: dict | None = None   # what the last generate/teacher_forced ran
@@ -227,7 +241,11 @@ class Engine:
                 tp = "fused"
             else:
                 tp = "none"
+        mega = [launch.op for launch in self.plan] == ["megakernel"]
+        if mega:
+            attention = "splitk"                 # its partials and merges (step.py)
         return {"attention": attention, "persistent": "layer_persistent" in kernels,
+                "megakernel": mega,
                 "pdl": (pdl.pop() if len(pdl) == 1 else "mixed") if pdl else False,
                 "tp": tp, "launches": len(self.plan)}
 
@@ -239,6 +257,8 @@ class Engine:
             p["attention"], "no attention")]
         if p["persistent"]:
             words.append("persistent layers")
+        if p.get("megakernel"):
+            words.append("one launch a step (megakernel)")
         words.append({True: "PDL on", False: "PDL off"}.get(p["pdl"], "PDL on some launches"))
         how = {"all-reduce": "all-reduce", "none": "no all-reduce"}.get(
             p["tp"], f"{p['tp']} all-reduce")

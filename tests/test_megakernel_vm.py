@@ -16,6 +16,7 @@ from onelaunch.measure.agree import bf16_ulp, judge_tokens
 from onelaunch.megakernel import loads
 from onelaunch.megakernel import schedule as S
 from onelaunch.megakernel import vm as V
+from onelaunch.megakernel.step import plan_schedule
 from onelaunch.megakernel.isa import (LAYER, NONE, OP, OP_ARGMAX, OP_ATTN_MERGE,
                                       OP_ATTN_PARTIAL, OP_EMBED, OP_GATE_UP, OP_LM_HEAD,
                                       OP_O_PROJ,
@@ -145,8 +146,10 @@ def test_every_interleaving_gives_the_same_bits(tiny):
 
 def test_full_shape_layer_matches_oracle():
     """One layer of Qwen2.5-1.5B at its exact shapes (random weights, a small head), on
-    132 SMs with 16 x 256 tiles: the residual after the layer and the new KV slot match
-    the oracle's layer math; the token agrees."""
+    132 SMs, with the lists the one-launch kernel runs on the GPU
+    (``megakernel.step.plan_schedule``: 4 x 256 tiles, planned for every split SM pair):
+    the residual after the layer and the new KV slot match the oracle's layer math; the
+    token agrees."""
     spec = dataclasses.replace(get_spec("qwen2.5-1.5b"), name="qwen2.5-1.5b-layer",
                                layers=1, vocab=256)
     w = quick_weights(spec, 3)
@@ -158,7 +161,7 @@ def test_full_shape_layer_matches_oracle():
     m.adopt_cache(orc.k_cache, orc.v_cache)
     m.start(ids, start)
     x_ref = orc.hidden(ids[start:], torch.tensor([start]))[0]
-    sched = S.build(spec, 132, start + 1)
+    sched = plan_schedule(spec, 132, start + 1)
     loads.check(sched)
     out = m.step(sched, 0)
     scale = float(x_ref.abs().max())

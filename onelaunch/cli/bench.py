@@ -45,6 +45,7 @@ def cmd_bench(args) -> int:
     _kernels_on(device)
     from ..measure import agree
     from ..measure.ladder import bench_rows
+    from ..measure.rungs import BENCH
     from ..measure.timing import run_bandwidth
     from ..weights import random_weights
     if device == "cpu" and spec.name not in ("tiny-qwen2", "tiny-olmoe"):
@@ -62,7 +63,7 @@ def cmd_bench(args) -> int:
     w = random_weights(spec, args.seed, device=device)      # one set, shared by every rung
     # the peers and the rungs on one prompt (--seed), judged against one oracle run
     rows = bench_rows(spec, w, device, ctx=args.ctx, tokens=args.tokens, iters=args.iters,
-                      seed=args.seed, read_tbps=bw, peers=args.peers)
+                      seed=args.seed, read_tbps=bw, peers=args.peers, rungs=BENCH)
     head = (f"{spec.name}, batch 1, ctx {args.ctx}, on {torch.cuda.get_device_name() if device == 'cuda' else 'CPU'}"
             + (f"; read bandwidth {bw:.2f} TB/s, floor {spec.floor_ms(bw, args.ctx):.3f} ms/token"
                if bw else "; CPU smoke run (Triton interpreter): times are not speeds"))

@@ -34,7 +34,7 @@ def ladder_rows(spec, w, device="cuda", ctx=512, tokens=12, iters=100, read_tbps
     rows, eager_tokens, prev_tokens = [], None, None
     for name in rungs:
         rung = RUNGS[name]
-        if not rung.runs_on(dev):
+        if not rung.runs_on(dev) or not rung.supported(spec):
             continue                     # later rungs keep their other steps, without PDL
         e = rung.engine(spec, w, max_ctx)
         j = agree.judge(e, prompt, ref, rung.graph)

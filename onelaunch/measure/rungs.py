@@ -20,6 +20,8 @@ import torch
 
 from ..engine import Engine, persistent_refusal
 from ..kernels import config
+from ..megakernel.step import device_refusal
+from ..megakernel.step import refusal as step_refusal
 
 
 def make_engine(spec, w, **kw):
@@ -41,11 +43,14 @@ class Rung:
     persistent: bool = False
     cfgs: dict | None = None
     needs_pdl: bool = False
+    megakernel: bool = False
     kind: ClassVar[str] = "ours"
 
     def supported(self, spec) -> bool:
         """Whether the rung applies to ``spec``'s model (the engine's own rule for its
         settings: the persistent layer, dense models only)."""
+        if self.megakernel:
+            return step_refusal(spec) is None
         stages = (self.cfgs or {}).get("layer_persistent", {}).get("STAGES")
         return not (self.persistent and persistent_refusal(
             spec, self.attention, stages=stages))
@@ -55,10 +60,14 @@ class Rung:
         layer's ``PersistentOptions``, for a measurement such as its phase clock)."""
         return make_engine(spec, w, max_ctx=max_ctx, attention=self.attention,
                            pdl=self.pdl,
-                           persistent=self.persistent, cfgs=self.cfgs, persist=persist)
+                           persistent=self.persistent, cfgs=self.cfgs, persist=persist,
+                           megakernel=self.megakernel)
 
     def runs_on(self, device) -> bool:
-        """False for the PDL rung on a GPU without PDL."""
+        """False for the PDL rung on a GPU without PDL, and for the one-launch step
+        off Hopper (``megakernel.step.device_refusal``)."""
+        if self.megakernel and device_refusal(device):
+            return False
         return not self.needs_pdl or config.pdl_supported(torch.device(device))
 
 
@@ -79,12 +88,18 @@ RUNGS: dict[str, Rung] = _rungs(
     Rung("persistent, tiles ahead", attention="splitk", graph=True, pdl=True,
          persistent=True, cfgs={"layer_persistent": {"NEXT": 1, "STAGES": 0}}),
     Rung("+ persistent layer", attention="splitk", graph=True, pdl=True, persistent=True),
+    # the whole step in one persistent Gluon launch (megakernel/step.py, issue 25): dense
+    # models on Hopper
+    Rung("one launch (megakernel)", attention="splitk", graph=True, pdl=False,
+         megakernel=True),
 )
 
 # The ladder: the rungs every chapter's table shows, in order. "+ RoPE in attention"
 # (ladder_rows(rungs=...) runs it) measured slower than + PDL on the H200 and is not a
 # rung of the ladder: NOTES.md, entry 8
 LADDER = ("fused eager", "fused + graph", "+ split-K", "+ PDL")
+# bench's rungs: the ladder, then the one-launch step where it runs (dense, Hopper)
+BENCH = LADDER + ("one launch (megakernel)",)
 
 
 def rung(name: str) -> Rung:

@@ -29,6 +29,21 @@ EB = 1024                  # columns an embedding copy takes a block
 TIMEOUT_NS = 200_000_000   # a counter wait's bound: 0.2 s
 
 
+def device_refusal(device) -> str | None:
+    """Why the one-launch step cannot run on ``device`` (None: it can): it needs
+    Hopper's TMA and warp specialisation (sm_90)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return ("the one-launch step is a Gluon kernel for a Hopper GPU (sm_90); it does "
+                "not run in Triton's interpreter: use megakernel=False on the CPU")
+    cap = torch.cuda.get_device_capability(device)
+    if cap[0] != 9:
+        return (f"the one-launch step needs Hopper (sm_90: TMA, warp specialisation); this "
+                f"GPU is sm_{cap[0]}{cap[1]}: the chain of kernels runs here "
+                f"(megakernel=False)")
+    return None
+
+
 def refusal(spec) -> str | None:
     """Why the one-launch step cannot run ``spec`` (None: it can)."""
     if spec.is_moe:
@@ -46,9 +61,11 @@ def refusal(spec) -> str | None:
 
 
 def plan_schedule(spec, P: int, ctx: int) -> schedule.Schedule:
-    """``schedule.build`` with the kernel's tiles (TN rows); the kernel's down
-    projection takes all of K an instruction, so the schedule must not split it."""
-    sched = schedule.build(spec, P, ctx, tile_n=TN, tile_k=TK)
+    """The lists the kernel runs (and the VM checks): ``schedule.build`` with the
+    kernel's tiles (TN rows), planned at ``ctx`` or at least ``plan_ctx`` (every split SM
+    pair gets MIN_UNIT keys, so a short context gives each split one block of keys); the
+    kernel's down projection takes all of K an instruction, so it must not be split."""
+    sched = schedule.build(spec, P, max(ctx, plan_ctx(spec, P)), tile_n=TN, tile_k=TK)
     rows = sched.instr.view(-1, isa.WIDTH)
     down = rows[rows[:, isa.OP] == isa.OP_DOWN]
     if (down[:, isa.KLEN] != spec.intermediate).any():
@@ -81,9 +98,7 @@ class MegaStep:
             raise ValueError(why)
         dev = e.device
         self.P = P or torch.cuda.get_device_properties(dev).multi_processor_count
-        # planned for at least MIN_UNIT keys a split on every (kv head, split) SM pair,
-        # so a short context gives each split one block of BT keys
-        self.sched = plan_schedule(s, self.P, max(ctx, plan_ctx(s, self.P)))
+        self.sched = plan_schedule(s, self.P, ctx)
         self.prog = self.sched.instr.to(dev)
         self.n_instr = self.prog.shape[1]
         self.n_ctr = len(self.sched.counters)

@@ -1,0 +1,96 @@
+"""The one-launch step (``megakernel/step.py`` host, ``gluon_step.py`` device): the lists
+it runs are ``schedule.build``'s with the kernel's tiles (the VM runs them at full
+shapes in ``test_megakernel_vm.py``), it compiles for sm_90 on a machine without a GPU,
+an engine or rung asked for it where it cannot run says why in one line, and on the GPU
+it passes the oracle check teacher-forced at ctx 512 in one launch a step."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from onelaunch.engine import Engine, EngineError
+from onelaunch.megakernel import isa, loads
+from onelaunch.megakernel.step import TN, plan_ctx, plan_schedule, refusal
+from onelaunch.measure.rungs import BENCH, RUNGS
+from onelaunch.specs import get_spec
+from onelaunch.weights import random_weights
+
+MEGA = "one launch (megakernel)"
+
+
+def test_the_kernels_lists_keep_the_schedules_invariants():
+    """Qwen at ctx 512 on 132 SMs: planned so every (kv head, split) pair of SMs is
+    used with one unit of keys, no down projection split over K (the kernel takes all of
+    K an instruction), every row block whole TN-row tiles, and ``loads.check``'s
+    invariants (counters, stage order, the reset) hold."""
+    spec = get_spec("qwen2.5-1.5b")
+    sched = plan_schedule(spec, 132, 512)
+    loads.check(sched)
+    rows = sched.instr.view(-1, isa.WIDTH)
+    part = rows[rows[:, isa.OP] == isa.OP_ATTN_PARTIAL]
+    assert len(part) == spec.layers * 132 and (part[:, isa.SPLITS] == 66).all()
+    assert (part[:, isa.UNIT] == 16).all() and plan_ctx(spec, 132) == 66 * 16
+    down = rows[rows[:, isa.OP] == isa.OP_DOWN]
+    assert (down[:, isa.KLEN] == spec.intermediate).all()
+    gemv = rows[torch.isin(rows[:, isa.OP], torch.tensor([isa.OP_RMS_QKV, isa.OP_O_PROJ,
+                                                           isa.OP_GATE_UP, isa.OP_LM_HEAD]))]
+    assert (gemv[:, isa.ROWS] % TN == 0).all()
+
+
+def test_refused_where_it_cannot_run():
+    assert refusal(get_spec("qwen2.5-1.5b")) is None
+    assert "MoE" in refusal(get_spec("olmoe-1b-7b"))
+    assert "tiles" in refusal(get_spec("tiny-qwen2"))
+    r = RUNGS[MEGA]
+    assert MEGA in BENCH and r.supported(get_spec("qwen2.5-1.5b"))
+    assert not r.supported(get_spec("olmoe-1b-7b")) and not r.runs_on("cpu")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU's refusal")
+def test_engine_off_hopper_says_why_in_one_line(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    w = random_weights("tiny-qwen2", 0)
+    with pytest.raises(EngineError) as e:
+        Engine("tiny-qwen2", w, megakernel=True)
+    assert "sm_90" in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(EngineError, match="one launch on one GPU"):
+        Engine("tiny-qwen2", w, megakernel=True, attention="plain")
+
+
+def test_compiles_for_hopper_without_a_gpu():
+    """The whole step's kernel at Qwen's shapes through ptxas for sm_90: layouts, TMA
+    boxes, barriers, the clock."""
+    r = subprocess.run([sys.executable, "-m", "onelaunch.megakernel.step", "--aot"],
+                       capture_output=True, text=True, timeout=600,
+                       env={**__import__("os").environ, "TRITON_INTERPRET": "0"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "sm_90 STAGES 4" in r.stdout and "'tma'" in r.stdout
+
+
+@pytest.mark.gpu
+def test_one_launch_step_passes_the_oracle_check():
+    """Qwen2.5-1.5B at ctx 512: 32 teacher-forced tokens by the agreement rule, one
+    launch a step (the engine reports it), two replays from one state bit-identical."""
+    from onelaunch.measure.agree import judge, oracle_tokens
+    from onelaunch.prompt import random_prompt
+    spec = get_spec("qwen2.5-1.5b")
+    if not RUNGS[MEGA].runs_on("cuda"):
+        pytest.skip("needs Hopper")
+    w = random_weights(spec, 0, device="cuda")
+    prompt = random_prompt(spec, 512, 0)
+    ref = oracle_tokens(spec, w, prompt, 32, 640)
+    e = Engine(spec, w, max_ctx=640, megakernel=True)
+    assert e.paths["megakernel"] and e.launches_per_step() == 1
+    assert "one launch a step" in e.describe()
+    j = judge(e, prompt, ref, True)
+    assert j["ok"], j["flips"]
+    xs = []
+    for _ in range(2):
+        e.pos.fill_(512)
+        e.step(True)
+        torch.cuda.synchronize()
+        xs.append(e.x.clone())
+    assert torch.equal(xs[0], xs[1])
