@@ -156,6 +156,13 @@ MUTANTS = [
            "return not self.rings[a.sm].full[a.need[1]]", "return True", MEGA_VM),
     Mutant("megakernel: argmax tie order", "onelaunch/megakernel/vm_ops.py",
            "if vals[j] > vals[best]:", "if vals[j] >= vals[best]:", MEGA_VM),
+    # the fused attention (the one-launch kernel's lists): the last split merges
+    Mutant("megakernel: the last split merges without acquiring the others' partials",
+           "onelaunch/megakernel/vm_ops.py", "    m.acquire(c, row[BUMP])\n", "",
+           MEGA_VM),
+    Mutant("megakernel: the fused split writes the new key from every split",
+           "onelaunch/megakernel/vm_ops.py", "    own = a <= pos < b\n",
+           "    own = a <= pos\n", MEGA_VM),
     # the mixture of experts in the megakernel (tests/test_megakernel_moe.py)
     Mutant("megakernel MoE: expert id read before the router's counter",
            "onelaunch/megakernel/vm.py",

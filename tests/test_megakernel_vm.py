@@ -17,7 +17,8 @@ from onelaunch.megakernel import loads
 from onelaunch.megakernel import schedule as S
 from onelaunch.megakernel import vm as V
 from onelaunch.megakernel.step import plan_schedule
-from onelaunch.megakernel.isa import (LAYER, NONE, OP, OP_ARGMAX, OP_ATTN_MERGE,
+from onelaunch.megakernel.isa import (LAYER, NONE, OP, OP_ARGMAX, OP_ATTN_FUSED,
+                                      OP_ATTN_MERGE,
                                       OP_ATTN_PARTIAL, OP_EMBED, OP_GATE_UP, OP_LM_HEAD,
                                       OP_O_PROJ,
                                       SPLITS, TARGET0, WAIT0)
@@ -320,3 +321,24 @@ def test_counters_reset_by_the_last_instruction_only(tiny):
         loads.check(bad)
     with pytest.raises(V.VMHazard, match="not its SM's last"):
         run_tiny(tiny, bad, 0)
+
+
+@pytest.mark.parametrize("P", [4, 16])
+def test_fused_attention_gives_the_same_bits(tiny, P):
+    """``build(fused=True)`` (the one-launch kernel's lists: RoPE inside the partials,
+    the last of each kv head's splits merging its heads) over five steps and two
+    interleavings each: tokens and logits bit-identical to the five-stage attention's,
+    and agreeing with the oracle; the split holding pos writes the new key."""
+    spec, w = tiny
+    start, steps = 92, 5
+    cache, seq, ref = oracle_steps(spec, w, ids_for(spec, 100, P), start, steps, 128)
+    plain = S.build(spec, P, start + steps, **TILES)
+    fused = S.build(spec, P, start + steps, fused=True, **TILES)
+    loads.check(fused)
+    ops = {r[OP] for _, _, r in loads.all_rows(fused)}
+    assert OP_ATTN_FUSED in ops and not ops & {OP_ATTN_PARTIAL, OP_ATTN_MERGE}
+    want, want_lg, _ = vm_steps(spec, w, plain, cache, seq, start, steps, 2, 0)
+    for seed in (1, 100):
+        tokens, logits, m = vm_steps(spec, w, fused, cache, seq, start, steps, 2, seed)
+        assert tokens == want and torch.equal(logits, want_lg)
+    assert_agrees(ref, tokens, logits)

@@ -74,13 +74,13 @@ def _loader(prog_ptr, n_instr, d_qkv, d_o, d_gu, d_dn, d_dt, d_lm, ring, ring_dn
     TN_: gl.constexpr = d_gu.block_type.shape[0]
     KD: gl.constexpr = d_dn.block_type.shape[1]
     base = prog_ptr + gl.program_id(0) * n_instr * WIDTH
-    hl: gl.constexpr = gl.BlockedLayout([16], [32], [1], [0])
-    f16 = gl.arange(0, 16, hl)
+    hl: gl.constexpr = gl.BlockedLayout([32], [32], [1], [0])
+    f16 = gl.arange(0, 32, hl)
     nxt = gl.load(base + f16)
     t = 0
     for i in range(n_instr):
         hdr = nxt
-        nxt = gl.load(base + (i + 1) * WIDTH + f16, mask=(i + 1 < n_instr) & (f16 < 16),
+        nxt = gl.load(base + (i + 1) * WIDTH + f16, mask=(i + 1 < n_instr) & (f16 < 32),
                       other=0)
         op = _field(hdr, f16, 0)
         layer = _field(hdr, f16, 1)
@@ -266,6 +266,122 @@ def _op_attn_partial(layer, kh, sp, splits, unit, pos_ptr, q_ptr, kc_ptr, vc_ptr
 
 
 @gluon.jit
+def _merge_group(kh, live, pm_ptr, pl_ptr, po_ptr, attn_ptr, SPMAX, G: gl.constexpr,
+                 GP: gl.constexpr, D: gl.constexpr, SBF: gl.constexpr,
+                 num_warps: gl.constexpr):
+    """kv head kh's G query heads' ``live`` partials merged into attn in one pass of
+    chunks of SBF splits (a memory round trip a chunk), a running max a head."""
+    l3: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 1, 32], [num_warps, 1, 1], [2, 1, 0])
+    sm: gl.constexpr = gl.SliceLayout(2, l3)              # [GP, SBF]
+    ol: gl.constexpr = gl.SliceLayout(1, l3)              # [GP, D]
+    hs = gl.arange(0, GP, gl.SliceLayout(1, sm))
+    ss = gl.arange(0, SBF, gl.SliceLayout(0, sm))
+    d3 = gl.arange(0, D, gl.SliceLayout(0, ol))
+    ho = gl.arange(0, GP, gl.SliceLayout(1, ol))
+    m_run = gl.full([GP], float("-inf"), gl.float32, gl.SliceLayout(1, sm))
+    den = gl.zeros([GP], gl.float32, gl.SliceLayout(1, sm))
+    num = gl.zeros([GP, D], gl.float32, ol)
+    for c0 in range(0, live, SBF):
+        ok = (hs[:, None] < G) & ((c0 + ss)[None, :] < live)
+        at = (kh * G + hs)[:, None] * SPMAX + c0 + ss[None, :]
+        mm = gl.load(pm_ptr + at, mask=ok, other=float("-inf"), cache_modifier=".cg")
+        ll = gl.load(pl_ptr + at, mask=ok, other=0.0, cache_modifier=".cg")
+        oo = gl.load(po_ptr + at[:, :, None] * D + d3[None, None, :],
+                     mask=ok[:, :, None] & (d3[None, None, :] < D), other=0.0,
+                     cache_modifier=".cg")
+        mm = gl.where(hs[:, None] < G, mm, 0.0)           # padding heads: no NaN
+        m_new = gl.maximum(m_run, gl.max(mm, axis=1))
+        a = gl.exp(m_run - m_new)
+        w = gl.where(ok, gl.exp(mm - m_new[:, None]), 0.0)
+        num = num * gl.convert_layout(a, gl.SliceLayout(1, ol))[:, None] + gl.sum(
+            w[:, :, None] * oo, axis=1)
+        den = den * a + gl.sum(w * ll, axis=1)
+        m_run = m_new
+    out = num / gl.convert_layout(den, gl.SliceLayout(1, ol))[:, None]
+    gl.store(attn_ptr + (kh * G + ho)[:, None] * D + d3[None, :], out.to(gl.bfloat16),
+             mask=(ho[:, None] < G) & (d3[None, :] < D))
+
+
+@gluon.jit
+def _op_attn_fused(layer, kh, sp, splits, unit, bump, bump2, pos_ptr, qkv_ptr, kc_ptr,
+                   vc_ptr, cos_ptr, sin_ptr, pm_ptr, pl_ptr, po_ptr, attn_ptr, SPMAX, MAXCTX,
+                   HQ, KVS, scale, ctr_ptr, w0, target, timeout_ns, failed, err, instr,
+                   G: gl.constexpr, GP: gl.constexpr, D: gl.constexpr, HKV: gl.constexpr,
+                   BT: gl.constexpr, SBF: gl.constexpr, num_warps: gl.constexpr):
+    """ATTN_FUSED (isa.py): before the counter wait, the first block of this split's
+    earlier keys and pos's cos/sin are asked for; after it, RoPE on the G queries and the
+    new key from qkv (registers), the new k/v into the cache by the split that holds pos,
+    the partial (key pos from registers), its bump with acquire and release, and, by the
+    split whose bump completes the kv head, the merge of its G heads and a bump of
+    ``bump2``. Returns the wait's ``failed``."""
+    l3: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 1, 32], [num_warps, 1, 1], [2, 1, 0])
+    sl: gl.constexpr = gl.SliceLayout(2, l3)              # [GP, BT] scores
+    kl: gl.constexpr = gl.SliceLayout(0, l3)              # [BT, D] keys / values
+    ql: gl.constexpr = gl.SliceLayout(1, l3)              # [GP, D] queries / output
+    pos = gl.load(pos_ptr, cache_modifier=".cg")
+    length = pos + 1
+    per = ((length + unit - 1) // unit + splits - 1) // splits
+    start = sp * per * unit
+    end = gl.maximum(start, gl.minimum(start + per * unit, length))
+    tk = gl.arange(0, BT, gl.SliceLayout(1, kl))
+    dk = gl.arange(0, D, gl.SliceLayout(0, kl))
+    ts = gl.arange(0, BT, gl.SliceLayout(0, sl))
+    hq = gl.arange(0, GP, gl.SliceLayout(1, ql))
+    dq = gl.arange(0, D, gl.SliceLayout(0, ql))
+    base = (layer * HKV + kh) * MAXCTX * D
+    off = base + (start + tk)[:, None] * D + dk[None, :]
+    old = (start + tk < gl.minimum(end, pos))[:, None] & (dk[None, :] < D)
+    k_old = gl.load(kc_ptr + off, mask=old, other=0.0)
+    v_old = gl.load(vc_ptr + off, mask=old, other=0.0)
+    cq = gl.load(cos_ptr + pos * D + dq).to(gl.float32)[None, :]
+    sq = gl.load(sin_ptr + pos * D + dq).to(gl.float32)[None, :]
+    ck = gl.load(cos_ptr + pos * D + dk).to(gl.float32)
+    sk = gl.load(sin_ptr + pos * D + dk).to(gl.float32)
+    if w0 >= 0:
+        if failed == 0:
+            gl.store(err + 1, w0)
+        failed = _wait_counter(ctr_ptr + w0, target, timeout_ns, failed, err, instr)
+    qmask = (hq[:, None] < G) & (dq[None, :] < D)
+    q = _rope(qkv_ptr + (kh * G + hq[:, None]) * D, dq[None, :], D, cq, sq,
+              qmask).to(gl.float32)
+    k_new = _rope(qkv_ptr + HQ + kh * D, dk, D, ck, sk, dk < D)
+    v_new = gl.load(qkv_ptr + HQ + KVS + kh * D + dk, cache_modifier=".cg")
+    if (start <= pos) & (pos < end):                  # this split holds pos: the cache
+        gl.store(kc_ptr + base + pos * D + dk, k_new)
+        gl.store(vc_ptr + base + pos * D + dk, v_new)
+    m_i = gl.full([GP], float("-inf"), gl.float32, gl.SliceLayout(1, sl))
+    l_i = gl.zeros([GP], gl.float32, gl.SliceLayout(1, sl))
+    o = gl.zeros([GP, D], gl.float32, ql)
+    for t0 in range(start, end, BT):
+        if t0 == start:
+            k = k_old
+            v = v_old
+        else:
+            km = (t0 + tk < gl.minimum(end, pos))[:, None] & (dk[None, :] < D)
+            kv = base + (t0 + tk)[:, None] * D + dk[None, :]
+            k = gl.load(kc_ptr + kv, mask=km, other=0.0)
+            v = gl.load(vc_ptr + kv, mask=km, other=0.0)
+        new = ((t0 + tk) == pos)[:, None] & (dk[None, :] < D)     # key pos: registers
+        k = gl.where(new, k_new[None, :], k).to(gl.float32)
+        v = gl.where(new, v_new[None, :], v).to(gl.float32)
+        m_i, l_i, o = _attn_block(q, k, v, t0 + ts < end, m_i, l_i, o, scale, ql)
+    hs = gl.arange(0, GP, gl.SliceLayout(1, sl))
+    row = (kh * G + hs) * SPMAX + sp
+    gl.store(pm_ptr + row, m_i, mask=hs < G)
+    gl.store(pl_ptr + row, l_i, mask=hs < G)
+    gl.store(po_ptr + ((kh * G + hq[:, None]) * SPMAX + sp) * D + dq[None, :], o, mask=qmask)
+    gl.thread_barrier()
+    done = gl.atomic_add(ctr_ptr + bump, 1, sem="acq_rel", scope="gpu")
+    if done == splits - 1:                            # the last of the kv head: merge
+        live = gl.minimum(splits, (length + per * unit - 1) // (per * unit))
+        _merge_group(kh, live, pm_ptr, pl_ptr, po_ptr, attn_ptr, SPMAX, G, GP, D, SBF,
+                     num_warps)
+        gl.thread_barrier()
+        gl.atomic_add(ctr_ptr + bump2, 1, sem="release", scope="gpu")
+    return failed
+
+
+@gluon.jit
 def _op_attn_merge(h, splits, unit, pos_ptr, pm_ptr, pl_ptr, po_ptr, attn_ptr, SPMAX,
                    D: gl.constexpr, SB: gl.constexpr, num_warps: gl.constexpr):
     """Query head h's live partials merged in one pass of chunks of SB splits (one
@@ -337,8 +453,8 @@ def _compute(prog_ptr, n_instr, ring, ring_dk, ring_tk, ready, empty, vec, x_ptr
              KD: gl.constexpr, TAIL: gl.constexpr, STAGES: gl.constexpr,
              WIDTH: gl.constexpr, TN_: gl.constexpr, TK_: gl.constexpr, G: gl.constexpr,
              GP: gl.constexpr, D: gl.constexpr, HKV: gl.constexpr, BT: gl.constexpr,
-             SB: gl.constexpr, NPB: gl.constexpr, EB: gl.constexpr, BIAS: gl.constexpr,
-             CLOCK: gl.constexpr, num_warps: gl.constexpr):
+             SB: gl.constexpr, SBF: gl.constexpr, NPB: gl.constexpr, EB: gl.constexpr,
+             BIAS: gl.constexpr, CLOCK: gl.constexpr, num_warps: gl.constexpr):
     # a row box [TN, kb, TK]: rows over the warps, K tiles in each thread's registers,
     # columns over a warp's lanes, 8 a lane (16-byte shared loads)
     l3: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 1, 32], [num_warps, 1, 1], [2, 1, 0])
@@ -369,14 +485,14 @@ def _compute(prog_ptr, n_instr, ring, ring_dk, ring_tk, ready, empty, vec, x_ptr
     v_full = vec._reinterpret(gl.bfloat16, [NF, NW, KD // NW, TK_], pl3)
     # an instruction's header (its first 16 fields) in every thread's registers, the
     # next one asked for while this one runs (the list is read once a step: DRAM)
-    hl: gl.constexpr = gl.BlockedLayout([16], [32], [num_warps], [0])
-    f16 = gl.arange(0, 16, hl)
+    hl: gl.constexpr = gl.BlockedLayout([32], [32], [num_warps], [0])
+    f16 = gl.arange(0, 32, hl)
     nxt = gl.load(base + f16)
     t = 0
     failed = 0
     for i in range(n_instr):
         hdr = nxt
-        nxt = gl.load(base + (i + 1) * WIDTH + f16, mask=(i + 1 < n_instr) & (f16 < 16),
+        nxt = gl.load(base + (i + 1) * WIDTH + f16, mask=(i + 1 < n_instr) & (f16 < 32),
                       other=0)
         op = _field(hdr, f16, 0)
         layer = _field(hdr, f16, 1)
@@ -391,9 +507,10 @@ def _compute(prog_ptr, n_instr, ring, ring_dk, ring_tk, ready, empty, vec, x_ptr
         idx = _field(hdr, f16, 12)
         splits = _field(hdr, f16, 13)
         unit = _field(hdr, f16, 14)
+        bump2 = _field(hdr, f16, 18)
         if CLOCK:
             gl.store(clk + i * 4, _now())
-        if (w0 >= 0) & (op != 2) & (op != 3):        # RoPE, a partial: in their own code
+        if (w0 >= 0) & (op != 2) & (op != 3) & (op != 15):   # these wait in their code
             if failed == 0:
                 gl.store(err + 1, w0)
             failed = _wait_counter(ctr_ptr + w0, t0, timeout_ns, failed, err, i)
@@ -520,7 +637,13 @@ def _compute(prog_ptr, n_instr, ring, ring_dk, ring_tk, ready, empty, vec, x_ptr
                        num_warps)
         elif op == 10:                                # EMBED
             _op_embed(row0, rows, pos_ptr, seq_ptr, emb_ptr, x_ptr, H, EB, num_warps)
-        if bump >= 0:                                 # every thread's stores, then release
+        elif op == 15:                                # ATTN_FUSED (bumps in its code)
+            failed = _op_attn_fused(layer, row0, arg, splits, unit, bump, bump2, pos_ptr,
+                                    qkv_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr, pm_ptr, pl_ptr,
+                                    po_ptr, attn_ptr, SPMAX, MAXCTX, HQ, KVS, scale, ctr_ptr,
+                                    w0, t0, timeout_ns, failed, err, i, G, GP, D, HKV, BT,
+                                    SBF, num_warps)
+        if (bump >= 0) & (op != 15):                  # every thread's stores, then release
             gl.thread_barrier()
             gl.atomic_add(ctr_ptr + bump, 1, sem="release", scope="gpu")
         if CLOCK:
@@ -536,8 +659,9 @@ def step_kernel(prog_ptr, n_instr, d_qkv, d_o, d_gu, d_dn, d_dt, d_lm, x_ptr, qk
                 KG: gl.constexpr, GT: gl.constexpr, NF: gl.constexpr, TAIL: gl.constexpr,
                 STAGES: gl.constexpr, WIDTH: gl.constexpr, G: gl.constexpr,
                 GP: gl.constexpr, D: gl.constexpr, HKV: gl.constexpr, BT: gl.constexpr,
-                SB: gl.constexpr, NPB: gl.constexpr, EB: gl.constexpr, BIAS: gl.constexpr,
-                CTR_BLOCK: gl.constexpr, CLOCK: gl.constexpr, num_warps: gl.constexpr):
+                SB: gl.constexpr, SBF: gl.constexpr, NPB: gl.constexpr, EB: gl.constexpr,
+                BIAS: gl.constexpr, CTR_BLOCK: gl.constexpr, CLOCK: gl.constexpr,
+                num_warps: gl.constexpr):
     TN_: gl.constexpr = d_gu.block_type.shape[0]
     TK_: gl.constexpr = d_gu.block_type.shape[2]
     # a stage: two slots of [TN, KB_, TK] (two row blocks, or gate and up), or the same
@@ -567,8 +691,8 @@ def step_kernel(prog_ptr, n_instr, d_qkv, d_o, d_gu, d_dn, d_dt, d_lm, x_ptr, qk
                     pl_ptr, po_ptr, val_ptr, idx_ptr, seq_ptr, amax_ptr, pos_ptr, plen_ptr,
                     emb_ptr, gin_ptr, gpost_ptr, gfin_ptr, bqkv_ptr, ctr_ptr, err_ptr, clk_ptr,
                     H, I, QKV, HQ, KVS, SPMAX, MAXCTX, eps, scale, timeout_ns, KG, GT, NF, KD,
-                    TAIL, STAGES, WIDTH, TN_, TK_, G, GP, D, HKV, BT, SB, NPB, EB, BIAS,
-                    CLOCK, num_warps)),
+                    TAIL, STAGES, WIDTH, TN_, TK_, G, GP, D, HKV, BT, SB, SBF, NPB, EB,
+                    BIAS, CLOCK, num_warps)),
         (_loader, (prog_ptr, n_instr, d_qkv, d_o, d_gu, d_dn, d_dt, d_lm, ring, ring_dn,
                    ring_dt, ready, empty, L, H, I, QKV, V, NF, TAIL, STAGES, WIDTH))],
         [1], [48])

@@ -23,6 +23,8 @@ runs, stores its outputs and only then adds 1 to its bump counter (release).
     HOIST   tiles the loader streams into its held stages before that wait: the first
             HOIST tiles of the instructions after this run of loader-waiting ones (the
             next layer's attention, the router, the LM head: what does not depend on it)
+    BUMP2   ATTN_FUSED: the counter the last of its group (the instructions bumping
+            BUMP) adds 1 to after its merge (NONE elsewhere)
 
 What the row fields mean per op (``schedule.py`` builds them, ``vm.py`` runs them):
 
@@ -38,6 +40,13 @@ What the row fields mean per op (``schedule.py`` builds them, ``vm.py`` runs the
                   splits before the last store fp32 partials, the last adds them to x
     LM_HEAD       logits rows [ROW0, ROW0+ROWS); its best (value, index) into slot IDX
     ARGMAX        the token from ROWS slots; then resets every counter to zero
+    ATTN_FUSED    RoPE, partial and merge in one (``schedule.build(fused=True)``, the
+                  one-launch kernel's lists): ROW0 = kv head, ROWS its G query heads, ARG
+                  = split of SPLITS; waits for all of QKV, RoPEs its queries and the new
+                  key itself, the split whose keys hold pos writes the new k/v into the
+                  cache, then the partial as ATTN_PARTIAL; it bumps BUMP (acquire and
+                  release), and the one that brings it to SPLITS merges the group's G
+                  heads into attn and bumps BUMP2
 
 The mixture of experts (OLMoE) adds, per layer (RMS_QKV then also stores its rows' sums
 of squares of q and k, row IDX of a [blocks, 2] partial; ROPE_KV sums its SPLITS
@@ -54,7 +63,7 @@ partials in order for the q/k norm over the whole projection, before RoPE):
                   them in group order to x
 """
 (OP, LAYER, ROW0, ROWS, K0, KLEN, WAIT0, TARGET0, WAIT1, TARGET1, BUMP, ARG, IDX,
- SPLITS, UNIT, LWAIT, LTARGET, HOIST) = range(18)
+ SPLITS, UNIT, LWAIT, LTARGET, HOIST, BUMP2) = range(19)
 WIDTH = 32            # 128-byte rows (one L2 line): fields above, the rest zero
 NONE = -1
 
@@ -75,4 +84,6 @@ OP_ROUTER = 11        # rows of the router's logits = W_r @ rmsnorm(x)
 OP_TOPK = 12          # softmax over the logits, the top-k ids and routing weights
 OP_EXPERT_GATE_UP = 13  # (slot, rows) of h = silu(W_g[id] @ xn) * (W_u[id] @ xn)
 OP_EXPERT_DOWN = 14   # rows (x a group of slots) of x += sum_j w_j W_down[id_j] @ h_j
+# the one-launch kernel's attention: fewer stages a layer (entry 29 of NOTES.md)
+OP_ATTN_FUSED = 15    # RoPE + partial; the last of a kv head's splits merges its heads
 OPCODES = {v: k for k, v in dict(globals()).items() if k.startswith("OP_")}

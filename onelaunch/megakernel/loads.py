@@ -17,11 +17,11 @@ from __future__ import annotations
 
 from collections import Counter
 
-from .isa import (ARG, BUMP, HOIST, IDX, K0, KLEN, LAYER, LTARGET, LWAIT, NONE, OP,
-                  OP_ARGMAX, OP_ATTN_PARTIAL, OP_DOWN, OP_EMBED, OP_EXPERT_DOWN,
-                  OP_EXPERT_GATE_UP, OP_GATE_UP, OP_LM_HEAD, OP_O_PROJ, OP_RMS_QKV,
-                  OP_ROPE_KV, OP_ROUTER, OP_TOPK, OPCODES, ROW0, ROWS, SPLITS, TARGET0,
-                  TARGET1, UNIT, WAIT0, WAIT1)
+from .isa import (ARG, BUMP, BUMP2, HOIST, IDX, K0, KLEN, LAYER, LTARGET, LWAIT, NONE,
+                  OP, OP_ARGMAX, OP_ATTN_FUSED, OP_ATTN_PARTIAL, OP_DOWN, OP_EMBED,
+                  OP_EXPERT_DOWN, OP_EXPERT_GATE_UP, OP_GATE_UP, OP_LM_HEAD, OP_O_PROJ,
+                  OP_RMS_QKV, OP_ROPE_KV, OP_ROUTER, OP_TOPK, OPCODES, ROW0, ROWS, SPLITS,
+                  TARGET0, TARGET1, UNIT, WAIT0, WAIT1)
 from .schedule import Schedule, ScheduleError, split_range
 
 TOKEN_ROW = -1        # a tile's row meaning "the embedding row of this step's token"
@@ -96,7 +96,7 @@ def side_bytes(s, row) -> int:
 
 def kv_bytes(s, row, ctx: int) -> int:
     """Cache bytes an attention partial reads at ``ctx`` keys (its keys and values)."""
-    if row[OP] != OP_ATTN_PARTIAL:
+    if row[OP] not in (OP_ATTN_PARTIAL, OP_ATTN_FUSED):
         return 0
     a, b = split_range(ctx, row[ARG], row[SPLITS], row[UNIT])
     return (b - a) * 2 * s.head_dim * 2
@@ -211,8 +211,12 @@ def check(sched: Schedule) -> None:
     nothing still to run)."""
     rows = all_rows(sched)
     bumpers = Counter(r[BUMP] for _, _, r in rows if r[BUMP] != NONE)
+    # a group's last instruction (the one whose bump completes BUMP) bumps BUMP2: one
+    # bump a group; the group's counter is read by that atomic, not waited for
+    groups = {(r[BUMP], r[BUMP2]) for _, _, r in rows if r[BUMP2] != NONE}
+    bumpers.update(b2 for _, b2 in groups)
     routes = {r[LAYER]: r[BUMP] for _, _, r in rows if r[OP] == OP_TOPK}
-    waited = set()
+    waited = {b for b, _ in groups}
     for sm, i, r in rows:
         if r[OP] in EXPERT_OPS and (r[LWAIT] != routes.get(r[LAYER]) or r[LWAIT] == NONE):
             raise ScheduleError(f"SM {sm} instruction {i} ({OPCODES[r[OP]]}) reads expert "
@@ -237,6 +241,8 @@ def check(sched: Schedule) -> None:
     by_bump: dict[int, list] = {}
     for sm, i, r in rows:
         by_bump.setdefault(r[BUMP], []).append((sm, i))
+        if r[BUMP2] != NONE:                      # any of the group may be its last
+            by_bump.setdefault(r[BUMP2], []).append((sm, i))
     seen, todo = set(final), list(final)
     while todo:                                   # walk back from ARGMAX
         sm, i = todo.pop()

@@ -21,6 +21,14 @@ instructions it reads from bump, with the count of them as its target:
     LM head row blocks           down.L-1 = all  -> "lm"
     ARGMAX                       lm = all        -> resets every counter to zero
 
+``build(fused=True)`` (the one-launch kernel's lists, dense models) makes the attention
+two stages, each ATTN_FUSED RoPE-ing its own queries and the new key:
+
+      RMS+QKV row blocks      wait x's writers  -> "qkv.l"
+      fused (kv head, split)  qkv.l = all       -> "part.l.kh"; the one that brings it
+                                                   to splits merges -> "merge.l"
+      O row blocks (+ x)      merge.l = kv heads -> "o.l"
+
 A mixture of experts (OLMoE) replaces the layer's MLP, and its QKV row blocks also store
 their sums of squares of q and of k, which each RoPE sums in block order for the q/k
 norm over the whole projection (the partial squares ride on the "qkv.l" counter):
@@ -70,11 +78,11 @@ from dataclasses import dataclass
 
 import torch
 
-from .isa import (ARG, BUMP, IDX, K0, KLEN, LAYER, LTARGET, LWAIT, NONE, OP, OP_ARGMAX,
-                  OP_ATTN_MERGE, OP_ATTN_PARTIAL, OP_DOWN, OP_EMBED, OP_END, OP_EXPERT_DOWN,
-                  OP_EXPERT_GATE_UP, OP_GATE_UP, OP_LM_HEAD, OP_O_PROJ, OP_RMS_QKV,
-                  OP_ROPE_KV, OP_ROUTER, OP_TOPK, ROW0, ROWS, SPLITS, TARGET0, TARGET1, UNIT,
-                  WAIT0, WAIT1, WIDTH)
+from .isa import (ARG, BUMP, BUMP2, IDX, K0, KLEN, LAYER, LTARGET, LWAIT, NONE, OP,
+                  OP_ARGMAX, OP_ATTN_FUSED, OP_ATTN_MERGE, OP_ATTN_PARTIAL, OP_DOWN,
+                  OP_EMBED, OP_END, OP_EXPERT_DOWN, OP_EXPERT_GATE_UP, OP_GATE_UP,
+                  OP_LM_HEAD, OP_O_PROJ, OP_RMS_QKV, OP_ROPE_KV, OP_ROUTER, OP_TOPK, ROW0,
+                  ROWS, SPLITS, TARGET0, TARGET1, UNIT, WAIT0, WAIT1, WIDTH)
 
 MIN_UNIT = 16         # fewest positions a split's share is counted in
 INSTR_TILES = 2       # an instruction's fixed cost, in weight tiles (``down_splits``)
@@ -111,10 +119,11 @@ class Schedule:
 
 # ---- rows and counters -------------------------------------------------------------------
 def instr(op, layer=NONE, row0=0, rows=0, k0=0, klen=0, waits=(), bump=NONE, arg=0,
-          idx=0, splits=0, unit=0, lwait=(NONE, 0)) -> list[int]:
+          idx=0, splits=0, unit=0, lwait=(NONE, 0), bump2=NONE) -> list[int]:
     """One instruction row; ``waits``: up to two (counter, target) pairs; ``lwait``: the
-    loader's (counter, target)."""
+    loader's (counter, target); ``bump2``: ATTN_FUSED's merge counter."""
     r = [0] * WIDTH
+    r[BUMP2] = bump2
     (w0, t0), (w1, t1) = (list(waits) + [(NONE, 0)] * 2)[:2]
     for f, v in ((OP, op), (LAYER, layer), (ROW0, row0), (ROWS, rows), (K0, k0),
                  (KLEN, klen), (WAIT0, w0), (TARGET0, t0), (WAIT1, w1), (TARGET1, t1),
@@ -191,12 +200,26 @@ def gemv_stage(op, layer, n, K, P, tile_n, ctr, name, after) -> list[list[int]]:
             for i, (r0, rows) in enumerate(blocks(n, P, tile_n))]
 
 
-def attention_stages(s, l, P, ctx, tile_n, ctr, after):
+def attention_stages(s, l, P, ctx, tile_n, ctr, after, fused=False):
     """RMS+QKV, RoPE+KV, partials, merges, O (+ residual); and (O counter, count). With
-    the q/k norm each RoPE sums the QKV blocks' partial squares (SPLITS of them)."""
+    the q/k norm each RoPE sums the QKV blocks' partial squares (SPLITS of them).
+    ``fused``: RMS+QKV, the fused partials (RoPE inside, the last of each kv head's
+    splits merging its heads: ATTN_FUSED), O: two stages fewer."""
     g = s.heads // s.kv_heads
     qkv = gemv_stage(OP_RMS_QKV, l, s.qkv_size, s.hidden, P, tile_n, ctr, f"qkv.{l}", after)
     done = (counter(ctr, f"qkv.{l}"), len(qkv))
+    if fused:
+        if s.qk_norm:
+            raise ScheduleError("the fused attention has no q/k norm")
+        splits, unit = attention_split(ctx, P, s.kv_heads)
+        merged = counter(ctr, f"merge.{l}")
+        part = [instr(OP_ATTN_FUSED, l, kh, g, waits=[done],
+                      bump=counter(ctr, f"part.{l}.{kh}"), arg=sp, idx=kh * splits + sp,
+                      splits=splits, unit=unit, bump2=merged)
+                for kh in range(s.kv_heads) for sp in range(splits)]
+        o = gemv_stage(OP_O_PROJ, l, s.hidden, s.q_size, P, tile_n, ctr, f"o.{l}",
+                       (merged, s.kv_heads))
+        return [qkv, part, o], (counter(ctr, f"o.{l}"), len(o))
     rope = [instr(OP_ROPE_KV, l, kh, 1, waits=[done], bump=counter(ctr, f"rope.{l}.{kh}"),
                   idx=kh, splits=len(qkv) if s.qk_norm else 0) for kh in range(s.kv_heads)]
     splits, unit = attention_split(ctx, P, s.kv_heads)
@@ -266,12 +289,13 @@ def head_stages(s, P, tile_n, ctr, after):
     return [lm, [instr(OP_ARGMAX, rows=len(lm), waits=[(counter(ctr, "lm"), len(lm))])]]
 
 
-def stages(spec, P: int, ctx: int, tile_n: int, tile_k: int, ctr: dict) -> list[list]:
+def stages(spec, P: int, ctx: int, tile_n: int, tile_k: int, ctr: dict,
+           fused: bool = False) -> list[list]:
     """Every stage of the step in order, each a list of instruction rows."""
     out = [[instr(OP_EMBED, row0=0, rows=spec.hidden, bump=counter(ctr, "embed"))]]
     after = (counter(ctr, "embed"), 1)
     for l in range(spec.layers):
-        att, after = attention_stages(spec, l, P, ctx, tile_n, ctr, after)
+        att, after = attention_stages(spec, l, P, ctx, tile_n, ctr, after, fused)
         mlp, after = (moe_stages if spec.is_moe else mlp_stages)(spec, l, P, tile_n, tile_k,
                                                                  ctr, after)
         out += att + mlp
@@ -279,15 +303,16 @@ def stages(spec, P: int, ctx: int, tile_n: int, tile_k: int, ctr: dict) -> list[
 
 
 def build(spec, P: int, ctx: int, tile_n: int = 16, tile_k: int = 256,
-          hold: int = HOLD) -> Schedule:
+          hold: int = HOLD, fused: bool = False) -> Schedule:
     """The schedule of one decode step of ``spec`` on P SMs, planned at ``ctx`` keys;
-    ``hold``: the held stages a loader fills before the router's wait (MoE). The
+    ``hold``: the held stages a loader fills before the router's wait (MoE);
+    ``fused``: the attention as ATTN_FUSED (the one-launch kernel's lists). The
     balance needs each instruction's bytes and the hoists its tiles: both are ``loads``,
     which imports this module, so they are imported here."""
     from .loads import row_bytes, set_hoists
 
     ctr: dict[str, int] = {}
-    st = stages(spec, P, ctx, tile_n, tile_k, ctr)
+    st = stages(spec, P, ctx, tile_n, tile_k, ctr, fused)
     sched = Schedule(spec, torch.zeros(0), list(ctr), ctx, tile_n, tile_k, hold)
     lists = assign(st, P, lambda r: row_bytes(sched, r))
     for rows in lists:

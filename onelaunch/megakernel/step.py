@@ -25,6 +25,7 @@ from .mlp_stream import KB, TK, TN, box_view, down_boxes, gate_up_boxes, smem_la
 ERR = 4                    # err[pid] = (instruction + 1, counter, value seen, target)
 BT = 16                    # keys an attention partial takes a block
 SB = 64                    # splits a merge takes a chunk
+SBF = 16                   # splits a fused merge takes a chunk (all G heads at once)
 EB = 1024                  # columns an embedding copy takes a block
 TIMEOUT_NS = 200_000_000   # a counter wait's bound: 0.2 s
 
@@ -60,12 +61,14 @@ def refusal(spec) -> str | None:
     return None
 
 
-def plan_schedule(spec, P: int, ctx: int) -> schedule.Schedule:
+def plan_schedule(spec, P: int, ctx: int, fused: bool = True) -> schedule.Schedule:
     """The lists the kernel runs (and the VM checks): ``schedule.build`` with the
     kernel's tiles (TN rows), planned at ``ctx`` or at least ``plan_ctx`` (every split SM
     pair gets MIN_UNIT keys, so a short context gives each split one block of keys); the
-    kernel's down projection takes all of K an instruction, so it must not be split."""
-    sched = schedule.build(spec, P, max(ctx, plan_ctx(spec, P)), tile_n=TN, tile_k=TK)
+    kernel's down projection takes all of K an instruction, so it must not be split.
+    ``fused``: the attention as ATTN_FUSED (two stages a layer, not four)."""
+    sched = schedule.build(spec, P, max(ctx, plan_ctx(spec, P)), tile_n=TN, tile_k=TK,
+                           fused=fused)
     rows = sched.instr.view(-1, isa.WIDTH)
     down = rows[rows[:, isa.OP] == isa.OP_DOWN]
     if (down[:, isa.KLEN] != spec.intermediate).any():
@@ -90,7 +93,8 @@ class MegaStep:
     chain's last kernel does)."""
 
     def __init__(self, engine, P: int | None = None, ctx: int = 512, stages: int = 4,
-                 num_warps: int = 4, timeout_ns: int = TIMEOUT_NS, clock: bool = False):
+                 num_warps: int = 4, timeout_ns: int = TIMEOUT_NS, clock: bool = False,
+                 fused: bool = True):
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
         e, s = engine, engine.spec
         why = refusal(s)
@@ -98,7 +102,7 @@ class MegaStep:
             raise ValueError(why)
         dev = e.device
         self.P = P or torch.cuda.get_device_properties(dev).multi_processor_count
-        self.sched = plan_schedule(s, self.P, ctx)
+        self.sched = plan_schedule(s, self.P, ctx, fused)
         self.prog = self.sched.instr.to(dev)
         self.n_instr = self.prog.shape[1]
         self.n_ctr = len(self.sched.counters)
@@ -119,7 +123,8 @@ class MegaStep:
                   box(self.w["dn"], 2 * KB), box(self.w["dn"], self.tail or 2 * KB),
                   box(W["lm_head"], KB)]
         rows = self.sched.instr.view(-1, isa.WIDTH)
-        self.spmax = splits = int(rows[rows[:, isa.OP] == isa.OP_ATTN_PARTIAL, isa.SPLITS].max())
+        part = torch.isin(rows[:, isa.OP], torch.tensor([isa.OP_ATTN_PARTIAL, isa.OP_ATTN_FUSED]))
+        self.spmax = splits = int(rows[part, isa.SPLITS].max())
         f32 = torch.float32
         z = lambda *shape, dt=torch.bfloat16: torch.zeros(shape, dtype=dt, device=dev)
         self.qkv, self.q, self.attn = z(s.qkv_size), z(s.q_size), z(s.q_size)
@@ -177,7 +182,7 @@ class MegaStep:
 def constexprs(s, P, n_ctr, stages, num_warps, clock, kg, gt, nf, tail) -> dict:
     g = s.heads // s.kv_heads
     return dict(KB_=KB, KG=kg, GT=gt, NF=nf, TAIL=tail, STAGES=stages, WIDTH=isa.WIDTH, G=g,
-                GP=triton.next_power_of_2(g), D=s.head_dim, HKV=s.kv_heads, BT=BT, SB=SB,
+                GP=triton.next_power_of_2(g), D=s.head_dim, HKV=s.kv_heads, BT=BT, SB=SB, SBF=SBF,
                 NPB=triton.next_power_of_2(P), EB=EB, BIAS=int(s.qkv_bias),
                 CTR_BLOCK=triton.next_power_of_2(n_ctr + 1),
                 CLOCK=int(clock), num_warps=num_warps)

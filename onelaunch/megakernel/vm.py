@@ -37,14 +37,13 @@ import torch
 from ..oracle import rope_cos_sin
 from ..specs import get_spec
 from ..weights import pack_weights
-from .isa import (BUMP, IDX, LAYER, NONE, OP, OP_ATTN_PARTIAL, OP_DOWN, OP_EXPERT_DOWN,
-                  OP_LM_HEAD, OP_RMS_QKV, OPCODES, ROW0, SPLITS, TARGET0, TARGET1, WAIT0,
-                  WAIT1)
+from .isa import (BUMP, IDX, LAYER, NONE, OP, OP_ATTN_FUSED, OP_ATTN_PARTIAL, OP_DOWN,
+                  OP_EXPERT_DOWN, OP_LM_HEAD, OP_RMS_QKV, OPCODES, ROW0, SPLITS, TARGET0,
+                  TARGET1, WAIT0, WAIT1)
 from .loads import TOKEN_ROW, split_slot, stream, tiles
-from .vm_ops import ALL, BF16, F32, I64, OPS
+from .vm_ops import ALL, BF16, F32, I64, OPS, STEP
 
 UNWRITTEN, BEFORE = -1, -2        # an element's writer: none yet this step / an earlier step
-STEP = ("step",)
 
 
 class VMError(RuntimeError):
@@ -194,7 +193,8 @@ class Machine:
         per layer its ids and weights, h per (slot, row), the QKV blocks' q/k squares."""
         s, A = self.spec, 2 * sched.P
         rows = [r for sm in range(sched.P) for r in sched.rows(sm)]
-        splits = max([r[SPLITS] for r in rows if r[OP] == OP_ATTN_PARTIAL] or [1])
+        splits = max([r[SPLITS] for r in rows if r[OP] in (OP_ATTN_PARTIAL, OP_ATTN_FUSED)]
+                     or [1])
         k_splits = max([r[SPLITS] for r in rows if r[OP] in (OP_DOWN, OP_EXPERT_DOWN)] or [1])
         n_lm = sum(r[OP] == OP_LM_HEAD for r in rows)
         n_qkv = sum(r[OP] == OP_RMS_QKV and r[LAYER] == 0 for r in rows)
@@ -341,11 +341,20 @@ class Machine:
             w() if callable(w) else self.write(c, *w)
 
     def bump(self, c: Core, row):
-        if row[BUMP] != NONE:
+        self.bump_counter(c, row[BUMP])
+
+    def bump_counter(self, c: Core, ctr: int):
+        """Add 1 to counter ``ctr`` (NONE: nothing), releasing ``c``'s clock into it."""
+        if ctr != NONE:
             c.tick()
-            self.counters[row[BUMP]] += 1
-            self.dirty.update(dict.fromkeys(self.waiting.pop(row[BUMP], [])))
-            torch.maximum(self.cvc[row[BUMP]], c.vc, out=self.cvc[row[BUMP]])
+            self.counters[ctr] += 1
+            self.dirty.update(dict.fromkeys(self.waiting.pop(ctr, [])))
+            torch.maximum(self.cvc[ctr], c.vc, out=self.cvc[ctr])
+
+    def acquire(self, c: Core, ctr: int):
+        """``c`` read counter ``ctr`` with acquire (an atomic's old value): every access
+        released into it is ordered before ``c``'s next."""
+        torch.maximum(c.vc, self.cvc[ctr], out=c.vc)
 
     def reset(self, c: Core, row):
         """ARGMAX's release: every counter back to zero, once every other SM's last bump

@@ -20,12 +20,14 @@ import torch
 import torch.nn.functional as F
 
 from ..oracle import apply_rope, rms_norm
-from .isa import ARG, IDX, K0, KLEN, LAYER, OP_END, OPCODES, ROW0, ROWS, SPLITS, UNIT
+from .isa import (ARG, BUMP, BUMP2, IDX, K0, KLEN, LAYER, OP_END, OPCODES, ROW0, ROWS,
+                  SPLITS, UNIT)
 from .loads import split_slot, tiles
 from .schedule import split_range
 
 BF16, F32, I64 = torch.bfloat16, torch.float32, torch.int64
 ALL = (slice(None),)
+STEP = ("step",)      # a scheduling point: the VM may switch actors here
 
 
 def rms(x: torch.Tensor, g: torch.Tensor, eps: float) -> torch.Tensor:
@@ -105,20 +107,46 @@ def qk_normed(m, c, row, q, k):
     return q, k
 
 
-def op_rope_kv(m, c, row):
-    s, l, kh = m.spec, row[LAYER], row[ROW0]
+def roped(m, c, row, pos):
+    """The instruction's kv head's G query heads and its new key RoPE'd (HF's bf16 RoPE;
+    OLMoE's q/k norm first), and its new value, from qkv."""
+    s, kh = m.spec, row[ROW0]
     D, g = s.head_dim, s.heads // s.kv_heads
-    pos = int(m.read(c, "pos", (0,)))
     at = lambda off, i, n: (slice(off + i * D, off + (i + n) * D),)
     q = m.read(c, "qkv", at(0, kh * g, g)).view(g, D)
     k = m.read(c, "qkv", at(s.q_size, kh, 1)).view(D)
     v = m.read(c, "qkv", at(s.q_size + s.kv_size, kh, 1))
     if s.qk_norm:
         q, k = qk_normed(m, c, row, q, k)
-    cos, sin = m.cos[pos:pos + 1], m.sin[pos:pos + 1]          # HF's bf16 RoPE
-    q, k = apply_rope(q[None], cos, sin)[0], apply_rope(k.view(1, 1, D), cos, sin)[0, 0]
+    cos, sin = m.cos[pos:pos + 1], m.sin[pos:pos + 1]
+    return apply_rope(q[None], cos, sin)[0], apply_rope(k.view(1, 1, D), cos, sin)[0, 0], v
+
+
+def op_rope_kv(m, c, row):
+    s, l, kh = m.spec, row[LAYER], row[ROW0]
+    g = s.heads // s.kv_heads
+    pos = int(m.read(c, "pos", (0,)))
+    q, k, v = roped(m, c, row, pos)
     yield from m.finish(c, row, ("q", (slice(kh * g, kh * g + g),), q),
                         ("k_cache", (l, kh, pos), k), ("v_cache", (l, kh, pos), v))
+
+
+def partial(q, K, V, D: int):
+    """Split-K attention's partial state of queries q [g, D] over keys K, values V [T,
+    D] (fp32; bf16 probabilities into P @ V): (max, sum of exp, unnormalised output)."""
+    g = q.shape[0]
+    if K.shape[0] == 0:
+        return torch.full((g,), float("-inf")), torch.zeros(g), torch.zeros(g, D)
+    sc = (q.float() @ K.float().T) * D ** -0.5                     # [g, T]
+    mx = sc.amax(1)
+    p = torch.exp(sc - mx[:, None])
+    return mx, p.sum(1), p.to(BF16).float() @ V.float()
+
+
+def merged(mx, lsum, o):
+    """One head's partials [splits] merged: sum_s w_s o_s / sum_s w_s l_s, bf16."""
+    w = torch.exp(mx - mx.max())                                    # [splits]
+    return ((w[:, None] * o).sum(0) / (w * lsum).sum()).to(BF16)
 
 
 def op_attn_partial(m, c, row):
@@ -127,24 +155,50 @@ def op_attn_partial(m, c, row):
     a, b = split_range(pos + 1, sp, row[SPLITS], row[UNIT])     # this step's share
     heads = (slice(kh * g, kh * g + g), sp)
     q = m.read(c, "q", heads[:1]).float()                          # [g, D]
-    mx, lsum, o = torch.full((g,), float("-inf")), torch.zeros(g), torch.zeros(g, s.head_dim)
-    if a < b:
-        K = m.read(c, "k_cache", (l, kh, slice(a, b))).float()     # [T, D]
-        V = m.read(c, "v_cache", (l, kh, slice(a, b))).float()
-        sc = (q @ K.T) * s.head_dim ** -0.5                         # [g, T]
-        mx = sc.amax(1)
-        p = torch.exp(sc - mx[:, None])
-        lsum, o = p.sum(1), p.to(BF16).float() @ V
+    K = m.read(c, "k_cache", (l, kh, slice(a, b))) if a < b else torch.zeros(0, s.head_dim)
+    V = m.read(c, "v_cache", (l, kh, slice(a, b))) if a < b else torch.zeros(0, s.head_dim)
+    mx, lsum, o = partial(q, K, V, s.head_dim)
     yield from m.finish(c, row, ("part_m", heads, mx), ("part_l", heads, lsum),
                         ("part_o", heads, o))
 
 
 def op_attn_merge(m, c, row):
     h, n, D = row[ROW0], row[SPLITS], m.spec.head_dim
-    mx, lsum, o = (m.read(c, k, (h, slice(0, n))) for k in ("part_m", "part_l", "part_o"))
-    w = torch.exp(mx - mx.max())                                    # [splits]
-    out = ((w[:, None] * o).sum(0) / (w * lsum).sum()).to(BF16)
+    out = merged(*(m.read(c, k, (h, slice(0, n))) for k in ("part_m", "part_l", "part_o")))
     yield from m.finish(c, row, ("attn", (slice(h * D, h * D + D),), out))
+
+
+def op_attn_fused(m, c, row):
+    """RoPE, the partial (keys before pos from the cache, key pos its own), the new k/v
+    into the cache by the split that holds pos; then, if its bump completed the kv
+    head's splits, acquire and merge the group's heads, and bump BUMP2."""
+    s, l, kh, g, sp = m.spec, row[LAYER], row[ROW0], row[ROWS], row[ARG]
+    D, n = s.head_dim, row[SPLITS]
+    pos = int(m.read(c, "pos", (0,)))
+    q, k, v = roped(m, c, row, pos)
+    a, b = split_range(pos + 1, sp, n, row[UNIT])
+    old = slice(a, min(b, pos))
+    K = m.read(c, "k_cache", (l, kh, old)) if a < min(b, pos) else torch.zeros(0, D, dtype=BF16)
+    V = m.read(c, "v_cache", (l, kh, old)) if a < min(b, pos) else torch.zeros(0, D, dtype=BF16)
+    own = a <= pos < b
+    if own:
+        K, V = torch.cat([K, k.view(1, D)]), torch.cat([V, v.view(1, D)])
+    heads = (slice(kh * g, kh * g + g), sp)
+    mx, lsum, o = partial(q, K, V, D)
+    new = [("k_cache", (l, kh, pos), k), ("v_cache", (l, kh, pos), v)] if own else []
+    yield from m.finish(c, row, ("part_m", heads, mx), ("part_l", heads, lsum),
+                        ("part_o", heads, o), *new)
+    if int(m.counters[row[BUMP]]) != n:
+        return                                   # not the last of its kv head
+    m.acquire(c, row[BUMP])
+    outs = [("attn", (slice(h * D, h * D + D),),
+             merged(*(m.read(c, key, (h, slice(0, n))) for key in ("part_m", "part_l",
+                                                                  "part_o"))))
+            for h in range(kh * g, kh * g + g)]
+    yield STEP
+    m.store(c, outs)
+    yield STEP
+    m.bump_counter(c, row[BUMP2])
 
 
 def op_o_proj(m, c, row):
