@@ -5,7 +5,7 @@ replays bit-identical, and both steps timed alternately against the floor measur
 
     python lab/step_check.py OUT.json [--ctx 512,4000] [--tokens 32] [--iters 200]
                              [--stages 4] [--model qwen2.5-1.5b] [--clock PREFIX]
-                             [--unfused]
+                             [--fused]
     python lab/step_clock.py PREFIX_512.pt       # where the time goes, per layer and op
 """
 import argparse
@@ -45,7 +45,7 @@ def buffers_after_step(e, plan, pos, names):
     return {n: t.float().clone() for n, t in names().items()}
 
 
-def one_ctx(spec, w, ctx, tokens, iters, stages, bw, out, clock_to=None, fused=True):
+def one_ctx(spec, w, ctx, tokens, iters, stages, bw, out, clock_to=None, fused=False):
     g = torch.Generator().manual_seed(ctx)
     prompt = torch.randint(0, spec.vocab, (ctx,), generator=g)
     max_ctx = run_ctx(ctx, tokens, iters)
@@ -122,19 +122,19 @@ def main():
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--stages", type=int, default=4)
-    ap.add_argument("--unfused", action="store_true",
-                    help="the four-stage attention (RoPE, partials, merges as their own)")
+    ap.add_argument("--fused", action="store_true",
+                    help="the attention as ATTN_FUSED (two stages a layer, not four)")
     ap.add_argument("--clock", default=None, help="save the clock stamps to CLOCK_<ctx>.pt")
     a = ap.parse_args()
     spec = get_spec(a.model)
     w = random_weights(a.model, 0, device="cuda")
     bw = run_bandwidth("cuda")
-    res = {"model": a.model, "read_tbps": bw, "stages": a.stages, "fused": not a.unfused,
+    res = {"model": a.model, "read_tbps": bw, "stages": a.stages, "fused": a.fused,
            "runs": {}}
     for ctx in (int(c) for c in a.ctx.split(",")):
         r = res["runs"][ctx] = {}
         try:
-            one_ctx(spec, w, ctx, a.tokens, a.iters, a.stages, bw, r, a.clock, not a.unfused)
+            one_ctx(spec, w, ctx, a.tokens, a.iters, a.stages, bw, r, a.clock, a.fused)
         except Exception as ex:                   # keep what was measured
             r["error"] = f"{type(ex).__name__}: {ex}"
         json.dump(res, open(a.out, "w"), indent=1)

@@ -74,13 +74,13 @@ def _loader(prog_ptr, n_instr, d_qkv, d_o, d_gu, d_dn, d_dt, d_lm, ring, ring_dn
     TN_: gl.constexpr = d_gu.block_type.shape[0]
     KD: gl.constexpr = d_dn.block_type.shape[1]
     base = prog_ptr + gl.program_id(0) * n_instr * WIDTH
-    hl: gl.constexpr = gl.BlockedLayout([32], [32], [1], [0])
-    f16 = gl.arange(0, 32, hl)
+    hl: gl.constexpr = gl.BlockedLayout([16], [32], [1], [0])
+    f16 = gl.arange(0, 16, hl)
     nxt = gl.load(base + f16)
     t = 0
     for i in range(n_instr):
         hdr = nxt
-        nxt = gl.load(base + (i + 1) * WIDTH + f16, mask=(i + 1 < n_instr) & (f16 < 32),
+        nxt = gl.load(base + (i + 1) * WIDTH + f16, mask=(i + 1 < n_instr) & (f16 < 16),
                       other=0)
         op = _field(hdr, f16, 0)
         layer = _field(hdr, f16, 1)
@@ -454,7 +454,8 @@ def _compute(prog_ptr, n_instr, ring, ring_dk, ring_tk, ready, empty, vec, x_ptr
              WIDTH: gl.constexpr, TN_: gl.constexpr, TK_: gl.constexpr, G: gl.constexpr,
              GP: gl.constexpr, D: gl.constexpr, HKV: gl.constexpr, BT: gl.constexpr,
              SB: gl.constexpr, SBF: gl.constexpr, NPB: gl.constexpr, EB: gl.constexpr,
-             BIAS: gl.constexpr, CLOCK: gl.constexpr, num_warps: gl.constexpr):
+             BIAS: gl.constexpr, FUSED: gl.constexpr, CLOCK: gl.constexpr,
+             num_warps: gl.constexpr):
     # a row box [TN, kb, TK]: rows over the warps, K tiles in each thread's registers,
     # columns over a warp's lanes, 8 a lane (16-byte shared loads)
     l3: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 1, 32], [num_warps, 1, 1], [2, 1, 0])
@@ -485,14 +486,15 @@ def _compute(prog_ptr, n_instr, ring, ring_dk, ring_tk, ready, empty, vec, x_ptr
     v_full = vec._reinterpret(gl.bfloat16, [NF, NW, KD // NW, TK_], pl3)
     # an instruction's header (its first 16 fields) in every thread's registers, the
     # next one asked for while this one runs (the list is read once a step: DRAM)
-    hl: gl.constexpr = gl.BlockedLayout([32], [32], [num_warps], [0])
-    f16 = gl.arange(0, 32, hl)
+    HDR: gl.constexpr = 32 if FUSED else 16            # BUMP2 is field 18
+    hl: gl.constexpr = gl.BlockedLayout([HDR], [32], [num_warps], [0])
+    f16 = gl.arange(0, HDR, hl)
     nxt = gl.load(base + f16)
     t = 0
     failed = 0
     for i in range(n_instr):
         hdr = nxt
-        nxt = gl.load(base + (i + 1) * WIDTH + f16, mask=(i + 1 < n_instr) & (f16 < 32),
+        nxt = gl.load(base + (i + 1) * WIDTH + f16, mask=(i + 1 < n_instr) & (f16 < HDR),
                       other=0)
         op = _field(hdr, f16, 0)
         layer = _field(hdr, f16, 1)
@@ -507,7 +509,6 @@ def _compute(prog_ptr, n_instr, ring, ring_dk, ring_tk, ready, empty, vec, x_ptr
         idx = _field(hdr, f16, 12)
         splits = _field(hdr, f16, 13)
         unit = _field(hdr, f16, 14)
-        bump2 = _field(hdr, f16, 18)
         if CLOCK:
             gl.store(clk + i * 4, _now())
         if (w0 >= 0) & (op != 2) & (op != 3) & (op != 15):   # these wait in their code
@@ -638,11 +639,13 @@ def _compute(prog_ptr, n_instr, ring, ring_dk, ring_tk, ready, empty, vec, x_ptr
         elif op == 10:                                # EMBED
             _op_embed(row0, rows, pos_ptr, seq_ptr, emb_ptr, x_ptr, H, EB, num_warps)
         elif op == 15:                                # ATTN_FUSED (bumps in its code)
-            failed = _op_attn_fused(layer, row0, arg, splits, unit, bump, bump2, pos_ptr,
-                                    qkv_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr, pm_ptr, pl_ptr,
-                                    po_ptr, attn_ptr, SPMAX, MAXCTX, HQ, KVS, scale, ctr_ptr,
-                                    w0, t0, timeout_ns, failed, err, i, G, GP, D, HKV, BT,
-                                    SBF, num_warps)
+            if FUSED:                                 # compiled only for fused lists
+                failed = _op_attn_fused(layer, row0, arg, splits, unit, bump,
+                                        _field(hdr, f16, 18), pos_ptr, qkv_ptr, kc_ptr,
+                                        vc_ptr, cos_ptr, sin_ptr, pm_ptr, pl_ptr, po_ptr,
+                                        attn_ptr, SPMAX, MAXCTX, HQ, KVS, scale, ctr_ptr, w0,
+                                        t0, timeout_ns, failed, err, i, G, GP, D, HKV, BT,
+                                        SBF, num_warps)
         if (bump >= 0) & (op != 15):                  # every thread's stores, then release
             gl.thread_barrier()
             gl.atomic_add(ctr_ptr + bump, 1, sem="release", scope="gpu")
@@ -660,8 +663,8 @@ def step_kernel(prog_ptr, n_instr, d_qkv, d_o, d_gu, d_dn, d_dt, d_lm, x_ptr, qk
                 STAGES: gl.constexpr, WIDTH: gl.constexpr, G: gl.constexpr,
                 GP: gl.constexpr, D: gl.constexpr, HKV: gl.constexpr, BT: gl.constexpr,
                 SB: gl.constexpr, SBF: gl.constexpr, NPB: gl.constexpr, EB: gl.constexpr,
-                BIAS: gl.constexpr, CTR_BLOCK: gl.constexpr, CLOCK: gl.constexpr,
-                num_warps: gl.constexpr):
+                BIAS: gl.constexpr, FUSED: gl.constexpr, CTR_BLOCK: gl.constexpr,
+                CLOCK: gl.constexpr, num_warps: gl.constexpr):
     TN_: gl.constexpr = d_gu.block_type.shape[0]
     TK_: gl.constexpr = d_gu.block_type.shape[2]
     # a stage: two slots of [TN, KB_, TK] (two row blocks, or gate and up), or the same
@@ -692,7 +695,7 @@ def step_kernel(prog_ptr, n_instr, d_qkv, d_o, d_gu, d_dn, d_dt, d_lm, x_ptr, qk
                     emb_ptr, gin_ptr, gpost_ptr, gfin_ptr, bqkv_ptr, ctr_ptr, err_ptr, clk_ptr,
                     H, I, QKV, HQ, KVS, SPMAX, MAXCTX, eps, scale, timeout_ns, KG, GT, NF, KD,
                     TAIL, STAGES, WIDTH, TN_, TK_, G, GP, D, HKV, BT, SB, SBF, NPB, EB,
-                    BIAS, CLOCK, num_warps)),
+                    BIAS, FUSED, CLOCK, num_warps)),
         (_loader, (prog_ptr, n_instr, d_qkv, d_o, d_gu, d_dn, d_dt, d_lm, ring, ring_dn,
                    ring_dt, ready, empty, L, H, I, QKV, V, NF, TAIL, STAGES, WIDTH))],
         [1], [48])

@@ -61,7 +61,7 @@ def refusal(spec) -> str | None:
     return None
 
 
-def plan_schedule(spec, P: int, ctx: int, fused: bool = True) -> schedule.Schedule:
+def plan_schedule(spec, P: int, ctx: int, fused: bool = False) -> schedule.Schedule:
     """The lists the kernel runs (and the VM checks): ``schedule.build`` with the
     kernel's tiles (TN rows), planned at ``ctx`` or at least ``plan_ctx`` (every split SM
     pair gets MIN_UNIT keys, so a short context gives each split one block of keys); the
@@ -94,7 +94,7 @@ class MegaStep:
 
     def __init__(self, engine, P: int | None = None, ctx: int = 512, stages: int = 4,
                  num_warps: int = 4, timeout_ns: int = TIMEOUT_NS, clock: bool = False,
-                 fused: bool = True):
+                 fused: bool = False):
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
         e, s = engine, engine.spec
         why = refusal(s)
@@ -107,7 +107,7 @@ class MegaStep:
         self.n_instr = self.prog.shape[1]
         self.n_ctr = len(self.sched.counters)
         self.e, self.stages, self.num_warps, self.timeout_ns = e, stages, num_warps, timeout_ns
-        self.clock = clock
+        self.clock, self.fused = clock, fused
         W = e.W
         self.w = {"qkv": stacked(W, "w_qkv"), "o": stacked(W, "w_o"),
                   "gu": stacked(W, "w_gate_up"), "dn": stacked(W, "w_down")}
@@ -157,7 +157,7 @@ class MegaStep:
     def constexprs(self) -> dict:
         s = self.e.spec
         return constexprs(s, self.P, self.n_ctr, self.stages, self.num_warps, self.clock,
-                          self.kg, self.gt, self.nf, self.tail)
+                          self.kg, self.gt, self.nf, self.tail, self.fused)
 
     def launch(self):
         """This step as the engine plan's one entry."""
@@ -179,17 +179,17 @@ class MegaStep:
                                f"stalled")
 
 
-def constexprs(s, P, n_ctr, stages, num_warps, clock, kg, gt, nf, tail) -> dict:
+def constexprs(s, P, n_ctr, stages, num_warps, clock, kg, gt, nf, tail, fused) -> dict:
     g = s.heads // s.kv_heads
     return dict(KB_=KB, KG=kg, GT=gt, NF=nf, TAIL=tail, STAGES=stages, WIDTH=isa.WIDTH, G=g,
                 GP=triton.next_power_of_2(g), D=s.head_dim, HKV=s.kv_heads, BT=BT, SB=SB, SBF=SBF,
-                NPB=triton.next_power_of_2(P), EB=EB, BIAS=int(s.qkv_bias),
+                NPB=triton.next_power_of_2(P), EB=EB, BIAS=int(s.qkv_bias), FUSED=int(fused),
                 CTR_BLOCK=triton.next_power_of_2(n_ctr + 1),
                 CLOCK=int(clock), num_warps=num_warps)
 
 
 def aot(spec_name: str = "qwen2.5-1.5b", P: int = 132, stages: int = 4,
-        num_warps: int = 4) -> dict:
+        num_warps: int = 4, fused: bool = False) -> dict:
     """Compile for sm_90 on any machine (no GPU): the layouts, TMA and barriers hold."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -214,8 +214,8 @@ def aot(spec_name: str = "qwen2.5-1.5b", P: int = 132, stages: int = 4,
     ptrs.update({k: "i32" for k in ("L", "H", "I", "QKV", "HQ", "KVS", "V", "SPMAX",
                                     "MAXCTX")})
     ptrs.update(eps="fp32", scale="fp32", timeout_ns="i64", n_ctr="i32")
-    n_ctr = len(plan_schedule(s, P, 512).counters)
-    consts = constexprs(s, P, n_ctr, stages, num_warps, True, kg, gt, nf, tail)
+    n_ctr = len(plan_schedule(s, P, 512, fused).counters)
+    consts = constexprs(s, P, n_ctr, stages, num_warps, True, kg, gt, nf, tail, fused)
     sig = dict(ptrs, **{k: "constexpr" for k in consts})
     first_ptrs = [i for i, (k, v) in enumerate(ptrs.items()) if v.startswith("*")]
     attrs = {(i,): [["tt.divisibility", 16]] for i in first_ptrs}
@@ -234,9 +234,12 @@ def main(argv=None) -> int:
                                  description="compile the one-launch step for sm_90 (no GPU)")
     ap.add_argument("--aot", action="store_true", required=True)
     ap.add_argument("--stages", default="4")
+    ap.add_argument("--fused", default="0,1", help="the attention's forms: 0 four stages, "
+                    "1 fused (ATTN_FUSED)")
     a = ap.parse_args(argv)
     for st in (int(v) for v in a.stages.split(",")):
-        print(f"[gluon_step] sm_90 STAGES {st}: {aot(stages=st)}")
+        for f in (int(v) for v in a.fused.split(",")):
+            print(f"[gluon_step] sm_90 STAGES {st} fused {f}: {aot(stages=st, fused=bool(f))}")
     return 0
 
 
