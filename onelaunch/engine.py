@@ -32,6 +32,8 @@ the group's rung needs where partial sums meet.
 """
 from __future__ import annotations
 
+import sys
+
 import torch
 import torch.distributed
 
@@ -103,6 +105,10 @@ class Engine:
                 config.get("layer_persistent", self.device),
                 **(cfgs or {}).get("layer_persistent", {})), self.persist)["STAGES"]
         why = persistent_refusal(spec, attention, tp, stages) if persistent else None
+        if megakernel and self.device.type == "cuda" and device_refusal(self.device):
+            # off Hopper the chain runs (``paths`` says so), and one line says why
+            print(f"onelaunch: {device_refusal(self.device)}", file=sys.stderr)
+            megakernel = False
         if megakernel:
             why = megakernel_refusal(spec, self.device, attention, tp, persistent)
         if why:
@@ -134,7 +140,8 @@ class Engine:
                          else live_cap)
         # ---- the step: a list of launches; each builder asks for the buffers it needs --
         # (the one-launch step: megakernel/step.py, over this engine's buffers)
-        self.plan = [MegaStep(self).launch()] if megakernel else plan.build(self)
+        self.mega = MegaStep(self) if megakernel else None
+        self.plan = [self.mega.launch()] if megakernel else plan.build(self)
         self.graph = None
         self.paths = self.ran_paths()   # what the plan runs, read from its launches
         self.last_run: dict | None = None   # what the last generate/teacher_forced ran
@@ -378,6 +385,7 @@ class Engine:
                     and (done == 0 or ready - done >= read_every)):
                 on_tokens(self.seq[n + done: n + ready].tolist())
                 done = ready
+        self.check_stalls()
         out = self.seq[n: n + max_new_tokens].tolist()
         if on_tokens is not None and done < max_new_tokens:
             on_tokens(out[done:])
@@ -398,7 +406,14 @@ class Engine:
         self.last_run = {"prefill": "steps", "first_pos": 0, "last_pos": n + m - 2}
         for _ in range(n + m - 1):
             self.step(graph)
+        self.check_stalls()
         return self.argmax[n: n + m].cpu().long()
+
+    def check_stalls(self):
+        """The one-launch step's bounded waits: raise, naming the SM and counter, if one
+        ran out (its kernel then ran on without waiting: its tokens are not to be used)."""
+        if self.mega is not None:
+            self.mega.check_stalls()
 
     def adopt_cache(self, k_cache: torch.Tensor, v_cache: torch.Tensor, upto: int, tokens):
         """Start decoding at position ``upto`` from a cache filled elsewhere (the oracle's

@@ -94,3 +94,22 @@ def test_one_launch_step_passes_the_oracle_check():
         torch.cuda.synchronize()
         xs.append(e.x.clone())
     assert torch.equal(xs[0], xs[1])
+
+
+def test_a_stall_is_named_in_one_line():
+    """A wait that ran out of its bound (the kernel's err row: instruction + 1, counter,
+    value seen, target) raises naming the SM, the instruction and the counter."""
+    from types import SimpleNamespace
+
+    from onelaunch.megakernel.step import MegaStep
+    sched = plan_schedule(get_spec("qwen2.5-1.5b"), 132, 512)
+    mk = SimpleNamespace(err=torch.zeros(132, 4, dtype=torch.int32), sched=sched,
+                         n_ctr=len(sched.counters))
+    MegaStep.check_stalls(mk)                             # nothing stalled: no error
+    mk.err[7] = torch.tensor([12, 3, 5, 6])
+    mk.err[9] = torch.tensor([2, 1, 0, 1])
+    with pytest.raises(RuntimeError) as e:
+        MegaStep.check_stalls(mk)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("megakernel stalled: SM 7 instruction 11")
+    assert f"counter 3 ({sched.counters[3]}: saw 5, needs 6); 2 SMs stalled" in msg
