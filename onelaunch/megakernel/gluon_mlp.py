@@ -314,6 +314,54 @@ def _compute(prog_ptr, n_instr, ring_gm, ring_gt, ring_dk, ring_tk, ready, empty
 
 
 @gluon.jit
+def _down_views(ring, d_dn, d_dt, STAGES: gl.constexpr, NW: gl.constexpr):
+    """The ring's bytes as the down projection's boxes: one [TN, KD, TK] box a stage and
+    KD / TB tail boxes of [TN, TB, TK] a stage (the loader's views), and the same boxes
+    as [TN, NW, K tiles / NW, TK], their K tiles over the compute warps."""
+    TN_: gl.constexpr = d_dn.block_type.shape[0]
+    KD: gl.constexpr = d_dn.block_type.shape[1]
+    TK_: gl.constexpr = d_dn.block_type.shape[2]
+    TB: gl.constexpr = d_dt.block_type.shape[1]
+    ring_dn = ring._reinterpret(gl.bfloat16, [STAGES, TN_, KD, TK_], d_dn.layout)
+    ring_dt = ring._reinterpret(gl.bfloat16, [STAGES * (KD // TB), TN_, TB, TK_], d_dt.layout)
+    pl4: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=1,
+                                                order=[3, 2, 1, 0])
+    ring_dk = ring._reinterpret(gl.bfloat16, [STAGES, TN_, NW, KD // NW, TK_], pl4)
+    ring_tk = ring._reinterpret(gl.bfloat16, [STAGES * (KD // TB), TN_, NW, TB // NW, TK_],
+                                pl4)
+    return ring_dn, ring_dt, ring_dk, ring_tk
+
+
+@gluon.jit
+def _h_and_barriers(NF: gl.constexpr, KD: gl.constexpr, TAIL: gl.constexpr,
+                    TK_: gl.constexpr, STAGES: gl.constexpr):
+    """h of the down projection in shared memory (chunks of 4 K tiles), and the ring's
+    ready and empty barriers, initialised."""
+    vl: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=1,
+                                               order=[1, 0])
+    vec = gl.allocate_shared_memory(gl.bfloat16, [(NF * KD + TAIL) // 4, 4, TK_], vl)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=1)
+    return vec, ready, empty
+
+
+@gluon.jit
+def _reset_on_exit(ctr_ptr, n_ctr, CTR_BLOCK: gl.constexpr, num_warps: gl.constexpr):
+    """The last CTA out sets the counters (and the exit count, ``ctr[n_ctr]``) back to
+    zero for the next launch."""
+    gl.thread_barrier()
+    n_ctas = gl.num_programs(0)
+    old = gl.atomic_add(ctr_ptr + n_ctr, 1, sem="acq_rel", scope="gpu")
+    if old == n_ctas - 1:
+        zl: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
+        offs = gl.arange(0, CTR_BLOCK, zl)
+        gl.store(ctr_ptr + offs, gl.zeros([CTR_BLOCK], gl.int32, zl), mask=offs <= n_ctr)
+
+
+@gluon.jit
 def mlp_stream_kernel(prog_ptr, n_instr, wgu_desc, wgt_desc, wdn_desc, wdt_desc, x_ptr, g_ptr,
                       h_ptr, ctr_ptr, err_ptr, clk_ptr, I, H, eps, timeout_ns, n_ctr,
                       KB_: gl.constexpr, KG: gl.constexpr, GT: gl.constexpr,
@@ -335,29 +383,11 @@ def mlp_stream_kernel(prog_ptr, n_instr, wgu_desc, wgt_desc, wdn_desc, wdt_desc,
     TG: gl.constexpr = wgt_desc.block_type.shape[1]
     ring_gt = ring._reinterpret(gl.bfloat16, [2 * STAGES * (KB_ // TG), TN_, TG, TK_],
                                 wgt_desc.layout)
-    # the same bytes as one [TN, KD = 2 KB, TK] box a stage, for the down projection, and
-    # as KD / TAIL boxes of [TN, TAIL, TK] a stage for its tail (the first of them used)
+    # the same bytes as the down projection's boxes (the loader's and the compute's views)
+    ring_dn, ring_dt, ring_dk, ring_tk = _down_views(ring, wdn_desc, wdt_desc, STAGES,
+                                                     num_warps)
     KD: gl.constexpr = wdn_desc.block_type.shape[1]
-    ring_dn = ring._reinterpret(gl.bfloat16, [STAGES, TN_, KD, TK_], wdn_desc.layout)
-    TB: gl.constexpr = wdt_desc.block_type.shape[1]
-    ring_dt = ring._reinterpret(gl.bfloat16, [STAGES * (KD // TB), TN_, TB, TK_],
-                                wdt_desc.layout)
-    # the compute partition's view of the same down boxes: [TN, NW, K tiles / NW, TK]
-    NW: gl.constexpr = num_warps
-    pl4: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=1,
-                                                order=[3, 2, 1, 0])
-    ring_dk = ring._reinterpret(gl.bfloat16, [STAGES, TN_, NW, KD // NW, TK_], pl4)
-    ring_tk = ring._reinterpret(gl.bfloat16, [STAGES * (KD // TB), TN_, NW, TB // NW, TK_],
-                                pl4)
-    # h of the down projection, in chunks of 4 K tiles
-    vl: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=1,
-                                               order=[1, 0])
-    vec = gl.allocate_shared_memory(gl.bfloat16, [(NF * KD + TAIL) // 4, 4, TK_], vl)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(STAGES):
-        mbarrier.init(ready.index(s), count=1)
-        mbarrier.init(empty.index(s), count=1)
+    vec, ready, empty = _h_and_barriers(NF, KD, TAIL, TK_, STAGES)
     gl.warp_specialize([
         (_compute, (prog_ptr, n_instr, ring_gm, ring_gt, ring_dk, ring_tk, ready, empty, vec,
                     x_ptr, g_ptr, h_ptr, ctr_ptr, err_ptr, clk_ptr, I, H, eps, timeout_ns,
@@ -366,11 +396,4 @@ def mlp_stream_kernel(prog_ptr, n_instr, wgu_desc, wgt_desc, wdn_desc, wdt_desc,
         (_loader, (prog_ptr, n_instr, wgu_desc, wgt_desc, wdn_desc, wdt_desc, ring, ring_gm,
                    ring_gt, ring_dn, ring_dt, ready, empty, I, H, GT, GU_WHOLE, NF, TAIL,
                    STAGES, KB_, WIDTH))], [1], [48])
-    # the last CTA out sets the counters back to zero for the next launch
-    gl.thread_barrier()
-    n_ctas = gl.num_programs(0)
-    old = gl.atomic_add(ctr_ptr + n_ctr, 1, sem="acq_rel", scope="gpu")
-    if old == n_ctas - 1:
-        zl: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
-        offs = gl.arange(0, CTR_BLOCK, zl)
-        gl.store(ctr_ptr + offs, gl.zeros([CTR_BLOCK], gl.int32, zl), mask=offs <= n_ctr)
+    _reset_on_exit(ctr_ptr, n_ctr, CTR_BLOCK, num_warps)

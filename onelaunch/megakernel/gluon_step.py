@@ -35,8 +35,9 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
-from .gluon_mlp import (_dot_box_k, _dot_slice, _fill, _fill_one, _now, _stage_free,
-                        _stage_ready, _wait_counter)
+from .gluon_mlp import (_dot_box_k, _dot_slice, _down_views, _fill, _fill_one,
+                        _h_and_barriers, _now, _reset_on_exit, _stage_free, _stage_ready,
+                        _wait_counter)
 
 # opcodes (isa.py): the kernel's branches name them by value
 RMS_QKV, ROPE_KV, ATTN_PARTIAL, ATTN_MERGE, O_PROJ, GATE_UP, DOWN, LM_HEAD, ARGMAX, EMBED = (
@@ -143,6 +144,15 @@ def _row_dot(ring, slot, xn, xnt, KG: gl.constexpr, GT: gl.constexpr, TN_: gl.co
 
 
 @gluon.jit
+def _split_keys(length, sp, splits, unit):
+    """[start, end) of split ``sp``'s share of keys [0, length) and the units a split
+    takes (``schedule.split_range``): ceil(units / splits) units a split, in order."""
+    per = ((length + unit - 1) // unit + splits - 1) // splits
+    start = sp * per * unit
+    return start, gl.maximum(start, gl.minimum(start + per * unit, length)), per
+
+
+@gluon.jit
 def _rope(ptr, d, D: gl.constexpr, c, s, mask):
     """bf16 RoPE of the head rows at ``ptr`` (HF: bf16(bf16(x cos) + bf16(rot(x) sin)))."""
     x = gl.load(ptr + d, mask=mask, other=0.0, cache_modifier=".cg").to(gl.float32)
@@ -220,10 +230,7 @@ def _op_attn_partial(layer, kh, sp, splits, unit, pos_ptr, q_ptr, kc_ptr, vc_ptr
     kl: gl.constexpr = gl.SliceLayout(0, l3)              # [BT, D] keys / values
     ql: gl.constexpr = gl.SliceLayout(1, l3)              # [GP, D] queries / output
     pos = gl.load(pos_ptr, cache_modifier=".cg")
-    length = pos + 1
-    per = ((length + unit - 1) // unit + splits - 1) // splits
-    start = sp * per * unit
-    end = gl.maximum(start, gl.minimum(start + per * unit, length))
+    start, end, per = _split_keys(pos + 1, sp, splits, unit)
     tk = gl.arange(0, BT, gl.SliceLayout(1, kl))
     dk = gl.arange(0, D, gl.SliceLayout(0, kl))
     ts = gl.arange(0, BT, gl.SliceLayout(0, sl))
@@ -319,10 +326,7 @@ def _op_attn_fused(layer, kh, sp, splits, unit, bump, bump2, pos_ptr, qkv_ptr, k
     kl: gl.constexpr = gl.SliceLayout(0, l3)              # [BT, D] keys / values
     ql: gl.constexpr = gl.SliceLayout(1, l3)              # [GP, D] queries / output
     pos = gl.load(pos_ptr, cache_modifier=".cg")
-    length = pos + 1
-    per = ((length + unit - 1) // unit + splits - 1) // splits
-    start = sp * per * unit
-    end = gl.maximum(start, gl.minimum(start + per * unit, length))
+    start, end, per = _split_keys(pos + 1, sp, splits, unit)
     tk = gl.arange(0, BT, gl.SliceLayout(1, kl))
     dk = gl.arange(0, D, gl.SliceLayout(0, kl))
     ts = gl.arange(0, BT, gl.SliceLayout(0, sl))
@@ -373,7 +377,7 @@ def _op_attn_fused(layer, kh, sp, splits, unit, bump, bump2, pos_ptr, qkv_ptr, k
     gl.thread_barrier()
     done = gl.atomic_add(ctr_ptr + bump, 1, sem="acq_rel", scope="gpu")
     if done == splits - 1:                            # the last of the kv head: merge
-        live = gl.minimum(splits, (length + per * unit - 1) // (per * unit))
+        live = gl.minimum(splits, (pos + per * unit) // (per * unit))
         _merge_group(kh, live, pm_ptr, pl_ptr, po_ptr, attn_ptr, SPMAX, G, GP, D, SBF,
                      num_warps)
         gl.thread_barrier()
@@ -389,7 +393,7 @@ def _op_attn_merge(h, splits, unit, pos_ptr, pm_ptr, pl_ptr, po_ptr, attn_ptr, S
     max m), the running max rescaling the sums chunk to chunk."""
     l2: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [num_warps, 1], [1, 0])
     length = gl.load(pos_ptr, cache_modifier=".cg") + 1
-    per = ((length + unit - 1) // unit + splits - 1) // splits
+    _, _, per = _split_keys(length, 0, splits, unit)
     live = gl.minimum(splits, (length + per * unit - 1) // (per * unit))
     ss = gl.arange(0, SB, gl.SliceLayout(1, l2))
     dd = gl.arange(0, D, gl.SliceLayout(0, l2))
@@ -670,24 +674,9 @@ def step_kernel(prog_ptr, n_instr, d_qkv, d_o, d_gu, d_dn, d_dt, d_lm, x_ptr, qk
     # a stage: two slots of [TN, KB_, TK] (two row blocks, or gate and up), or the same
     # bytes as one [TN, KD = 2 KB_, TK] down box
     ring = gl.allocate_shared_memory(gl.bfloat16, [2 * STAGES, TN_, KB_, TK_], d_gu.layout)
+    ring_dn, ring_dt, ring_dk, ring_tk = _down_views(ring, d_dn, d_dt, STAGES, num_warps)
     KD: gl.constexpr = d_dn.block_type.shape[1]
-    ring_dn = ring._reinterpret(gl.bfloat16, [STAGES, TN_, KD, TK_], d_dn.layout)
-    TB: gl.constexpr = d_dt.block_type.shape[1]
-    ring_dt = ring._reinterpret(gl.bfloat16, [STAGES * (KD // TB), TN_, TB, TK_], d_dt.layout)
-    NW: gl.constexpr = num_warps
-    pl4: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=1,
-                                                order=[3, 2, 1, 0])
-    ring_dk = ring._reinterpret(gl.bfloat16, [STAGES, TN_, NW, KD // NW, TK_], pl4)
-    ring_tk = ring._reinterpret(gl.bfloat16, [STAGES * (KD // TB), TN_, NW, TB // NW, TK_],
-                                pl4)
-    vl: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=1,
-                                               order=[1, 0])
-    vec = gl.allocate_shared_memory(gl.bfloat16, [(NF * KD + TAIL) // 4, 4, TK_], vl)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(STAGES):
-        mbarrier.init(ready.index(s), count=1)
-        mbarrier.init(empty.index(s), count=1)
+    vec, ready, empty = _h_and_barriers(NF, KD, TAIL, TK_, STAGES)
     gl.warp_specialize([
         (_compute, (prog_ptr, n_instr, ring, ring_dk, ring_tk, ready, empty, vec, x_ptr,
                     qkv_ptr, q_ptr, attn_ptr, h_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr, pm_ptr,
@@ -699,11 +688,4 @@ def step_kernel(prog_ptr, n_instr, d_qkv, d_o, d_gu, d_dn, d_dt, d_lm, x_ptr, qk
         (_loader, (prog_ptr, n_instr, d_qkv, d_o, d_gu, d_dn, d_dt, d_lm, ring, ring_dn,
                    ring_dt, ready, empty, L, H, I, QKV, V, NF, TAIL, STAGES, WIDTH))],
         [1], [48])
-    # the last CTA out sets the counters back to zero for the next launch
-    gl.thread_barrier()
-    n_ctas = gl.num_programs(0)
-    old = gl.atomic_add(ctr_ptr + n_ctr, 1, sem="acq_rel", scope="gpu")
-    if old == n_ctas - 1:
-        zl: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
-        offs = gl.arange(0, CTR_BLOCK, zl)
-        gl.store(ctr_ptr + offs, gl.zeros([CTR_BLOCK], gl.int32, zl), mask=offs <= n_ctr)
+    _reset_on_exit(ctr_ptr, n_ctr, CTR_BLOCK, num_warps)

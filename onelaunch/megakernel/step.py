@@ -20,7 +20,8 @@ import triton
 
 from . import isa, schedule
 from .gluon_step import step_kernel
-from .mlp_stream import KB, TK, TN, box_view, down_boxes, gate_up_boxes, smem_layout
+from .mlp_stream import (KB, TK, TN, box_view, compile_sm90, down_boxes, gate_up_boxes,
+                         smem_layout)
 
 ERR = 4                    # err[pid] = (instruction + 1, counter, value seen, target)
 BT = 16                    # keys an attention partial takes a block
@@ -191,9 +192,6 @@ def constexprs(s, P, n_ctr, stages, num_warps, clock, kg, gt, nf, tail, fused) -
 def aot(spec_name: str = "qwen2.5-1.5b", P: int = 132, stages: int = 4,
         num_warps: int = 4, fused: bool = False) -> dict:
     """Compile for sm_90 on any machine (no GPU): the layouts, TMA and barriers hold."""
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
     from ..specs import get_spec
     s = get_spec(spec_name)
     lay = smem_layout()
@@ -217,16 +215,8 @@ def aot(spec_name: str = "qwen2.5-1.5b", P: int = 132, stages: int = 4,
     n_ctr = len(plan_schedule(s, P, 512, fused).counters)
     consts = constexprs(s, P, n_ctr, stages, num_warps, True, kg, gt, nf, tail, fused)
     sig = dict(ptrs, **{k: "constexpr" for k in consts})
-    first_ptrs = [i for i, (k, v) in enumerate(ptrs.items()) if v.startswith("*")]
-    attrs = {(i,): [["tt.divisibility", 16]] for i in first_ptrs}
-    k = triton.compile(GluonASTSource(step_kernel, sig, constexprs=consts, attrs=attrs),
-                       target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps))
-    ptx = k.asm["ptx"]
-    assert "cp.async.bulk.tensor" in ptx, "TMA loads"
-    assert "mbarrier" in ptx and "%globaltimer" in ptx
-    return {"shared": k.metadata.shared, "regs": getattr(k, "n_regs", None),
-            "spills": getattr(k, "n_spills", None),
-            "tma": ptx.count("cp.async.bulk.tensor"), "ptx_lines": ptx.count("\n")}
+    aligned = [i for i, v in enumerate(ptrs.values()) if v.startswith("*")]
+    return compile_sm90(step_kernel, sig, consts, aligned, num_warps)
 
 
 def main(argv=None) -> int:
