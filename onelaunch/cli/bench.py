@@ -29,10 +29,14 @@ def print_ladder(rows: list[dict], out=sys.stdout) -> None:
         ok = row_passes(r)
         ms = r.get("ms_per_token") if ok else None
         x = (ms / r["floor_ms"]) if ok and r.get("floor_ms") else None
-        agree = r.get("agree") or "ref"
-        if ok:
+        agree = r.get("agree") or ("none" if r.get("unchecked") else "ref")
+        if ok and r.get("unchecked"):        # llama.cpp: its own timing, no check possible
+            check = "no oracle check possible"
+        elif ok:
             check = "pass" if r.get("agree") is None or r.get("agree").split("/")[0] == \
                 r.get("agree").split("/")[1] else "near ties only"
+        elif r.get("skipped"):               # a peer that cannot run here (one line)
+            check = "skipped: " + r["skipped"]
         else:
             check = "REFUSED: " + (r.get("refused") or "oracle check failed")
         print(f"{r['model']:14} {r['rung']:16} {r['ctx']:>6} {_fmt(ms):>9} {_fmt(x, '.2f'):>8} "

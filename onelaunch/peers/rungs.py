@@ -18,6 +18,7 @@ from ..prompt import prompt_digest, random_prompt
 from ..weights import hf_model, random_weights
 from .hf import hf_generate_ms, hf_static_compiles, hf_teacher_forced, set_hf_attn
 from .hf import dynamo_graphs
+from .llama_cpp import LlamaBench
 from .oracle_step import (compiled_oracle_greedy, compiled_oracle_step,
                           compiled_oracle_step_ms, oracle_greedy, oracle_step_ms)
 
@@ -170,7 +171,7 @@ class OracleCompiled(Peer):
 
 PEERS: dict[str, Peer] = {p.name: p for p in (
     HFGenerate("HF eager", "eager", slow=True), HFGenerate("HF static", "static"),
-    OracleEager(), OracleCompiled())}
+    OracleEager(), OracleCompiled(), LlamaBench())}
 RUNGS = tuple(PEERS)      # the peer rungs, in the ladder's order
 
 
