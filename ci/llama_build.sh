@@ -7,8 +7,9 @@
 #                                         # media, tests, web UI) as .llama/src.tar.gz
 #                                         # (~10 MB: carry .llama/src.tar.gz to the GPU)
 #   bash ci/llama_build.sh build [ARCH]   # GPU machine, no network: unpack into
-#                                         # .llama/src, build .llama/build/bin/llama-bench
-#                                         # ARCH: 90-real (H200, default), 89-real (4090)
+#                                         # .llama/src, build
+#                                         # .llama/build/bin/llama-bench; ARCH:
+#                                         # 90-real (H200, default), 89-real (4090)
 # The build: CUDA backend (GGML_CUDA=ON) for ARCH only, curl, OpenSSL and the server
 # off, target llama-bench, 16 jobs (about 200 s on the GPU machine). gguf-py, which
 # writes the GGUFs, comes with the source: .llama/src/gguf-py (ci/gpu_run.sh puts it on
@@ -29,8 +30,10 @@ fetch)
   top=llama_cpp_python-$VERSION/vendor/llama.cpp
   tmp=$(mktemp -d)
   tar xzf "$D/sdist/llama_cpp_python-$VERSION.tar.gz" -C "$tmp" "$top"
-  grep -q "llama.cpp@0c1e57098" <(tar xzOf "$D/sdist/llama_cpp_python-$VERSION.tar.gz" \
-    "llama_cpp_python-$VERSION/CHANGELOG.md") || echo "[llama] warning: CHANGELOG names another commit"
+  log=llama_cpp_python-$VERSION/CHANGELOG.md
+  tar xzOf "$D/sdist/llama_cpp_python-$VERSION.tar.gz" "$log" \
+    | grep -q "llama.cpp@0c1e57098" \
+    || echo "[llama] warning: the sdist's CHANGELOG names another llama.cpp commit"
   src=$tmp/$top
   rm -rf "$src"/{models,docs,media,benches,tests,.github,.devops,tools/ui,examples/*/} \
     "$src"/tools/server/public* 2>/dev/null || true
@@ -41,7 +44,11 @@ fetch)
   ;;
 build)
   ARCH=${2:-90-real}
-  [ -f "$D/src.tar.gz" ] || { echo "[llama] no $D/src.tar.gz: run 'bash ci/llama_build.sh fetch' where there is network, carry .llama/src.tar.gz"; exit 1; }
+  if [ ! -f "$D/src.tar.gz" ]; then
+    echo "[llama] no $D/src.tar.gz: run 'bash ci/llama_build.sh fetch' where there is"
+    echo "        network, and carry .llama/src.tar.gz to this machine"
+    exit 1
+  fi
   rm -rf "$D/src" && mkdir -p "$D/src"
   tar xzf "$D/src.tar.gz" -C "$D/src" --strip-components=1
   cmake -S "$D/src" -B "$D/build" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \

@@ -36,7 +36,8 @@ def _expected_names(spec):
     per += (["ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"]
             if spec.is_moe else ["ffn_gate", "ffn_up", "ffn_down"])
     for i in range(spec.layers):
-        names += [f"blk.{i}.{p}" + ("" if p.endswith(".bias") else ".weight") for p in per]
+        names += [f"blk.{i}.{p}" + ("" if p.endswith(".bias") else ".weight")
+                  for p in per]
     return sorted(names)
 
 
@@ -54,21 +55,24 @@ def test_shapes_types_and_values(written):
     assert list(t["blk.1.attn_k.weight"].shape) == [H, spec.kv_size]
     assert t["blk.0.attn_q.weight"].tensor_type == gguf.GGMLQuantizationType.BF16
     assert t["blk.0.attn_norm.weight"].tensor_type == gguf.GGMLQuantizationType.F32
-    emb = torch.from_numpy(t["token_embd.weight"].data.copy()).view(torch.bfloat16).view(V, H)
+    emb = torch.from_numpy(t["token_embd.weight"].data.copy())
+    emb = emb.view(torch.bfloat16).view(V, H)
     assert torch.equal(emb, w["model.embed_tokens.weight"])              # the same bits
     norm = torch.from_numpy(t["blk.1.ffn_norm.weight"].data.copy())
-    assert torch.equal(norm, w["model.layers.1.post_attention_layernorm.weight"].float())
+    ref = w["model.layers.1.post_attention_layernorm.weight"].float()
+    assert torch.equal(norm, ref)
     if spec.is_moe:
         E = spec.experts
         assert list(t["blk.0.ffn_gate_exps.weight"].shape) == [H, I, E]
         assert list(t["blk.0.ffn_down_exps.weight"].shape) == [I, H, E]
         assert list(t["blk.0.ffn_gate_inp.weight"].shape) == [H, E]
-        assert t["blk.0.ffn_gate_inp.weight"].tensor_type == gguf.GGMLQuantizationType.F32
-        gu = w["model.layers.1.mlp.experts.gate_up_proj"]                     # [E, 2I, H]
+        router = t["blk.0.ffn_gate_inp.weight"]
+        assert router.tensor_type == gguf.GGMLQuantizationType.F32
+        gu = w["model.layers.1.mlp.experts.gate_up_proj"]           # [E, 2I, H]
         for name, half in (("ffn_gate_exps", gu[:, :I]), ("ffn_up_exps", gu[:, I:])):
             got = torch.from_numpy(t[f"blk.1.{name}.weight"].data.copy())
             assert torch.equal(got.view(torch.bfloat16).view(E, I, H), half), name
-        assert not torch.equal(gu[:, :I], gu[:, I:])            # the halves are told apart
+        assert not torch.equal(gu[:, :I], gu[:, I:])     # the halves differ
     else:
         assert list(t["blk.0.ffn_down.weight"].shape) == [I, H]
         assert list(t["blk.0.attn_q.bias"].shape) == [spec.q_size]
@@ -80,9 +84,11 @@ def test_metadata(written):
     f = {k: v.contents() for k, v in r.fields.items()}
     assert f["general.architecture"] == a and f["general.file_type"] == 32      # bf16
     assert (f[f"{a}.block_count"], f[f"{a}.embedding_length"],
-            f[f"{a}.feed_forward_length"]) == (spec.layers, spec.hidden, spec.intermediate)
+            f[f"{a}.feed_forward_length"]) == (spec.layers, spec.hidden,
+                                               spec.intermediate)
     assert (f[f"{a}.attention.head_count"], f[f"{a}.attention.head_count_kv"],
-            f[f"{a}.attention.key_length"]) == (spec.heads, spec.kv_heads, spec.head_dim)
+            f[f"{a}.attention.key_length"]) == (spec.heads, spec.kv_heads,
+                                                spec.head_dim)
     assert f[f"{a}.rope.freq_base"] == pytest.approx(spec.rope_theta)
     assert f[f"{a}.attention.layer_norm_rms_epsilon"] == pytest.approx(spec.rms_eps)
     if spec.is_moe:
@@ -90,7 +96,8 @@ def test_metadata(written):
                                                                          spec.top_k)
     tokens = f["tokenizer.ggml.tokens"]
     assert len(tokens) == spec.vocab == len(set(tokens))       # the embedding's rows
-    assert f["tokenizer.ggml.model"] == "llama" and f["tokenizer.ggml.bos_token_id"] == 1
+    assert f["tokenizer.ggml.model"] == "llama"
+    assert f["tokenizer.ggml.bos_token_id"] == 1
 
 
 def test_bytes_are_the_floors_plus_the_f32_tensors(written):
@@ -120,7 +127,8 @@ def test_parse_the_parser_fixture():
     b = llama_cpp.parse_bench(FIXTURE.read_text())
     # samples 320, 280, 300, 310, 290 ms for 128 tokens
     assert b["ms_per_token"] == pytest.approx(300 / 128)
-    assert (b["ms_min"], b["ms_max"]) == (pytest.approx(280 / 128), pytest.approx(320 / 128))
+    assert b["ms_min"] == pytest.approx(280 / 128)
+    assert b["ms_max"] == pytest.approx(320 / 128)
     assert b["timed"] == 5 and (b["n_gen"], b["n_depth"]) == (128, 512)
     assert b["llama_avg_ms"] == pytest.approx(300 / 128)
     assert b["llama_std_ms"] == pytest.approx(15.811388 / 128)

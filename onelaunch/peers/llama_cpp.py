@@ -66,9 +66,11 @@ def parse_bench(text: str) -> dict:
         raise ValueError("llama-bench reported no samples")
     return {"ms_per_token": statistics.median(per_tok), "ms_min": per_tok[0],
             "ms_max": per_tok[-1], "timed": len(per_tok),
-            "llama_avg_ms": t["avg_ns"] / n / 1e6, "llama_std_ms": t["stddev_ns"] / n / 1e6,
+            "llama_avg_ms": t["avg_ns"] / n / 1e6,
+            "llama_std_ms": t["stddev_ns"] / n / 1e6,
             "n_gen": n, "n_depth": int(t["n_depth"]), "flash_attn": t.get("flash_attn"),
-            "n_gpu_layers": t.get("n_gpu_layers"), "build_commit": t.get("build_commit"),
+            "n_gpu_layers": t.get("n_gpu_layers"),
+            "build_commit": t.get("build_commit"),
             "gpu_info": t.get("gpu_info"), "backends": t.get("backends"),
             "llama_model_size": t.get("model_size")}
 
@@ -86,7 +88,8 @@ def weights_digest(weights: dict[str, torch.Tensor]) -> str:
 
 
 def gguf_for(spec, weights, seed=None, folder=GGUF_DIR) -> dict:
-    """The GGUF of ``weights`` (written if missing) and its bytes (:func:`gguf_bytes`)."""
+    """The GGUF of ``weights`` (written if missing) and its bytes
+    (:func:`.llama_cpp_gguf.gguf_bytes`)."""
     from .llama_cpp_gguf import gguf_bytes, write_gguf
     path = Path(folder) / f"{spec.name}-bf16-{weights_digest(weights)}.gguf"
     if path.exists():
@@ -109,7 +112,8 @@ def missing(binary=BINARY) -> str | None:
 class LlamaBench:
     """The llama.cpp peer (the :class:`onelaunch.peers.rungs.Peer` interface): a GGUF of
     the run's weights timed by llama-bench at depth ``run.ctx``. Where the binary or
-    gguf-py is missing it prints one line and its row says why (``skipped``, no time)."""
+    gguf-py is missing it prints one line and its row says why (``skipped``, no
+    time)."""
     name: str = "llama.cpp"
     binary: str | Path = BINARY
     n_gen: int = N_GEN
@@ -137,7 +141,8 @@ class LlamaBench:
             return r
         b = parse_bench(out.stdout)
         run.timed(r, b.pop("ms_per_token"))
-        r.update({k: (round(v, 4) if isinstance(v, float) else v) for k, v in b.items()})
+        r.update({k: round(v, 4) if isinstance(v, float) else v
+                  for k, v in b.items()})
         r.update(gguf=Path(g["path"]).name, gguf_bytes_per_token=g["bytes_per_token"],
                  ctx_timed=[run.ctx, run.ctx + n - 1], agree=None)
         return r

@@ -33,7 +33,7 @@ N_SPECIAL = 3 + 256                  # <unk> <s> </s> and the byte pieces
 
 
 def _gguf():
-    import gguf                      # llama.cpp's gguf-py (requirements.txt; ci/llama_build.sh)
+    import gguf          # llama.cpp's gguf-py (requirements.txt; ci/llama_build.sh)
     return gguf
 
 
@@ -97,8 +97,8 @@ def vocabulary(n: int):
     """``(pieces, scores, types)`` of the synthetic SentencePiece-style vocabulary."""
     tt = _gguf().TokenType
     if n < N_SPECIAL + 1:
-        raise ValueError(f"a vocabulary of {n} pieces cannot hold the {N_SPECIAL} special "
-                         "and byte pieces")
+        raise ValueError(f"a vocabulary of {n} pieces cannot hold the {N_SPECIAL} "
+                         "special and byte pieces")
     pieces = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
     types = [tt.UNKNOWN, tt.CONTROL, tt.CONTROL] + [tt.BYTE] * 256
     pieces += [f"\u2581t{i}" for i in range(N_SPECIAL, n)]
@@ -134,7 +134,8 @@ def _metadata(writer, spec, name: str) -> None:
     writer.add_eos_token_id(2)
 
 
-def write_gguf(spec, weights: dict[str, torch.Tensor], path, seed: int | None = None) -> dict:
+def write_gguf(spec, weights: dict[str, torch.Tensor], path,
+               seed: int | None = None) -> dict:
     """Write ``weights`` (HF names, any device, bf16 values) as a llama.cpp GGUF at
     ``path``; returns what :func:`gguf_bytes` counts in it, plus the path. One tensor is
     copied to the host at a time, then held until the file is written."""
