@@ -126,6 +126,7 @@ class LlamaBench:
     def measure(self, run, n: int) -> dict:
         r = run.row(self.name, n, None, LABEL)
         r["unchecked"] = True               # no reference: not the oracle's own row
+        r["peer"] = True                    # a peer for the ladder (report.ladder_file)
         why = missing(self.binary)
         if why is None and torch.device(run.device).type != "cuda":
             why = "llama.cpp: timed on a GPU only (-ngl 99)"
