@@ -1,7 +1,9 @@
 """Figures, in one style: every figure here and in :mod:`.profile_figures` is drawn at
 :data:`DPI` with no text under :data:`FONT` points, :data:`FIG_W` (the ladder's frames)
 or :data:`PAGE_W` (a page's text width) inches wide, and each comes with a caption
-generated from the same rows.
+generated from the same rows. They are drawn on a bare ``matplotlib.figure.Figure``
+(no pyplot, no backend switch), so a chapter's own ``plt`` figures after them still
+show inline.
 
 The ladder's frame (:func:`render_frame`, one per rung for the slider of
 :mod:`.widgets`; :func:`ladder_figure`, the last frame with its caption, for a chapter),
@@ -24,6 +26,7 @@ FONT = 10                # points, the smallest text in a figure
 FIG_W = 7.9              # inches: shown about 760 px wide, so 10 pt reads as 10 pt
 PAGE_W = 6.5             # inches: a page's text width (the profile's figures)
 LABEL_W, VALUE_W = 2.1, 1.65    # inches: rung names left of the bars, values right of them
+PEER_C, OURS_C, NOW_C = "#8c8c8c", "#1f6fb4", "#d9480f"   # the ladder's bar colours
 
 
 def _short_x(x: float) -> str:
@@ -51,17 +54,16 @@ def render_frame(rows: list[dict], rungs: list[str], k: int, models: list[str],
     """PNG of frame ``k``: rungs[0..k] for each model, with floor and best-peer lines.
     Every frame has the same size and axes, so moving the slider only adds bars. Values
     sit in a column right of the axes, where no reference line crosses them."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
     from matplotlib.ticker import FuncFormatter
 
     n = len(rungs)
     pitch = 0.42                                   # inches per rung
     ax_h = pitch * n + 0.25
-    above, below, head_h = 0.8, 0.55, 0.25 + 0.2 * (1 + bool(smoke) + bool(title))
+    above, below, head_h = 1.05, 0.55, 0.25 + 0.2 * (1 + bool(smoke) + bool(title))
     fig_h = head_h + len(models) * (above + ax_h + below)
-    fig = plt.figure(figsize=(FIG_W, fig_h), dpi=max(dpi, DPI))
+    fig = Figure(figsize=(FIG_W, fig_h), dpi=max(dpi, DPI))
     for m_i, model in enumerate(models):
         top = head_h + m_i * (above + ax_h + below) + above
         ax = fig.add_axes([LABEL_W / FIG_W, 1 - (top + ax_h) / fig_h,
@@ -92,9 +94,9 @@ def render_frame(rows: list[dict], rungs: list[str], k: int, models: list[str],
                 ax.get_yticklabels()[i].set_alpha(0.3)
                 continue
             r = mine.get(g)
-            color = "#8c8c8c" if is_peer(g) or (r and is_peer(r)) else "#1f6fb4"
+            color = PEER_C if is_peer(g) or (r and is_peer(r)) else OURS_C
             if i == k:
-                color = "#d9480f" if color == "#1f6fb4" else "#555555"
+                color = NOW_C if color == OURS_C else "#555555"
             if r is None:
                 ax.text(1.03, i, "not measured", transform=side, va="center", fontsize=FONT,
                         color="#777777", clip_on=False)
@@ -124,9 +126,14 @@ def render_frame(rows: list[dict], rungs: list[str], k: int, models: list[str],
         fig.text(0.012, 1 - (top - above + 0.05) / fig_h, f"{model}, context {ctx}", va="top",
                  ha="left", fontsize=FONT + 1, fontweight="bold")
         ax.set_xlabel("ms per token (log scale; shorter is faster)", fontsize=FONT)
-        if s["floor_ms"] or s["best_peer"]:
-            ax.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=1, fontsize=FONT,
-                      frameon=False, borderaxespad=0.1, handlelength=2.2)
+        # a key for every colour: the bars' (peer, ours, this frame's) and the lines'
+        handles, _ = ax.get_legend_handles_labels()
+        handles += [Patch(color=PEER_C, label="a peer (what a user runs instead)"),
+                    Patch(color=OURS_C, label="our rung"),
+                    Patch(color=NOW_C, label="this frame's rung")]
+        ax.legend(handles=handles, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=2,
+                  fontsize=FONT, frameon=False, borderaxespad=0.1, handlelength=1.8,
+                  columnspacing=1.0)
         ax.grid(axis="x", which="both", alpha=0.2)
     if head is None:
         head = f"rung {k + 1} of {n}: {label(rungs[k], rows)}"
@@ -136,7 +143,6 @@ def render_frame(rows: list[dict], rungs: list[str], k: int, models: list[str],
              color="#c92a2a" if smoke else "black", linespacing=1.35)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=max(dpi, DPI))
-    plt.close(fig)
     return buf.getvalue()
 
 
@@ -185,3 +191,73 @@ def ladder_figure(rows: list[dict], smoke: bool = False, title: str = "",
     rungs = rung_order(rows)
     png = render_frame(rows, rungs, len(rungs) - 1, models, title, smoke, dpi, head=head)
     return _Figure(png, figure_caption(rows, rungs, models))
+
+
+def _pct(p: float) -> str:
+    return "<1%" if p < 1 else f"{p:.0f}%"
+
+
+def kernel_figure(rows: list[dict], read_tbps: float, head: str, smoke: bool = False,
+                  slow: str = "attention (plain)", dpi: int = DPI):
+    """Each checked kernel's bandwidth (bytes it must move / its time) against the
+    streaming read of the same run, on a log axis so that a kernel at 1% of the read
+    bandwidth still shows a bar; the values sit in a column right of the axes, where no
+    line crosses them. ``rows``: kernel rows with ``kernel``, ``gbps``, ``pct_of_read``
+    and ``bytes`` (a row without ``gbps`` failed its check and is left out)."""
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    shown = [r for r in rows if r.get("gbps")]
+    n = len(shown)
+    label_w, value_w, pitch = 2.3, 1.55, 0.36              # inches
+    ax_h = pitch * n + 0.2
+    head_h, below = 0.35 + 0.2 * bool(smoke) + 0.5, 0.6
+    fig_h = head_h + ax_h + below
+    fig = Figure(figsize=(PAGE_W, fig_h), dpi=dpi)
+    ax = fig.add_axes([label_w / PAGE_W, below / fig_h,
+                       (PAGE_W - label_w - value_w) / PAGE_W, ax_h / fig_h])
+    read = read_tbps * 1e3
+    vals = [r["gbps"] for r in shown] + [read]
+    lo, hi = min(vals) / 2, max(vals) * 1.5
+    ax.set_xscale("log")
+    ax.set_xlim(lo, hi)
+    ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0,)))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    colors = ["#c92a2a" if r["kernel"] == slow else "#1f6fb4" for r in shown]
+    ax.barh(range(n), [r["gbps"] - lo for r in shown], left=lo, color=colors, height=0.62)
+    ax.set_ylim(n - 0.5, -0.5)
+    ax.set_yticks(range(n))
+    ax.set_yticklabels([r["kernel"] for r in shown], fontsize=FONT)
+    ax.tick_params(axis="x", labelsize=FONT)
+    side = ax.get_yaxis_transform()
+    for i, r in enumerate(shown):
+        ax.text(1.03, i, f"{r['gbps']:,.0f} GB/s, {_pct(r['pct_of_read'])}",
+                transform=side, va="center", fontsize=FONT, clip_on=False)
+    ax.axvline(read, color="black", ls="--", lw=1.2)
+    ax.set_xlabel("GB/s: bytes the kernel must move / its time (log scale)",
+                  fontsize=FONT)
+    ax.grid(axis="x", which="major", alpha=0.25)
+    handles = [Patch(color="#1f6fb4", label="fused kernel"),
+               Patch(color="#c92a2a", label=f"{slow}: one program a head"),
+               Line2D([], [], color="black", ls="--",
+                          label=f"streaming read, this run: {read:,.0f} GB/s")]
+    ax.legend(handles=handles, loc="lower left", bbox_to_anchor=(-label_w /
+              (PAGE_W - label_w - value_w), 1.0), ncol=2, fontsize=FONT, frameon=False,
+              borderaxespad=0.2, handlelength=1.6, columnspacing=1.0)
+    lines = [head] + (["CPU SMOKE RUN, NOT A MEASUREMENT (tiny model)"] if smoke else [])
+    fig.text(0.012, 1 - 0.1 / fig_h, "\n".join(lines), va="top", ha="left",
+             fontsize=FONT + 1, color="#c92a2a" if smoke else "black")
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    best = max(shown, key=lambda r: r["gbps"])
+    worst = min(shown, key=lambda r: r["gbps"])
+    caption = (f"Each kernel's bandwidth (the bytes it must move over its time), one bar "
+               f"per checked kernel, against the streaming read measured in the same run "
+               f"(dashed, {read:,.0f} GB/s). The fastest, {best['kernel']}, reaches "
+               f"{_pct(best['pct_of_read'])} of it; the slowest, {worst['kernel']}, "
+               f"{_pct(worst['pct_of_read'])}. The axis is logarithmic, so that the "
+               "smallest kernels show a bar.")
+    return _Figure(buf.getvalue(), caption)
