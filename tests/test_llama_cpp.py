@@ -142,23 +142,47 @@ def test_parse_refuses_other_tests():
         llama_cpp.parse_bench(json.dumps([{**t[0], "n_prompt": 512}]))   # a prompt test
 
 
-def test_missing_binary_is_one_line_and_no_time(tmp_path, capsys):
-    from onelaunch.cli.bench import print_ladder
+def test_missing_binary_is_one_line_and_no_row(tmp_path, capsys):
     from onelaunch.peers import rungs
     assert "llama.cpp" in rungs.PEERS                                  # bench's default
     peer = llama_cpp.LlamaBench(binary=tmp_path / "llama-bench")
-
-    class Run:                                   # the two PeerRun methods the peer uses
-        spec, weights, device, ctx, seed = get_spec("tiny-qwen2"), {}, "cpu", 8, 0
-
-        def row(self, rung, n, check, note=""):
-            return {"model": self.spec.name, "rung": rung, "ctx": self.ctx,
-                    "ms_per_token": None, "agree": None, "note": note}
-
-    r = peer.measure(Run(), peer.tokens(2, 2))
+    assert peer.measure(_run("cuda"), peer.tokens(2, 2)) is None
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "ci/llama_build.sh" in err[0]
-    assert r["ms_per_token"] is None and "llama-bench" in r["skipped"]
+
+
+def _run(device, spec="tiny-qwen2"):
+    """A PeerRun as peer_rungs builds it, without the oracle (llama.cpp needs none)."""
+    from onelaunch.peers import rungs
+    spec = get_spec(spec)
+    w = random_weights(spec, seed=2)
+    ids = torch.zeros(1, dtype=torch.long)
+    return rungs.PeerRun(spec, w, device, 8, 1, 2, torch.arange(8), ids,
+                         torch.zeros(1, spec.vocab), None, 4.0, None)
+
+
+def test_a_run_through_a_stand_in_binary(tmp_path, capsys):
+    """The whole peer with a stand-in for llama-bench that prints the parser fixture:
+    the GGUF of the run's weights is written once, the command is the users' one, and
+    the row carries the fixture's times, the GGUF's bytes and the label."""
+    log = tmp_path / "args"
+    fake = tmp_path / "llama-bench"
+    fake.write_text(f"#!/bin/sh\necho \"$@\" > {log}\ncat {FIXTURE}\n")
+    fake.chmod(0o755)
+    peer = llama_cpp.LlamaBench(binary=fake, gguf_dir=tmp_path / "gguf")
+    run = _run("cuda")                            # a device name only: nothing runs on it
+    r = peer.measure(run, peer.tokens(32, 32))
+    args = log.read_text().split()
+    assert args[args.index("-n") + 1] == "128" and args[args.index("-d") + 1] == "8"
+    gguf_file = Path(args[args.index("-m") + 1])
+    assert gguf_file.parent == tmp_path / "gguf" and gguf_file.exists()
+    assert r["ms_per_token"] == pytest.approx(300 / 128, abs=1e-4)
+    assert r["x_floor"] == pytest.approx(r["ms_per_token"] / run.floor, rel=1e-3)
+    assert (r["ms_min"], r["ms_max"], r["timed"]) == (round(280 / 128, 4),
+                                                     round(320 / 128, 4), 5)
+    assert r["agree"] is None and r["unchecked"] and r["peer"]
     assert "no oracle check possible" in r["note"]
-    print_ladder([r])
-    assert "skipped: llama.cpp" in capsys.readouterr().out
+    assert r["gguf_bytes_per_token"] > run.spec.weight_bytes_per_token
+    mtime = gguf_file.stat().st_mtime_ns
+    peer.measure(run, 128)                        # same weights: the same file, reused
+    assert gguf_file.stat().st_mtime_ns == mtime

@@ -35,8 +35,6 @@ def print_ladder(rows: list[dict], out=sys.stdout) -> None:
         elif ok:
             check = "pass" if r.get("agree") is None or r.get("agree").split("/")[0] == \
                 r.get("agree").split("/")[1] else "near ties only"
-        elif r.get("skipped"):               # a peer that cannot run here (one line)
-            check = "skipped: " + r["skipped"]
         else:
             check = "REFUSED: " + (r.get("refused") or "oracle check failed")
         print(f"{r['model']:14} {r['rung']:16} {r['ctx']:>6} {_fmt(ms):>9} {_fmt(x, '.2f'):>8} "

@@ -112,10 +112,11 @@ def missing(binary=BINARY) -> str | None:
 class LlamaBench:
     """The llama.cpp peer (the :class:`onelaunch.peers.rungs.Peer` interface): a GGUF of
     the run's weights timed by llama-bench at depth ``run.ctx``. Where the binary or
-    gguf-py is missing it prints one line and its row says why (``skipped``, no
-    time)."""
+    gguf-py is missing, or on the CPU, it prints one line and makes no row (None), so
+    no table, figure or results file shows a peer that did not run."""
     name: str = "llama.cpp"
     binary: str | Path = BINARY
+    gguf_dir: str | Path = GGUF_DIR
     n_gen: int = N_GEN
     timeout_s: int = 600
     kind = "peer"
@@ -123,18 +124,17 @@ class LlamaBench:
     def tokens(self, new_tokens: int, eager_new_tokens: int) -> int:
         return self.n_gen
 
-    def measure(self, run, n: int) -> dict:
-        r = run.row(self.name, n, None, LABEL)
-        r["unchecked"] = True               # no reference: not the oracle's own row
-        r["peer"] = True                    # a peer for the ladder (report.ladder_file)
+    def measure(self, run, n: int) -> dict | None:
         why = missing(self.binary)
         if why is None and torch.device(run.device).type != "cuda":
             why = "llama.cpp: timed on a GPU only (-ngl 99)"
         if why:
             print(why, file=sys.stderr)
-            r["skipped"] = why
-            return r
-        g = gguf_for(run.spec, run.weights, seed=run.seed)
+            return None
+        r = run.row(self.name, n, None, LABEL)
+        r["unchecked"] = True               # no reference: not the oracle's own row
+        r["peer"] = True                    # a peer for the ladder (report.ladder_file)
+        g = gguf_for(run.spec, run.weights, seed=run.seed, folder=self.gguf_dir)
         out = subprocess.run(bench_command(self.binary, g["path"], run.ctx, n),
                              capture_output=True, text=True, timeout=self.timeout_s)
         if out.returncode != 0:

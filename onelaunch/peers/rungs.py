@@ -97,7 +97,8 @@ class Peer:
         """The tokens this peer checks (and times, where it times a run of tokens)."""
         return new_tokens
 
-    def measure(self, run: PeerRun, n: int) -> dict:
+    def measure(self, run: PeerRun, n: int) -> dict | None:
+        """The row; None where the peer cannot run here (it prints one line why)."""
         raise NotImplementedError
 
 
@@ -228,5 +229,7 @@ def peer_rungs(spec, ctx: int = 512, device="cuda", iters: int = 50,
     rows = []
     for name in rungs:
         peer = PEERS[name]
-        rows.append(peer.measure(run, peer.tokens(new_tokens, eager_new_tokens)))
+        row = peer.measure(run, peer.tokens(new_tokens, eager_new_tokens))
+        if row is not None:                 # None: cannot run here (said in one line)
+            rows.append(row)
     return rows

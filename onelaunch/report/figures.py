@@ -261,3 +261,52 @@ def kernel_figure(rows: list[dict], read_tbps: float, head: str, smoke: bool = F
                f"{_pct(worst['pct_of_read'])}. The axis is logarithmic, so that the "
                "smallest kernels show a bar.")
     return _Figure(buf.getvalue(), caption)
+
+
+def sweep_figure(rows: list[dict], head: str, smoke: bool = False, dpi: int = DPI):
+    """ms/token of one rung against the context (log axis), beside the floor of the same
+    run at each context, each point labelled with its ratio to the floor; a row's
+    spread over its timed repeats (``ms_min``, ``ms_max``) is drawn where it has one."""
+    from matplotlib.figure import Figure
+
+    rows = sorted((r for r in rows if r.get("ms_per_token")), key=lambda r: r["ctx"])
+    if not rows:
+        raise ValueError("sweep_figure: no timed rows")
+    fig = Figure(figsize=(PAGE_W, 3.9 + 0.2 * bool(smoke)), dpi=dpi)
+    ax = fig.add_axes([0.11, 0.15, 0.86, 0.62 - 0.04 * bool(smoke)])
+    cs = [r["ctx"] for r in rows]
+    ms = [r["ms_per_token"] for r in rows]
+    lo = [m - r.get("ms_min", m) for m, r in zip(ms, rows)]
+    hi = [r.get("ms_max", m) - m for m, r in zip(ms, rows)]
+    ax.errorbar(cs, ms, yerr=[lo, hi], fmt="o-", color=OURS_C, capsize=3,
+                label=f"{rows[0]['rung']}, ms per token")
+    ax.plot(cs, [r["floor_ms"] for r in rows], "s--", color="black",
+            label="bandwidth floor, this run")
+    for r in rows:
+        if r.get("x_floor"):
+            ax.annotate(f"{r['x_floor']:.2f}x", (r["ctx"], r["ms_per_token"]),
+                        textcoords="offset points", xytext=(0, 9), ha="center",
+                        fontsize=FONT)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(cs)
+    ax.set_xticklabels([f"{c:,}" for c in cs], fontsize=FONT)
+    ax.minorticks_off()
+    ax.tick_params(axis="y", labelsize=FONT)
+    ax.set_ylim(0, max(ms) * 1.25)
+    ax.set_xlabel("context (tokens, log scale)", fontsize=FONT)
+    ax.set_ylabel("ms per token", fontsize=FONT)
+    ax.grid(alpha=0.2)
+    ax.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=2, fontsize=FONT,
+              frameon=False, borderaxespad=0.2)
+    lines = [head] + (["CPU SMOKE RUN, NOT A MEASUREMENT (tiny model, no graph)"]
+                      if smoke else [])
+    fig.text(0.012, 0.98, "\n".join(lines), va="top", ha="left", fontsize=FONT + 1,
+             color="#c92a2a" if smoke else "black")
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    xs = [r["x_floor"] for r in rows if r.get("x_floor")]
+    caption = (f"The step's time (dots) and the floor of the same run (squares) at "
+               f"{len(rows)} context lengths from {cs[0]:,} to {cs[-1]:,} tokens"
+               + (f"; the label on each dot is its ratio to the floor, from "
+                  f"{min(xs):.2f}x to {max(xs):.2f}x" if xs else "") + ".")
+    return _Figure(buf.getvalue(), caption)
