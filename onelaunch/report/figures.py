@@ -147,27 +147,45 @@ def render_frame(rows: list[dict], rungs: list[str], k: int, models: list[str],
 
 
 def figure_caption(rows: list[dict], rungs: list[str], models: list[str]) -> str:
-    """One sentence per model saying what the figure draws, from the same rows and rule:
-    prose about a figure is generated, never typed."""
-    parts = []
+    """What the figure shows, then per model what it finds and which rungs have no bar,
+    from the same rows and rule: prose about a figure is generated, never typed."""
+    parts = ["Milliseconds per token of each rung (bars, log scale: shorter is faster), "
+             "the peers a user would run instead in grey and our rungs in blue, against "
+             "the bandwidth floor of the same run (dashed) and the fastest peer (dotted)."]
     for model in models:
         mine = {r["rung"]: r for r in rows if r["model"] == model}
         shown = [g for g in rungs if g in mine]
         st = {g: check_status(mine[g]) for g in shown}
         bars = [g for g in shown if st[g] != "refused"]
-        bits = [f"a bar for {len(bars)} of its {len(shown)} rungs" if len(bars) < len(shown)
-                else f"a bar for each of its {len(shown)} rungs"]
+        s = summary(rows, model)
+        ours = [mine[g] for g in bars if not is_peer(mine[g])]
+        bits = []
+        if ours:
+            best = min(ours, key=lambda r: r["ms_per_token"])
+            x = (f", {best['ms_per_token'] / s['floor_ms']:.2f}x the floor"
+                 if s["floor_ms"] else "")
+            bits.append(f"the fastest of ours is {label(best, rows)}, "
+                        f"{best['ms_per_token']:.3g} ms{x}")
+            bp = s["best_peer"]
+            if bp:
+                bits.append(f"{bp['ms_per_token'] / best['ms_per_token']:.2f}x faster "
+                            f"than the fastest peer, {label(bp, rows)}")
+        if len(bars) < len(shown):
+            bits.append(f"a bar for {len(bars)} of its {len(shown)} rungs")
         ties = [label(g, rows) for g in bars if st[g] == "near ties only"]
         if ties:
             bits.append("differing from the oracle only at near ties: " + "; ".join(ties))
-        refused = [f"{label(g, rows)} ({mine[g].get('agree')})" for g in shown if st[g] == "refused"]
+        refused = [f"{label(g, rows)} ({mine[g].get('agree')})" for g in shown
+                   if st[g] == "refused"]
         if refused:
-            bits.append("hatched, with no time, because the check failed: " + "; ".join(refused))
+            bits.append("hatched, with no time, because the check failed: "
+                        + "; ".join(refused))
         missing = [label(g, rows) for g in rungs if g not in mine]
         if missing:
             bits.append("not measured: " + "; ".join(missing))
-        parts.append(f"{model}: " + ", ".join(bits) + ".")
-    return "The figure draws, " + " ".join(parts)
+        if bits:
+            parts.append(f"{model}: " + ", ".join(bits) + ".")
+    return " ".join(parts)
 
 
 class _Figure:
