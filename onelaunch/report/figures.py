@@ -162,14 +162,13 @@ def figure_caption(rows: list[dict], rungs: list[str], models: list[str]) -> str
         bits = []
         if ours:
             best = min(ours, key=lambda r: r["ms_per_token"])
-            x = (f", {best['ms_per_token'] / s['floor_ms']:.2f}x the floor"
+            x = (f" ({best['ms_per_token'] / s['floor_ms']:.2f}x the floor)"
                  if s["floor_ms"] else "")
-            bits.append(f"the fastest of ours is {label(best, rows)}, "
-                        f"{best['ms_per_token']:.3g} ms{x}")
             bp = s["best_peer"]
-            if bp:
-                bits.append(f"{bp['ms_per_token'] / best['ms_per_token']:.2f}x faster "
-                            f"than the fastest peer, {label(bp, rows)}")
+            vs = (f", {bp['ms_per_token'] / best['ms_per_token']:.2f}x faster than the "
+                  f"fastest peer ({label(bp, rows)})" if bp else "")
+            bits.append(f"the fastest of ours is {label(best, rows)} at "
+                        f"{best['ms_per_token']:.3g} ms{x}{vs}")
         if len(bars) < len(shown):
             bits.append(f"a bar for {len(bars)} of its {len(shown)} rungs")
         ties = [label(g, rows) for g in bars if st[g] == "near ties only"]
@@ -183,8 +182,9 @@ def figure_caption(rows: list[dict], rungs: list[str], models: list[str]) -> str
         missing = [label(g, rows) for g in rungs if g not in mine]
         if missing:
             bits.append("not measured: " + "; ".join(missing))
-        if bits:
-            parts.append(f"{model}: " + ", ".join(bits) + ".")
+        if bits:       # labels hold commas ("HF generate, eager"): one sentence a fact
+            parts.append(f"{model}: " + ". ".join(b[0].upper() + b[1:] for b in bits)
+                         + ".")
     return " ".join(parts)
 
 
