@@ -199,8 +199,16 @@ def draw_profile(rows: list[dict], model: str | None = None, head: str = "",
     return fig
 
 
+SHOWS = ("Where each rung's step goes, op by op in step order (one colour an op, the "
+         "same in both models' figures): the time its bytes need at the read bandwidth "
+         "of the same run (solid) and the time it takes beyond them (light, hatched), "
+         "against the floor of the whole step (dashed); below, the time beyond the bytes "
+         "of each op, one bar a rung.")
+
+
 def caption(rows: list[dict], model: str | None = None) -> str:
-    """What the figure shows, in one sentence per rung, from the same rows."""
+    """What the figure shows (:data:`SHOWS`), then one clause per rung: its step, the
+    change from the rung above and the op with the most time beyond its bytes."""
     model = model or rows[0]["model"]
     rows = [r for r in rows if r["model"] == model]
     parts, prev = [], None
@@ -222,7 +230,7 @@ def caption(rows: list[dict], model: str | None = None) -> str:
             s += f", most time beyond its bytes in {top['op']} ({top['beyond_ms']:.3g} ms)"
         parts.append(s)
         prev = span
-    return f"{model}: " + "; ".join(parts) + "."
+    return f"{SHOWS} {model}: " + "; ".join(parts) + "."
 
 
 PHASE_PARTS = (("bytes_us", "its bytes at the read bandwidth"),
