@@ -133,7 +133,8 @@ def _add_bench(sub):
     p.add_argument("--seed", type=_seed, default=0)
     _add_engine_device(p)
     p.add_argument("--no-peers", dest="peers", action="store_false",
-                   help="skip the peer rungs (HF generate, the eager and compiled oracle)")
+                   help="skip the peer rungs (HF generate, the eager and compiled oracle, "
+                   "llama.cpp where ci/llama_build.sh built it)")
     p.add_argument("--json", default=None, help="also write the rows to this file")
     _add_tp(p, many=True)
     p.set_defaults(func=cmd_bench)
