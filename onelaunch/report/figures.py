@@ -215,6 +215,11 @@ def _pct(p: float) -> str:
     return "<1%" if p < 1 else f"{p:.0f}%"
 
 
+def _gbps(v: float) -> str:
+    """Plain digits: thousands grouped, small values to three figures (no exponent)."""
+    return f"{v:,.0f}" if v >= 100 else f"{v:.3g}"
+
+
 def kernel_figure(rows: list[dict], read_tbps: float, head: str, smoke: bool = False,
                   slow: str = "attention (plain)", dpi: int = DPI):
     """Each checked kernel's bandwidth (bytes it must move / its time) against the
@@ -242,7 +247,7 @@ def kernel_figure(rows: list[dict], read_tbps: float, head: str, smoke: bool = F
     ax.set_xscale("log")
     ax.set_xlim(lo, hi)
     ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0,)))
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: _gbps(v)))
     ax.xaxis.set_minor_formatter(NullFormatter())
     colors = ["#c92a2a" if r["kernel"] == slow else "#1f6fb4" for r in shown]
     ax.barh(range(n), [r["gbps"] - lo for r in shown], left=lo, color=colors, height=0.62)
@@ -252,7 +257,7 @@ def kernel_figure(rows: list[dict], read_tbps: float, head: str, smoke: bool = F
     ax.tick_params(axis="x", labelsize=FONT)
     side = ax.get_yaxis_transform()
     for i, r in enumerate(shown):
-        ax.text(1.03, i, f"{r['gbps']:,.0f} GB/s, {_pct(r['pct_of_read'])}",
+        ax.text(1.03, i, f"{_gbps(r['gbps'])} GB/s, {_pct(r['pct_of_read'])}",
                 transform=side, va="center", fontsize=FONT, clip_on=False)
     ax.axvline(read, color="black", ls="--", lw=1.2)
     ax.set_xlabel("GB/s: bytes the kernel must move / its time (log scale)",
@@ -261,7 +266,7 @@ def kernel_figure(rows: list[dict], read_tbps: float, head: str, smoke: bool = F
     handles = [Patch(color="#1f6fb4", label="fused kernel"),
                Patch(color="#c92a2a", label=f"{slow}: one program a head"),
                Line2D([], [], color="black", ls="--",
-                          label=f"streaming read, this run: {read:,.0f} GB/s")]
+                          label=f"streaming read, this run: {_gbps(read)} GB/s")]
     ax.legend(handles=handles, loc="lower left", bbox_to_anchor=(-label_w /
               (PAGE_W - label_w - value_w), 1.0), ncol=2, fontsize=FONT, frameon=False,
               borderaxespad=0.2, handlelength=1.6, columnspacing=1.0)
@@ -274,7 +279,7 @@ def kernel_figure(rows: list[dict], read_tbps: float, head: str, smoke: bool = F
     worst = min(shown, key=lambda r: r["gbps"])
     caption = (f"Each kernel's bandwidth (the bytes it must move over its time), one bar "
                f"per checked kernel, against the streaming read measured in the same run "
-               f"(dashed, {read:,.0f} GB/s). The fastest, {best['kernel']}, reaches "
+               f"(dashed, {_gbps(read)} GB/s). The fastest, {best['kernel']}, reaches "
                f"{_pct(best['pct_of_read'])} of it; the slowest, {worst['kernel']}, "
                f"{_pct(worst['pct_of_read'])}. The axis is logarithmic, so that the "
                "smallest kernels show a bar.")
