@@ -1,6 +1,7 @@
 """The report's figures as a reader sees them: drawn without switching matplotlib's
 backend (a chapter's own plots after them still show inline), at the page's width and
-150 dpi, with plain numbers and a legend for every colour; captions from the same rows."""
+150 dpi, with plain numbers and a legend for every colour; captions from the same
+rows."""
 import io
 
 import pytest
@@ -24,8 +25,8 @@ def _png_size(png: bytes):
 def test_figures_leave_the_backend_alone():
     import matplotlib
     before = matplotlib.get_backend()
-    rows = [{"model": "m", "rung": "graph", "ctx": 8, "ms_per_token": 2.0, "floor_ms": 1.0,
-             "agree": "8/8"}]
+    rows = [{"model": "m", "rung": "graph", "ctx": 8, "ms_per_token": 2.0,
+             "floor_ms": 1.0, "agree": "8/8"}]
     figures.render_frame(rows, ["graph"], 0, ["m"])
     figures.kernel_figure(KROWS, 4.25, "head")
     assert matplotlib.get_backend() == before

@@ -170,7 +170,7 @@ def test_a_run_through_a_stand_in_binary(tmp_path, capsys):
     fake.write_text(f"#!/bin/sh\necho \"$@\" > {log}\ncat {FIXTURE}\n")
     fake.chmod(0o755)
     peer = llama_cpp.LlamaBench(binary=fake, gguf_dir=tmp_path / "gguf")
-    run = _run("cuda")                            # a device name only: nothing runs on it
+    run = _run("cuda")                       # a device name only: nothing runs on it
     r = peer.measure(run, peer.tokens(32, 32))
     args = log.read_text().split()
     assert args[args.index("-n") + 1] == "128" and args[args.index("-d") + 1] == "8"

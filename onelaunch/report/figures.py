@@ -149,9 +149,10 @@ def render_frame(rows: list[dict], rungs: list[str], k: int, models: list[str],
 def figure_caption(rows: list[dict], rungs: list[str], models: list[str]) -> str:
     """What the figure shows, then per model what it finds and which rungs have no bar,
     from the same rows and rule: prose about a figure is generated, never typed."""
-    parts = ["Milliseconds per token of each rung (bars, log scale: shorter is faster), "
-             "the peers a user would run instead in grey and our rungs in blue, against "
-             "the bandwidth floor of the same run (dashed) and the fastest peer (dotted)."]
+    parts = ["Milliseconds per token of each rung (bars, log scale: shorter is "
+             "faster), the peers a user would run instead in grey and our rungs in "
+             "blue, against the bandwidth floor of the same run (dashed) and the "
+             "fastest peer (dotted)."]
     for model in models:
         mine = {r["rung"]: r for r in rows if r["model"] == model}
         shown = [g for g in rungs if g in mine]
@@ -250,7 +251,8 @@ def kernel_figure(rows: list[dict], read_tbps: float, head: str, smoke: bool = F
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: _gbps(v)))
     ax.xaxis.set_minor_formatter(NullFormatter())
     colors = ["#c92a2a" if r["kernel"] == slow else "#1f6fb4" for r in shown]
-    ax.barh(range(n), [r["gbps"] - lo for r in shown], left=lo, color=colors, height=0.62)
+    ax.barh(range(n), [r["gbps"] - lo for r in shown], left=lo, color=colors,
+            height=0.62)
     ax.set_ylim(n - 0.5, -0.5)
     ax.set_yticks(range(n))
     ax.set_yticklabels([r["kernel"] for r in shown], fontsize=FONT)
@@ -270,15 +272,17 @@ def kernel_figure(rows: list[dict], read_tbps: float, head: str, smoke: bool = F
     ax.legend(handles=handles, loc="lower left", bbox_to_anchor=(-label_w /
               (PAGE_W - label_w - value_w), 1.0), ncol=2, fontsize=FONT, frameon=False,
               borderaxespad=0.2, handlelength=1.6, columnspacing=1.0)
-    lines = [head] + (["CPU SMOKE RUN, NOT A MEASUREMENT (tiny model)"] if smoke else [])
+    smoke_line = "CPU SMOKE RUN, NOT A MEASUREMENT (tiny model)"
+    lines = [head] + ([smoke_line] if smoke else [])
     fig.text(0.012, 1 - 0.1 / fig_h, "\n".join(lines), va="top", ha="left",
              fontsize=FONT + 1, color="#c92a2a" if smoke else "black")
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi)
     best = max(shown, key=lambda r: r["gbps"])
     worst = min(shown, key=lambda r: r["gbps"])
-    caption = (f"Each kernel's bandwidth (the bytes it must move over its time), one bar "
-               f"per checked kernel, against the streaming read measured in the same run "
+    caption = (f"Each kernel's bandwidth (the bytes it must move over its time), one "
+               f"bar per checked kernel, against the streaming read measured in the same "
+               f"run "
                f"(dashed, {_gbps(read)} GB/s). The fastest, {best['kernel']}, reaches "
                f"{_pct(best['pct_of_read'])} of it; the slowest, {worst['kernel']}, "
                f"{_pct(worst['pct_of_read'])}. The axis is logarithmic, so that the "
