@@ -49,6 +49,10 @@ build)
     echo "        network, and carry .llama/src.tar.gz to this machine"
     exit 1
   fi
+  bin=$D/build/bin/llama-bench
+  if [ -x "$bin" ] && [ "$bin" -nt "$D/src.tar.gz" ] && [ -d "$D/src/gguf-py" ]; then
+    echo "[llama] $bin is newer than its source: kept"; exit 0
+  fi
   rm -rf "$D/src" && mkdir -p "$D/src"
   tar xzf "$D/src.tar.gz" -C "$D/src" --strip-components=1
   cmake -S "$D/src" -B "$D/build" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
