@@ -50,8 +50,9 @@ build)
     exit 1
   fi
   bin=$D/build/bin/llama-bench
-  if [ -x "$bin" ] && [ "$bin" -nt "$D/src.tar.gz" ] && [ -d "$D/src/gguf-py" ]; then
-    echo "[llama] $bin is newer than its source: kept"; exit 0
+  if [ -x "$bin" ] && [ "$bin" -nt "$D/src.tar.gz" ] && [ -d "$D/src/gguf-py" ] \
+     && [ "$(cat "$D/build/arch" 2>/dev/null)" = "$ARCH" ]; then
+    echo "[llama] $bin ($ARCH) is newer than its source: kept"; exit 0
   fi
   rm -rf "$D/src" && mkdir -p "$D/src"
   tar xzf "$D/src.tar.gz" -C "$D/src" --strip-components=1
@@ -60,6 +61,7 @@ build)
     -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
     -DLLAMA_BUILD_APP=OFF -DBUILD_SHARED_LIBS=OFF
   cmake --build "$D/build" --target llama-bench -j 16
+  echo "$ARCH" > "$D/build/arch"
   ls -la "$D/build/bin/llama-bench"
   ;;
 *)
