@@ -94,3 +94,11 @@ def test_no_results_is_said(tmp_path):
     ans = answer.answer(tmp_path)
     assert ans["models"] == {}
     assert answer.left_text(ans) == "No step profile is on file for this run."
+
+
+def test_a_faster_peer_is_said_so(tmp_path):
+    llama = _row("llama.cpp", 1.2, peer=True, agree=None, unchecked=True)
+    _write(tmp_path, LADDER + [llama])
+    ans = answer.answer(tmp_path)
+    text = answer.model_text(M, ans["models"][M], ans["gpu_name"])
+    assert "llama.cpp is 1.25x faster than ours" in text            # 1.5 / 1.2

@@ -164,6 +164,13 @@ def _name(m: str) -> str:
     return NAMES.get(m, m)
 
 
+def _faster(ours: float, theirs: float, who: str) -> str:
+    """Which is faster, said the right way round."""
+    if theirs >= ours:
+        return f"ours is {theirs / ours:.2f}x faster"
+    return f"{who} is {ours / theirs:.2f}x faster than ours"
+
+
 def model_text(m: str, a: dict, gpu_name: str) -> str:
     """One model's paragraph: one GPU, two GPUs, the compiled peer, llama.cpp."""
     f, best = a["floor_ms"], a["best"]
@@ -189,19 +196,19 @@ def model_text(m: str, a: dict, gpu_name: str) -> str:
     c = a["compiled"]
     if c:
         s += (f" The strongest compiled peer, *{c['rung']}*, takes "
-              f"{c['ms_per_token']:.3f} ms ({c['ms_per_token'] / f:.2f}x): ours is "
-              f"{c['ms_per_token'] / ms:.2f}x faster.")
+              f"{c['ms_per_token']:.3f} ms ({c['ms_per_token'] / f:.2f}x): "
+              f"{_faster(ms, c['ms_per_token'], 'it')}.")
     lm = a["llama"]
     if lm and row_passes(lm):
         lo, hi = lm.get("ms_min"), lm.get("ms_max")
         spread = f", {lo:.3f}-{hi:.3f} over its repeats" if lo and hi else ""
         s += (f" llama.cpp takes {lm['ms_per_token']:.3f} ms{spread} "
               f"({lm['ms_per_token'] / f:.2f}x; llama-bench's own timing, no oracle "
-              f"check possible): ours is {lm['ms_per_token'] / ms:.2f}x faster.")
+              f"check possible): {_faster(ms, lm['ms_per_token'], 'llama.cpp')}.")
     else:
-        s += (" llama.cpp has no row in this run yet: the GPU run's `llama` stage "
-              "(`bash ci/gpu_run.sh llama`) measures it, and until then no figure is "
-              "shown for it.")
+        s += (" llama.cpp has no row in this run's ladder: the chapters measure it "
+              "where llama-bench was built before the book ran (`bash ci/gpu_run.sh "
+              "llama,book`), and until then no figure is shown for it.")
     return s
 
 
