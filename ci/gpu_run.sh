@@ -12,6 +12,9 @@
 #     cli       `python -m onelaunch bench` for Qwen: the peers and every engine rung in
 #               one process, so every ratio comes from one run
 #     moepeers  OLMoE: the peers and the ladder rungs in one process
+#     llama     llama.cpp: build llama-bench (ci/llama_build.sh; carry .llama/src.tar.gz),
+#               then the llama.cpp peer for both models (GGUFs of the run's weights);
+#               runs before cli and moepeers, which then include it among the peers
 #     pytest    the GPU-marked tests
 #     tokens    the engine before and after a refactor, same session: tokens and step
 #               time (lab/engine_tokens.py; carry .old = `git archive OLD onelaunch |
@@ -50,6 +53,12 @@ has tune && run tune 330 python3 -m onelaunch.bench --what sweepcfg --write-tabl
 has tune && run moetune 420 python3 -m onelaunch.bench --model olmoe-1b-7b --what sweepplan --write-table --json work/olmoe_plan_sweep.json && cp -r onelaunch/kernels/tuned work/
 has bench && run bench 400 python3 -m onelaunch.bench --what kernels,ladder,sweep,long --json work/bench.json
 has moe && run moe 300 python3 -m onelaunch.bench --model olmoe-1b-7b --what ops,ladder,sweep,long --json work/olmoe_bench.json
+if has llama; then
+  run llama_build 600 bash ci/llama_build.sh build 90-real
+  python3 -c "import gguf" 2>/dev/null || export PYTHONPATH=$PYTHONPATH:$PWD/.llama/src/gguf-py
+  run llama_qwen 400 python3 -m onelaunch.bench --model qwen2.5-1.5b --what peers --peers llama.cpp --json work/llama_qwen.json
+  run llama_olmoe 500 python3 -m onelaunch.bench --model olmoe-1b-7b --what peers --peers llama.cpp --json work/llama_olmoe.json
+fi
 has cli && run cli 420 python3 -m onelaunch bench --model qwen2.5-1.5b --ctx 512 --json work/cli_bench.json
 has moepeers && run moepeers 500 python3 -m onelaunch.bench --model olmoe-1b-7b --what peers,ladder --json work/olmoe_peers.json
 has tokens && [ -d .old/onelaunch ] && for v in old new old new; do

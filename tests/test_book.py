@@ -134,7 +134,7 @@ def test_figures_say_what_the_table_says():
     assert figures.value_text(rows[2], 1.0)[1] == "11/12, near ties"
     assert figures.value_text(rows[3], 1.0)[:2] == ("no time shown", "check failed (6/8)")
     cap = figures.figure_caption(rows, ladder_file.rung_order(rows), ["m"])
-    assert "a bar for 2 of its 4 rungs" in cap and "graph" in cap
+    assert "A bar for 2 of its 4 rungs" in cap and "graph" in cap
     assert "oracle, eager (10/12); fused (6/8)" in cap
     # the oracle's own row is judged by its check against HF, as on the ladder page
     check = [{"model": "m", "agree": "10/12", "disagreements": [{"step": 2, "hf_gap": 0.01}]}]
@@ -142,7 +142,9 @@ def test_figures_say_what_the_table_says():
     results.attach_reference_flips(judged, check)
     assert results.check_status(judged[1]) == "near ties only"
     fig = figures.ladder_figure(rows, title="t", head="h")
-    assert fig.png[:4] == b"\x89PNG" and fig.caption.startswith("The figure draws")
+    assert fig.png[:4] == b"\x89PNG" and fig.caption.startswith("Milliseconds per token")
+    assert ("The fastest of ours is graph at 2 ms (2.00x the floor), 10.00x faster than "
+            "the fastest peer (HF generate, eager)") in fig.caption
     import io
 
     from PIL import Image

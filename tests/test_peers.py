@@ -23,7 +23,9 @@ def qwen_cpu_rows():
 
 
 def test_rows_have_the_ladder_keys(qwen_cpu_rows):
-    assert [r["rung"] for r in qwen_cpu_rows] == list(rungs.RUNGS)
+    # llama.cpp runs on a GPU only: on the CPU it says so in one line and makes no row
+    assert [r["rung"] for r in qwen_cpu_rows] == [g for g in rungs.RUNGS
+                                                  if g != "llama.cpp"]
     for r in qwen_cpu_rows:
         assert ROW_KEYS <= set(r), r
         assert r["model"] == "tiny-qwen2" and r["ctx"] == 40

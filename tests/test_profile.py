@@ -281,6 +281,23 @@ def test_draw_profile_renders_with_labels():
     assert "+ PDL" in cap and "refused" in cap
 
 
+def test_an_op_has_one_colour_in_both_models():
+    """The same op (and a MoE op and its dense counterpart) gets the same colour in
+    every profile figure, and no two ops of one figure share one."""
+    dense = ["embed", "rms_qkv", "rope_kv_write", "attention_partial", "attention_reduce",
+             "o_proj_residual", "rms_gate_up_swiglu", "down_residual", "lm_head_argmax"]
+    moe = ["embed", "rms_qkv", "rope_kv_write", "attention_partial", "attention_reduce",
+           "o_proj_residual", "moe_router", "moe_gate_up_swiglu", "moe_down_residual",
+           "lm_head_argmax", "layer_persistent", "new_op"]
+    a, b = profile_figures.op_colors(dense), profile_figures.op_colors(moe)
+    for op in set(dense) & set(moe):
+        assert a[op] == b[op], op
+    assert a["rms_gate_up_swiglu"] == b["moe_gate_up_swiglu"]
+    assert a["down_residual"] == b["moe_down_residual"]
+    for c in (a, b):
+        assert len(set(c.values())) == len(c)
+
+
 class FakeEngine:
     """What step_profile touches of an engine, on a 'cuda' device that is never used."""
 
@@ -469,12 +486,12 @@ def test_draw_phases_and_its_caption_add_up():
     texts = [t for t in fig.findobj(matplotlib.text.Text) if t.get_text().strip()]
     words = " ".join(t.get_text() for t in texts)
     total = sum(r["span_us"] + r["release_us"] for r in clock_rows())
-    assert f"one layer, {total:.3g} us" in words and "rope_kv_write" in words
+    assert f"one layer, {total:.3g} µs" in words and "rope_kv_write" in words
     assert "waiting for the slowest program" in words
     assert min(t.get_fontsize() for t in texts) >= 10
     plt.close(fig)
     cap = profile_figures.phase_caption(rows)
-    assert cap.startswith(f"qwen2.5-1.5b: one layer takes {total:.3g} us")
+    assert cap.startswith(f"qwen2.5-1.5b: one layer takes {total:.3g} µs")
     assert "(rope_kv_write, attention_partial, attention_reduce)" in cap and "most in attention_partial" in cap
     assert f"{total * 28 / 1e3:.3g} ms" in cap and "olmoe" not in cap
     with pytest.raises(ValueError, match="no rows"):
@@ -493,7 +510,7 @@ def test_a_folded_phase_has_no_barrier_of_its_own():
                    inside="attention_partial")
     cap = profile_figures.phase_caption(rows)
     rel = sum(r["release_us"] for i, r in enumerate(rows) if i != 1)
-    assert f"the 6 releases take {rel:.2g} us (rope_kv_write runs inside attention_partial" in cap
+    assert f"the 6 releases take {rel:.2g} µs (rope_kv_write runs inside attention_partial" in cap
     fig = profile_figures.draw_phases(rows)
     words = " ".join(t.get_text() for t in fig.findobj(matplotlib.text.Text))
     assert "rope_kv_write (in the next)" in words

@@ -29,8 +29,10 @@ def print_ladder(rows: list[dict], out=sys.stdout) -> None:
         ok = row_passes(r)
         ms = r.get("ms_per_token") if ok else None
         x = (ms / r["floor_ms"]) if ok and r.get("floor_ms") else None
-        agree = r.get("agree") or "ref"
-        if ok:
+        agree = r.get("agree") or ("none" if r.get("unchecked") else "ref")
+        if ok and r.get("unchecked"):        # llama.cpp: its own timing, no check possible
+            check = "no oracle check possible"
+        elif ok:
             check = "pass" if r.get("agree") is None or r.get("agree").split("/")[0] == \
                 r.get("agree").split("/")[1] else "near ties only"
         else:
@@ -132,7 +134,8 @@ def _add_bench(sub):
     p.add_argument("--seed", type=_seed, default=0)
     _add_engine_device(p)
     p.add_argument("--no-peers", dest="peers", action="store_false",
-                   help="skip the peer rungs (HF generate, the eager and compiled oracle)")
+                   help="skip the peer rungs (HF generate, the eager and compiled oracle, "
+                   "llama.cpp where ci/llama_build.sh built it)")
     p.add_argument("--json", default=None, help="also write the rows to this file")
     _add_tp(p, many=True)
     p.set_defaults(func=cmd_bench)

@@ -39,6 +39,9 @@ def bench_main(argv=None) -> int:
     ap.add_argument("--iters", type=int, default=100)
     ap.add_argument("--json", default=None)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--peers", default=None,
+                    help="with --what peers: comma list of peers (default: every one in "
+                         "peers.rungs.PEERS), e.g. llama.cpp")
     ap.add_argument("--write-table", action="store_true",
                     help="with sweepcfg: write the fastest config of each op to kernels/tuned/<arch>.json")
     a = ap.parse_args(argv)
@@ -67,7 +70,9 @@ def bench_main(argv=None) -> int:
         # one run: the peers and the rungs on one prompt (--seed), one oracle run, one
         # bandwidth
         rows = bench_rows(spec, w, dev, ctx=a.ctx, iters=a.iters, seed=a.seed, read_tbps=bw,
-                          peers="peers" in what, peer_tokens=32, peer_iters=50,
+                          peers="peers" in what and (tuple(a.peers.split(","))
+                                                     if a.peers else True),
+                          peer_tokens=32, peer_iters=50,
                           rungs=LADDER if "ladder" in what else ())
         if "peers" in what:
             out["peers"] = [r for r in rows if r.get("kind") != "ours"]

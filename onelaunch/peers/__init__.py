@@ -2,10 +2,13 @@
 
 ``rungs`` (each peer an object, checked then timed: :func:`rungs.peer_rungs`), ``hf``
 (transformers' ``generate``), ``oracle_step`` (the oracle's step, eager and compiled),
-``gpt_fast`` (the step as gpt-fast writes it), ``launches`` (counting kernel launches).
+``gpt_fast`` (the step as gpt-fast writes it), ``launches`` (counting kernel launches),
+``llama_cpp`` and ``llama_cpp_gguf`` (llama.cpp's llama-bench on a GGUF of the run's
+weights).
 
 Four peers, each checked against the eager oracle over the same prompt, then timed per
-decode token at context ``ctx``. The check is the one our rungs pass
+decode token at context ``ctx``; and llama.cpp, timed by its own llama-bench, which
+prints no logits and so cannot be checked (its row says so). The check is the one our rungs pass
 (:mod:`onelaunch.measure.agree`): each peer is teacher-forced along the oracle's greedy tokens
 (fed the oracle's token at every step, its own argmax recorded), every step is judged by
 the agreement rule, and a peer with a real flip is refused: its row gets no time.
@@ -20,6 +23,9 @@ the agreement rule, and a peer with a real flip is refused: its row gets no time
                      (static addresses, so mutating the cache is allowed inside a CUDA
                      graph) and the position is a device tensor, so one graph serves
                      every step.
+``llama.cpp``        :class:`llama_cpp.LlamaBench`: ``llama-bench -ngl 99 -p 0 -n 128 -d
+                     ctx -fa 1`` on a bf16 GGUF of the run's weights (GPU only; where
+                     ``ci/llama_build.sh`` has not built it, one line says so, no row).
 ``gpt-fast compiled`` (:func:`gpt_fast.fast_decode_rows`, not in :data:`rungs.PEERS` yet)
                      :class:`gpt_fast.FastDecode`, the step as gpt-fast writes it (fused QKV and
                      gate/up, weights and static cache as module state, SDPA), compiled

@@ -18,6 +18,7 @@ from ..prompt import prompt_digest, random_prompt
 from ..weights import hf_model, random_weights
 from .hf import hf_generate_ms, hf_static_compiles, hf_teacher_forced, set_hf_attn
 from .hf import dynamo_graphs
+from .llama_cpp import LlamaBench
 from .oracle_step import (compiled_oracle_greedy, compiled_oracle_step,
                           compiled_oracle_step_ms, oracle_greedy, oracle_step_ms)
 
@@ -96,7 +97,8 @@ class Peer:
         """The tokens this peer checks (and times, where it times a run of tokens)."""
         return new_tokens
 
-    def measure(self, run: PeerRun, n: int) -> dict:
+    def measure(self, run: PeerRun, n: int) -> dict | None:
+        """The row; None where the peer cannot run here (it prints one line why)."""
         raise NotImplementedError
 
 
@@ -170,7 +172,7 @@ class OracleCompiled(Peer):
 
 PEERS: dict[str, Peer] = {p.name: p for p in (
     HFGenerate("HF eager", "eager", slow=True), HFGenerate("HF static", "static"),
-    OracleEager(), OracleCompiled())}
+    OracleEager(), OracleCompiled(), LlamaBench())}
 RUNGS = tuple(PEERS)      # the peer rungs, in the ladder's order
 
 
@@ -227,5 +229,7 @@ def peer_rungs(spec, ctx: int = 512, device="cuda", iters: int = 50,
     rows = []
     for name in rungs:
         peer = PEERS[name]
-        rows.append(peer.measure(run, peer.tokens(new_tokens, eager_new_tokens)))
+        row = peer.measure(run, peer.tokens(new_tokens, eager_new_tokens))
+        if row is not None:                 # None: cannot run here (said in one line)
+            rows.append(row)
     return rows

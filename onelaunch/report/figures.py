@@ -1,7 +1,9 @@
 """Figures, in one style: every figure here and in :mod:`.profile_figures` is drawn at
 :data:`DPI` with no text under :data:`FONT` points, :data:`FIG_W` (the ladder's frames)
 or :data:`PAGE_W` (a page's text width) inches wide, and each comes with a caption
-generated from the same rows.
+generated from the same rows. They are drawn on a bare ``matplotlib.figure.Figure``
+(no pyplot, no backend switch), so a chapter's own ``plt`` figures after them still
+show inline.
 
 The ladder's frame (:func:`render_frame`, one per rung for the slider of
 :mod:`.widgets`; :func:`ladder_figure`, the last frame with its caption, for a chapter),
@@ -24,6 +26,7 @@ FONT = 10                # points, the smallest text in a figure
 FIG_W = 7.9              # inches: shown about 760 px wide, so 10 pt reads as 10 pt
 PAGE_W = 6.5             # inches: a page's text width (the profile's figures)
 LABEL_W, VALUE_W = 2.1, 1.65    # inches: rung names left of the bars, values right of them
+PEER_C, OURS_C, NOW_C = "#8c8c8c", "#1f6fb4", "#d9480f"   # the ladder's bar colours
 
 
 def _short_x(x: float) -> str:
@@ -51,17 +54,16 @@ def render_frame(rows: list[dict], rungs: list[str], k: int, models: list[str],
     """PNG of frame ``k``: rungs[0..k] for each model, with floor and best-peer lines.
     Every frame has the same size and axes, so moving the slider only adds bars. Values
     sit in a column right of the axes, where no reference line crosses them."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
     from matplotlib.ticker import FuncFormatter
 
     n = len(rungs)
     pitch = 0.42                                   # inches per rung
     ax_h = pitch * n + 0.25
-    above, below, head_h = 0.8, 0.55, 0.25 + 0.2 * (1 + bool(smoke) + bool(title))
+    above, below, head_h = 1.05, 0.55, 0.25 + 0.2 * (1 + bool(smoke) + bool(title))
     fig_h = head_h + len(models) * (above + ax_h + below)
-    fig = plt.figure(figsize=(FIG_W, fig_h), dpi=max(dpi, DPI))
+    fig = Figure(figsize=(FIG_W, fig_h), dpi=max(dpi, DPI))
     for m_i, model in enumerate(models):
         top = head_h + m_i * (above + ax_h + below) + above
         ax = fig.add_axes([LABEL_W / FIG_W, 1 - (top + ax_h) / fig_h,
@@ -92,9 +94,9 @@ def render_frame(rows: list[dict], rungs: list[str], k: int, models: list[str],
                 ax.get_yticklabels()[i].set_alpha(0.3)
                 continue
             r = mine.get(g)
-            color = "#8c8c8c" if is_peer(g) or (r and is_peer(r)) else "#1f6fb4"
+            color = PEER_C if is_peer(g) or (r and is_peer(r)) else OURS_C
             if i == k:
-                color = "#d9480f" if color == "#1f6fb4" else "#555555"
+                color = NOW_C if color == OURS_C else "#555555"
             if r is None:
                 ax.text(1.03, i, "not measured", transform=side, va="center", fontsize=FONT,
                         color="#777777", clip_on=False)
@@ -124,9 +126,14 @@ def render_frame(rows: list[dict], rungs: list[str], k: int, models: list[str],
         fig.text(0.012, 1 - (top - above + 0.05) / fig_h, f"{model}, context {ctx}", va="top",
                  ha="left", fontsize=FONT + 1, fontweight="bold")
         ax.set_xlabel("ms per token (log scale; shorter is faster)", fontsize=FONT)
-        if s["floor_ms"] or s["best_peer"]:
-            ax.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=1, fontsize=FONT,
-                      frameon=False, borderaxespad=0.1, handlelength=2.2)
+        # a key for every colour: the bars' (peer, ours, this frame's) and the lines'
+        handles, _ = ax.get_legend_handles_labels()
+        handles += [Patch(color=PEER_C, label="a peer (what a user runs instead)"),
+                    Patch(color=OURS_C, label="our rung"),
+                    Patch(color=NOW_C, label="this frame's rung")]
+        ax.legend(handles=handles, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=2,
+                  fontsize=FONT, frameon=False, borderaxespad=0.1, handlelength=1.8,
+                  columnspacing=1.0)
         ax.grid(axis="x", which="both", alpha=0.2)
     if head is None:
         head = f"rung {k + 1} of {n}: {label(rungs[k], rows)}"
@@ -136,32 +143,50 @@ def render_frame(rows: list[dict], rungs: list[str], k: int, models: list[str],
              color="#c92a2a" if smoke else "black", linespacing=1.35)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=max(dpi, DPI))
-    plt.close(fig)
     return buf.getvalue()
 
 
 def figure_caption(rows: list[dict], rungs: list[str], models: list[str]) -> str:
-    """One sentence per model saying what the figure draws, from the same rows and rule:
-    prose about a figure is generated, never typed."""
-    parts = []
+    """What the figure shows, then per model what it finds and which rungs have no bar,
+    from the same rows and rule: prose about a figure is generated, never typed."""
+    parts = ["Milliseconds per token of each rung (bars, log scale: shorter is "
+             "faster), the peers a user would run instead in grey and our rungs in "
+             "blue, against the bandwidth floor of the same run (dashed) and the "
+             "fastest peer (dotted)."]
     for model in models:
         mine = {r["rung"]: r for r in rows if r["model"] == model}
         shown = [g for g in rungs if g in mine]
         st = {g: check_status(mine[g]) for g in shown}
         bars = [g for g in shown if st[g] != "refused"]
-        bits = [f"a bar for {len(bars)} of its {len(shown)} rungs" if len(bars) < len(shown)
-                else f"a bar for each of its {len(shown)} rungs"]
+        s = summary(rows, model)
+        ours = [mine[g] for g in bars if not is_peer(mine[g])]
+        bits = []
+        if ours:
+            best = min(ours, key=lambda r: r["ms_per_token"])
+            x = (f" ({best['ms_per_token'] / s['floor_ms']:.2f}x the floor)"
+                 if s["floor_ms"] else "")
+            bp = s["best_peer"]
+            vs = (f", {bp['ms_per_token'] / best['ms_per_token']:.2f}x faster than the "
+                  f"fastest peer ({label(bp, rows)})" if bp else "")
+            bits.append(f"the fastest of ours is {label(best, rows)} at "
+                        f"{best['ms_per_token']:.3g} ms{x}{vs}")
+        if len(bars) < len(shown):
+            bits.append(f"a bar for {len(bars)} of its {len(shown)} rungs")
         ties = [label(g, rows) for g in bars if st[g] == "near ties only"]
         if ties:
             bits.append("differing from the oracle only at near ties: " + "; ".join(ties))
-        refused = [f"{label(g, rows)} ({mine[g].get('agree')})" for g in shown if st[g] == "refused"]
+        refused = [f"{label(g, rows)} ({mine[g].get('agree')})" for g in shown
+                   if st[g] == "refused"]
         if refused:
-            bits.append("hatched, with no time, because the check failed: " + "; ".join(refused))
+            bits.append("hatched, with no time, because the check failed: "
+                        + "; ".join(refused))
         missing = [label(g, rows) for g in rungs if g not in mine]
         if missing:
             bits.append("not measured: " + "; ".join(missing))
-        parts.append(f"{model}: " + ", ".join(bits) + ".")
-    return "The figure draws, " + " ".join(parts)
+        if bits:       # labels hold commas ("HF generate, eager"): one sentence a fact
+            parts.append(f"{model}: " + ". ".join(b[0].upper() + b[1:] for b in bits)
+                         + ".")
+    return " ".join(parts)
 
 
 class _Figure:
@@ -185,3 +210,130 @@ def ladder_figure(rows: list[dict], smoke: bool = False, title: str = "",
     rungs = rung_order(rows)
     png = render_frame(rows, rungs, len(rungs) - 1, models, title, smoke, dpi, head=head)
     return _Figure(png, figure_caption(rows, rungs, models))
+
+
+def _pct(p: float) -> str:
+    return "<1%" if p < 1 else f"{p:.0f}%"
+
+
+def _gbps(v: float) -> str:
+    """Plain digits: thousands grouped, small values to three figures (no exponent)."""
+    return f"{v:,.0f}" if v >= 100 else f"{v:.3g}"
+
+
+def kernel_figure(rows: list[dict], read_tbps: float, head: str, smoke: bool = False,
+                  slow: str = "attention (plain)", dpi: int = DPI):
+    """Each checked kernel's bandwidth (bytes it must move / its time) against the
+    streaming read of the same run, on a log axis so that a kernel at 1% of the read
+    bandwidth still shows a bar; the values sit in a column right of the axes, where no
+    line crosses them. ``rows``: kernel rows with ``kernel``, ``gbps``, ``pct_of_read``
+    and ``bytes`` (a row without ``gbps`` failed its check and is left out)."""
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    shown = [r for r in rows if r.get("gbps")]
+    n = len(shown)
+    label_w, value_w, pitch = 2.3, 1.55, 0.36              # inches
+    ax_h = pitch * n + 0.2
+    head_h, below = 0.35 + 0.2 * bool(smoke) + 0.5, 0.6
+    fig_h = head_h + ax_h + below
+    fig = Figure(figsize=(PAGE_W, fig_h), dpi=dpi)
+    ax = fig.add_axes([label_w / PAGE_W, below / fig_h,
+                       (PAGE_W - label_w - value_w) / PAGE_W, ax_h / fig_h])
+    read = read_tbps * 1e3
+    vals = [r["gbps"] for r in shown] + [read]
+    lo, hi = min(vals) / 2, max(vals) * 1.5
+    ax.set_xscale("log")
+    ax.set_xlim(lo, hi)
+    ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0,)))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: _gbps(v)))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    colors = ["#c92a2a" if r["kernel"] == slow else "#1f6fb4" for r in shown]
+    ax.barh(range(n), [r["gbps"] - lo for r in shown], left=lo, color=colors,
+            height=0.62)
+    ax.set_ylim(n - 0.5, -0.5)
+    ax.set_yticks(range(n))
+    ax.set_yticklabels([r["kernel"] for r in shown], fontsize=FONT)
+    ax.tick_params(axis="x", labelsize=FONT)
+    side = ax.get_yaxis_transform()
+    for i, r in enumerate(shown):
+        ax.text(1.03, i, f"{_gbps(r['gbps'])} GB/s, {_pct(r['pct_of_read'])}",
+                transform=side, va="center", fontsize=FONT, clip_on=False)
+    ax.axvline(read, color="black", ls="--", lw=1.2)
+    ax.set_xlabel("GB/s: bytes the kernel must move / its time (log scale)",
+                  fontsize=FONT)
+    ax.grid(axis="x", which="major", alpha=0.25)
+    handles = [Patch(color="#1f6fb4", label="fused kernel"),
+               Patch(color="#c92a2a", label=f"{slow}: one program a head"),
+               Line2D([], [], color="black", ls="--",
+                          label=f"streaming read, this run: {_gbps(read)} GB/s")]
+    ax.legend(handles=handles, loc="lower left", bbox_to_anchor=(-label_w /
+              (PAGE_W - label_w - value_w), 1.0), ncol=2, fontsize=FONT, frameon=False,
+              borderaxespad=0.2, handlelength=1.6, columnspacing=1.0)
+    smoke_line = "CPU SMOKE RUN, NOT A MEASUREMENT (tiny model)"
+    lines = [head] + ([smoke_line] if smoke else [])
+    fig.text(0.012, 1 - 0.1 / fig_h, "\n".join(lines), va="top", ha="left",
+             fontsize=FONT + 1, color="#c92a2a" if smoke else "black")
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    best = max(shown, key=lambda r: r["gbps"])
+    worst = min(shown, key=lambda r: r["gbps"])
+    caption = (f"Each kernel's bandwidth (the bytes it must move over its time), one "
+               f"bar per checked kernel, against the streaming read measured in the same "
+               f"run "
+               f"(dashed, {_gbps(read)} GB/s). The fastest, {best['kernel']}, reaches "
+               f"{_pct(best['pct_of_read'])} of it; the slowest, {worst['kernel']}, "
+               f"{_pct(worst['pct_of_read'])}. The axis is logarithmic, so that the "
+               "smallest kernels show a bar.")
+    return _Figure(buf.getvalue(), caption)
+
+
+def sweep_figure(rows: list[dict], head: str, smoke: bool = False, dpi: int = DPI):
+    """ms/token of one rung against the context (log axis), beside the floor of the same
+    run at each context, each point labelled with its ratio to the floor; a row's
+    spread over its timed repeats (``ms_min``, ``ms_max``) is drawn where it has one."""
+    from matplotlib.figure import Figure
+
+    rows = sorted((r for r in rows if r.get("ms_per_token")), key=lambda r: r["ctx"])
+    if not rows:
+        raise ValueError("sweep_figure: no timed rows")
+    fig = Figure(figsize=(PAGE_W, 3.9 + 0.2 * bool(smoke)), dpi=dpi)
+    ax = fig.add_axes([0.11, 0.15, 0.86, 0.62 - 0.04 * bool(smoke)])
+    cs = [r["ctx"] for r in rows]
+    ms = [r["ms_per_token"] for r in rows]
+    lo = [m - r.get("ms_min", m) for m, r in zip(ms, rows)]
+    hi = [r.get("ms_max", m) - m for m, r in zip(ms, rows)]
+    ax.errorbar(cs, ms, yerr=[lo, hi], fmt="o-", color=OURS_C, capsize=3,
+                label=f"{rows[0]['rung']}, ms per token")
+    ax.plot(cs, [r["floor_ms"] for r in rows], "s--", color="black",
+            label="bandwidth floor, this run")
+    for r in rows:
+        if r.get("x_floor"):
+            ax.annotate(f"{r['x_floor']:.2f}x", (r["ctx"], r["ms_per_token"]),
+                        textcoords="offset points", xytext=(0, 9), ha="center",
+                        fontsize=FONT)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(cs)
+    ax.set_xticklabels([f"{c:,}" for c in cs], fontsize=FONT)
+    ax.minorticks_off()
+    ax.tick_params(axis="y", labelsize=FONT)
+    ax.set_ylim(0, max(ms) * 1.25)
+    ax.set_xlabel("context (tokens, log scale)", fontsize=FONT)
+    ax.set_ylabel("ms per token", fontsize=FONT)
+    ax.grid(alpha=0.2)
+    ax.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=2, fontsize=FONT,
+              frameon=False, borderaxespad=0.2)
+    lines = [head] + (["CPU SMOKE RUN, NOT A MEASUREMENT (tiny model, no graph)"]
+                      if smoke else [])
+    fig.text(0.012, 0.98, "\n".join(lines), va="top", ha="left", fontsize=FONT + 1,
+             color="#c92a2a" if smoke else "black")
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    xs = [r["x_floor"] for r in rows if r.get("x_floor")]
+    caption = (f"The step's time (dots) and the floor of the same run (squares) at "
+               f"{len(rows)} context lengths from {cs[0]:,} to {cs[-1]:,} tokens"
+               + (f"; the label on each dot is its ratio to the floor, from "
+                  f"{min(xs):.2f}x to {max(xs):.2f}x" if xs else "") + ".")
+    return _Figure(buf.getvalue(), caption)

@@ -24,14 +24,33 @@ def op_order(rows: list[dict]) -> list[str]:
     return merged
 
 
+# Every op's colour, the same in every figure and for both models: the ops in step
+# order, a MoE op beside its dense counterpart (they share a colour: the same place in
+# the layer), then any op not listed, in the order it comes.
+OP_COLOR_ORDER = ("embed", "rms_qkv", "rope_kv_write", "attention", "attention_partial",
+                  "attention_reduce", "o_proj_residual", "moe_router",
+                  ("rms_gate_up_swiglu", "moe_gate_up_swiglu"),
+                  ("down_residual", "moe_down_residual"), "lm_head_argmax",
+                  "layer_persistent")
+
+
 def op_colors(ops: list[str]) -> dict[str, tuple]:
     """op -> (solid colour, light colour): tab20's pairs but its grey (the legend's
-    solid/hatched keys are black and white), then tab20b's."""
+    solid/hatched keys are black and white), then tab20b's, given out by
+    :data:`OP_COLOR_ORDER` so that an op has one colour whichever model or figure
+    draws it; ops not in it take the colours left, in order."""
     import matplotlib
     t20, t20b = matplotlib.colormaps["tab20"], matplotlib.colormaps["tab20b"]
     pairs = [(t20(2 * i), t20(2 * i + 1)) for i in range(10) if i != 7]
     pairs += [(t20b(4 * j), t20b(4 * j + 2)) for j in range(5)]
-    return {op: pairs[i % len(pairs)] for i, op in enumerate(ops)}
+    slot = {}
+    for i, key in enumerate(OP_COLOR_ORDER):
+        for op in (key if isinstance(key, tuple) else (key,)):
+            slot[op] = i
+    extra = [op for op in ops if op not in slot]
+    for j, op in enumerate(extra):
+        slot[op] = len(OP_COLOR_ORDER) + j
+    return {op: pairs[slot[op] % len(pairs)] for op in ops}
 
 
 def draw_profile(rows: list[dict], model: str | None = None, head: str = "",
@@ -180,8 +199,16 @@ def draw_profile(rows: list[dict], model: str | None = None, head: str = "",
     return fig
 
 
+SHOWS = ("Where each rung's step goes, op by op in step order (one colour an op, the "
+         "same in both models' figures): the time its bytes need at the read bandwidth "
+         "of the same run (solid) and the time it takes beyond them (light, hatched), "
+         "against the floor of the whole step (dashed); below, the time beyond the bytes "
+         "of each op, one bar a rung.")
+
+
 def caption(rows: list[dict], model: str | None = None) -> str:
-    """What the figure shows, in one sentence per rung, from the same rows."""
+    """What the figure shows (:data:`SHOWS`), then one clause per rung: its step, the
+    change from the rung above and the op with the most time beyond its bytes."""
     model = model or rows[0]["model"]
     rows = [r for r in rows if r["model"] == model]
     parts, prev = [], None
@@ -203,7 +230,7 @@ def caption(rows: list[dict], model: str | None = None) -> str:
             s += f", most time beyond its bytes in {top['op']} ({top['beyond_ms']:.3g} ms)"
         parts.append(s)
         prev = span
-    return f"{model}: " + "; ".join(parts) + "."
+    return f"{SHOWS} {model}: " + "; ".join(parts) + "."
 
 
 PHASE_PARTS = (("bytes_us", "its bytes at the read bandwidth"),
@@ -235,9 +262,9 @@ def draw_phases(rows: list[dict]):
         labels = [r["phase"] + (" (in the next)" if r.get("inside") else "") for r in mine]
         ax.set_yticks(range(len(mine)), labels, fontsize=FONT)
         total = sum(r["span_us"] + r["release_us"] for r in mine)
-        ax.set_title(f"{m}: one layer, {total:.3g} us", fontsize=FONT + 1, loc="left")
+        ax.set_title(f"{m}: one layer, {total:.3g} µs", fontsize=FONT + 1, loc="left")
         ax.tick_params(axis="x", labelsize=FONT)
-        ax.set_xlabel("us", fontsize=FONT)
+        ax.set_xlabel("µs", fontsize=FONT)
     handles, labels = axes[0, 0].get_legend_handles_labels()
     fig.legend(handles, labels, fontsize=FONT, loc="lower center", ncol=2, frameon=False)
     fig.tight_layout(rect=(0, 0.55 / fig.get_size_inches()[1], 1, 1))   # the legend below
@@ -261,12 +288,12 @@ def phase_caption(rows: list[dict]) -> str:
                          for r in mine if r.get("inside"))
         light = [r for r in mine if r["need_us"] < 0.01 * need]       # (almost) no bytes
         lt = sum(r["span_us"] + r["release_us"] for r in light)
-        out.append(f"{m}: one layer takes {total:.3g} us, of which its bytes need {need:.3g} "
-                   f"({need / total:.0%}); the median program works {beyond:.3g} us beyond "
-                   f"them, programs wait {wait:.3g} us for the slowest one (most in "
-                   f"{worst['phase']}, {worst['wait_us']:.2g} us), and the {len(barriers)} "
-                   f"releases take {rel:.2g} us{inside}; over {mine[0]['layers']} layers "
+        out.append(f"{m}: one layer takes {total:.3g} µs, of which its bytes need {need:.3g} "
+                   f"({need / total:.0%}); the median program works {beyond:.3g} µs beyond "
+                   f"them, programs wait {wait:.3g} µs for the slowest one (most in "
+                   f"{worst['phase']}, {worst['wait_us']:.2g} µs), and the {len(barriers)} "
+                   f"releases take {rel:.2g} µs{inside}; over {mine[0]['layers']} layers "
                    f"that is {total * mine[0]['layers'] / 1e3:.3g} ms."
                    + (f" The phases with almost no bytes ({', '.join(r['phase'] for r in light)}) "
-                      f"take {lt:.3g} us of the layer ({lt / total:.0%})." if light else ""))
+                      f"take {lt:.3g} µs of the layer ({lt / total:.0%})." if light else ""))
     return " ".join(out)
