@@ -57,6 +57,27 @@ def run_id() -> str | None:
     return env.get("ONELAUNCH_RUN")
 
 
+def run_key(row_or_meta: dict):
+    """The run a row (or a file's ``meta``) comes from: its ``run`` id where it has one,
+    else its commit."""
+    return row_or_meta.get("run") or row_or_meta.get("commit")
+
+
+def this_run() -> str:
+    """The run this process writes: :func:`run_id`, else the commit (:func:`run_key` of
+    every row it writes)."""
+    return run_id() or git_commit()
+
+
+def load_this_run(name: str, gpu: str) -> dict | None:
+    """``results/<gpu>/<name>.json`` if this process's run wrote it, else None: a page
+    reads an earlier chapter's numbers only from the same run."""
+    data = load(name, gpu)
+    if data is None or run_key(data.get("meta", {})) != this_run():
+        return None
+    return data
+
+
 def meta(device="cuda", parameters: dict | None = None) -> dict:
     import triton
     import transformers
@@ -107,9 +128,12 @@ def write(name: str, rows: list[dict], device="cuda", parameters: dict | None = 
 LADDER_KEYS = ("model", "rung", "ctx")
 
 
-def write_ladder(rows: list[dict], device="cuda", parameters=None, gpu=None) -> Path:
+def write_ladder(rows: list[dict], device="cuda", parameters=None, gpu=None,
+                 chapter: str | None = None) -> Path:
     """Merge ``rows`` into ``ladder.json``. Each row gets the commit and run it comes
-    from; an "oracle eager" row whose ``agree`` is the oracle's check against Hugging Face
+    from, and the chapter that wrote it (``chapter``, the notebook's stem, e.g.
+    ``"05_split_k"``: a chapter's figure draws only its own run's rows of chapters up to
+    itself, :func:`onelaunch.report.ladder_file.chapter_rows`); an "oracle eager" row whose ``agree`` is the oracle's check against Hugging Face
     gets that check's disagreements as its ``flips`` (from ``oracle_check.json`` of the
     same GPU and commit), so every page judges it by the same near-tie rule."""
     gpu = gpu or gpu_slug(device)
@@ -123,6 +147,8 @@ def write_ladder(rows: list[dict], device="cuda", parameters=None, gpu=None) -> 
         r.setdefault("commit", git_commit())
         if run_id():
             r.setdefault("run", run_id())
+        if chapter:
+            r.setdefault("chapter", chapter)
     return write("ladder", rows, device=device, parameters=parameters,
                  merge_keys=LADDER_KEYS, gpu=gpu)
 
