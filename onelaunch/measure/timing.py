@@ -70,13 +70,15 @@ def time_ms(fn, iters: int = 100, warmup: int = 10, device="cuda") -> Timing:
 
 
 def read_bandwidth(device="cuda", gib: float = 2.0, iters: int = 30) -> float:
-    """Streaming-read bandwidth in TB/s: ``x.sum()`` over a bf16 buffer far larger than L2.
+    """Streaming-read bandwidth in TB/s: ``x.sum()`` over a bf16 buffer far larger than
+    L2.
 
     This is the denominator of every floor: the fastest the GPU reads bytes it has not
     seen, in this process, on this card, today."""
     n = int(gib * (1 << 30)) // 2
     x = torch.empty(n, dtype=torch.bfloat16, device=device).uniform_(-1, 1)
-    t = time_ms(lambda: x.sum(dtype=torch.float32), iters=iters, warmup=3, device=device)
+    t = time_ms(lambda: x.sum(dtype=torch.float32), iters=iters, warmup=3,
+                device=device)
     del x
     return n * 2 / (t.median_ms * 1e-3) / 1e12
 
