@@ -146,6 +146,11 @@ def time_engine_timing(e, graph: bool, iters: int, device) -> Timing:
     return time_ms(lambda: e.step(graph), iters=iters, warmup=min(5, iters), device=device)
 
 
-def time_engine_step(e, graph: bool, iters: int, device) -> float:
-    """Median ms of one step of engine ``e`` (its CUDA graph when ``graph``)."""
-    return time_engine_timing(e, graph, iters, device).median_ms
+def time_engine_step(e, graph: bool, iters: int, device,
+                     info: dict | None = None) -> float:
+    """Median ms of one step of engine ``e`` (its CUDA graph when ``graph``); ``info``
+    (a dict) gets the spread (:meth:`Timing.spread`)."""
+    t = time_engine_timing(e, graph, iters, device)
+    if info is not None:
+        info.update(t.spread())
+    return t.median_ms
