@@ -1,5 +1,7 @@
 """The ladder file's rows (``results/<gpu>/ladder.json``): which GPU's file, which run,
-the order of the rungs, their labels, and each model's floor and best peer.
+which rows a chapter may draw (:func:`chapter_rows`: its own run's, of itself and the
+chapters before it), the order of the rungs, their labels, and each model's floor and
+best peer.
 
 Rows come from ``results/<gpu>/ladder.json`` (see :mod:`onelaunch.report.results`). Rung order:
 the peers first, in :data:`PEER_RUNGS` order, then ours, by the row's ``order`` field if
