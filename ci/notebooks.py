@@ -296,7 +296,8 @@ def stage(reuse: bool, timeout: int) -> int:
             note = staleness_note(src.stem, nb.metadata.get("onelaunch", {}).get("commit"))
             if note:
                 _insert_note(nb, note)
-            print(f"[stage] {src.stem}: GPU run" + ("" if fresh else ", prose as run (code differs)")
+            print(f"[stage] {src.stem}: GPU run" + ("" if fresh else ", prose as run (code "
+                  "differs, or the new prose reads values the run did not glue)")
                   + (", package changed since (note added)" if note else ""))
             nbformat.write(nb, dest)
             continue
