@@ -12,8 +12,11 @@ What is read:
   ``oracle_check.json`` (the ladder page reads it): ``meta.commit`` (and ``meta.run``) and
   each row's ``commit`` (and ``run``) where rows carry one.
 
-Prints one line per source, and exits 1 naming those whose commit is not the commonest
-one (or whose run differs). ``ci/gpu_book.sh`` runs it after a full run; CI runs it on the
+Each machine kind is one run of its own: a chapter whose front matter needs several GPUs
+(``onelaunch: needs: 2 GPUs ...``, chapter 7) goes with ``results/<gpu>x2/``, which
+a two-GPU machine writes, and may come from another commit than the one-GPU chapters
+and ``results/<gpu>/``. Prints one line per source, and exits 1 naming those whose
+commit is not the commonest one of their machine kind (or whose run differs). ``ci/gpu_book.sh`` runs it after a full run; CI runs it on the
 committed tree (tests/test_one_commit.py).
 
     python ci/check_one_commit.py [--root DIR]
@@ -66,17 +69,26 @@ def book_gpu(root: Path) -> str | None:
     return have[0] if have else None
 
 
+def gpus_needed(src: Path) -> int:
+    """GPUs a chapter's front matter says it needs (``needs: 2 GPUs ...``; default 1)."""
+    if not src.exists():
+        return 1
+    m = re.search(r"^\s*needs:\s*(\d+)\s*GPUs", src.read_text(), re.M)
+    return int(m.group(1)) if m else 1
+
+
 def sources(root: Path) -> list[dict]:
-    """One entry per thing that names a commit: ``{what, commit, run}``."""
+    """One entry per thing that names a commit: ``{what, commit, run, kind}``; ``kind``
+    is the machine kind (``"1"``, ``"2"``: GPUs) whose run it belongs to."""
     out = []
     for nb in sorted((root / "notebooks").glob("[0-9][0-9]_*.ipynb")):
         m = json.loads(nb.read_text()).get("metadata", {}).get("onelaunch", {})
         out.append({"what": f"notebooks/{nb.name}", "commit": m.get("commit"),
-                    "run": m.get("run_id")})
+                    "run": m.get("run_id"), "kind": str(gpus_needed(nb.with_suffix(".md")))})
     gpu = book_gpu(root)
     if gpu is None:
         return out
-    # the same GPU's multi-GPU runs (results/h200x2/: chapter 7) belong to the same book run
+    # the same GPU's multi-GPU results (results/h200x2/: chapter 7) are their own run
     folders = [gpu] + sorted(p.name for p in (root / "results").glob(f"{gpu}x[0-9]*") if p.is_dir())
     for folder, name in ((f, n) for f in folders for n in shown_results(root)):
         p = root / "results" / folder / f"{name}.json"
@@ -85,18 +97,25 @@ def sources(root: Path) -> list[dict]:
         data = json.loads(p.read_text())
         meta = data.get("meta", {})
         rel = f"results/{folder}/{name}.json"
-        out.append({"what": rel, "commit": meta.get("commit"), "run": meta.get("run")})
+        kind = folder[len(gpu) + 1:] if folder != gpu else "1"
+        out.append({"what": rel, "commit": meta.get("commit"), "run": meta.get("run"),
+                    "kind": kind})
         rows = [r for r in data.get("rows", []) if isinstance(r, dict)]
         by = collections.Counter((r.get("commit"), r.get("run")) for r in rows
                                  if r.get("commit") or r.get("run"))
         for (c, run), n in sorted(by.items(), key=lambda kv: str(kv[0])):
             out.append({"what": f"{rel}, {n} row(s)", "commit": c or meta.get("commit"),
-                        "run": run})
+                        "run": run, "kind": kind})
     return out
 
 
 def problems(found: list[dict]) -> list[str]:
-    """Lines naming every source off the commonest commit or run (empty: one run)."""
+    """Lines naming every source off the commonest commit or run of its machine kind
+    (empty: one run per kind)."""
+    kinds = sorted({s.get("kind", "1") for s in found})
+    if len(kinds) > 1:
+        return [p for k in kinds for p in problems(
+            [dict(s, kind=None) for s in found if s.get("kind", "1") == k])]
     if not found:
         return []
     commits = collections.Counter(str(s["commit"]) for s in found)
@@ -120,7 +139,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     found = sources(a.root.resolve())
     for s in found:
-        print(f"  {s['what']:48s} {s['commit']}" + (f"  run {s['run']}" if s["run"] else ""))
+        print(f"  {s['what']:48s} {s['commit']}" + (f"  run {s['run']}" if s["run"] else "")
+              + (f"  ({s['kind']} GPUs)" if s.get("kind") not in (None, "1") else ""))
     bad = problems(found)
     if bad:
         print(f"[check_one_commit] the book mixes runs ({len(bad)} source(s) off the main one):",
@@ -128,8 +148,11 @@ def main(argv=None) -> int:
         print("\n".join("  " + b for b in bad), file=sys.stderr)
         print("  rerun every chapter in one GPU run: bash ci/gpu_book.sh", file=sys.stderr)
         return 1
-    print(f"[check_one_commit] {len(found)} source(s), one commit"
-          + (f": {found[0]['commit']}" if found else ""))
+    per = {}
+    for s in found:
+        per.setdefault(s.get("kind", "1"), s["commit"])
+    print(f"[check_one_commit] {len(found)} source(s), one commit per machine kind: "
+          + ", ".join(f"{k} GPU(s) {c}" for k, c in sorted(per.items())))
     return 0
 
 

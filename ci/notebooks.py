@@ -169,10 +169,11 @@ def execute(src: Path, out: Path, run: str, extra: dict, timeout: int) -> float:
 
 def run_all(run: str, names, out_dir: Path, extra: dict, timeout: int,
             mem_gb: float | None = None) -> int:
+    # one id for every chapter of this invocation (and every results file and ladder row
+    # they write): a chapter's figure draws this run's rows only (ladder_file.chapter_rows)
+    os.environ.setdefault("ONELAUNCH_RUN", ("" if run == "gpu" else f"{run}-") + f"{commit()}-"
+                          f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}")
     if run == "gpu":
-        # one id for every chapter of this invocation (and every results file they write)
-        os.environ.setdefault("ONELAUNCH_RUN", f"{commit()}-"
-                              f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}")
         gb = DEFAULT_GPU_MEM_GB if mem_gb is None else mem_gb
         if gb:
             os.environ["ONELAUNCH_GPU_MEM_GB"] = f"{gb:g}"
@@ -295,7 +296,8 @@ def stage(reuse: bool, timeout: int) -> int:
             note = staleness_note(src.stem, nb.metadata.get("onelaunch", {}).get("commit"))
             if note:
                 _insert_note(nb, note)
-            print(f"[stage] {src.stem}: GPU run" + ("" if fresh else ", prose as run (code differs)")
+            print(f"[stage] {src.stem}: GPU run" + ("" if fresh else ", prose as run (code "
+                  "differs, or the new prose reads values the run did not glue)")
                   + (", package changed since (note added)" if note else ""))
             nbformat.write(nb, dest)
             continue

@@ -5,12 +5,15 @@ The executed ``notebooks/<stem>.ipynb`` keeps its code cells' outputs; its markd
 are replaced by the source's, in the source's order, and its code cells take the source's
 text where only layout or comments differ (``check_stale.same_program``). Only allowed while the
 code cells still match (``ci/check_stale.py``): otherwise the numbers would sit next to
-code that did not produce them, and the chapter needs a GPU rerun instead.
+code that did not produce them, and the chapter needs a GPU rerun instead. Nor while the
+source's prose reads a glued value the executed notebook lacks (prose written for code
+that has not run on the GPU yet): the prose as run stays until the next GPU run.
 
     python ci/refresh_prose.py [NOTEBOOK.ipynb ...]    # default: every executed chapter
 """
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -18,6 +21,23 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "ci"))
 from check_stale import stale  # noqa: E402
 from chapter_source import read_source  # noqa: E402
+
+
+GLUE_REF = re.compile(r"\{glue(?::\w+)?\}`([^`]+)`")
+
+
+def glued_names(nb) -> set[str]:
+    """Names the executed notebook's outputs glue (``myst_nb.glue``/``chapter.glue``)."""
+    return {o.get("metadata", {}).get("scrapbook", {}).get("name")
+            for c in nb.cells for o in c.get("outputs", [])} - {None}
+
+
+def missing_glue(src_nb, done_nb) -> list[str]:
+    """Names the source's prose reads from its own page that the executed notebook never
+    glued: prose written for code that has not run on the GPU yet."""
+    used = {m for c in src_nb.cells if c.cell_type == "markdown"
+            for m in GLUE_REF.findall(c.source) if "::" not in m}
+    return sorted(used - glued_names(done_nb))
 
 
 def refresh(nb_path: Path) -> bool:
@@ -28,6 +48,12 @@ def refresh(nb_path: Path) -> bool:
         return False
     done = nbformat.read(nb_path, as_version=4)
     src = read_source(nb_path.with_suffix(".md"))
+    missing = missing_glue(src, done)
+    if missing:
+        # the prose as run stays: the new prose needs values only the next GPU run glues
+        print(f"{nb_path.name}: the source's prose reads values this run did not glue "
+              f"({', '.join(missing)}); keeping the prose as run", file=sys.stderr)
+        return False
     injected = [c for c in done.cells
                 if "injected-parameters" in c.get("metadata", {}).get("tags", [])]
     executed = iter([c for c in done.cells if c.cell_type == "code" and c not in injected])

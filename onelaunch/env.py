@@ -15,8 +15,9 @@ VARS: dict[str, str] = {
                         "only; the tests, the CPU chapters and `--device cpu` set it)",
     "ONELAUNCH_COMMIT": "the commit being run, where the tree has no .git (the GPU book "
                         "run copies the tree; ci/gpu_book.sh sets it)",
-    "ONELAUNCH_RUN": "the GPU book run a process belongs to (ci/notebooks.py gpu sets "
-                     "it): every results file and row it writes carries it",
+    "ONELAUNCH_RUN": "the book run a process belongs to (ci/notebooks.py sets it, on "
+                     "the GPU and on the CPU): every results file and row it writes "
+                     "carries it, and a chapter's figure draws only its rows",
     "ONELAUNCH_GPU_MEM_GB": "cap torch's GPU memory at this many GB (24: an RTX 4090's; "
                             "0 or empty: no cap; memcap.py)",
     "ONELAUNCH_PEAK_FILE": "where a chapter's kernel writes its peak GPU memory as JSON "

@@ -190,10 +190,11 @@ class Oracle(torch.nn.Module):
     # ---- the step --------------------------------------------------------------------
     def hidden(self, tokens: torch.Tensor, pos: torch.Tensor, live: int | None = None,
                all_experts: bool = False) -> torch.Tensor:
-        """The residual stream after the last layer, [T, H], writing every layer's K/V at
-        ``pos`` into the cache (``live``, ``all_experts``: see ``attention`` and ``mlp``)."""
+        """The residual stream after the last layer, [T, H], writing every layer's K/V
+        at ``pos`` into the cache (``live``, ``all_experts``: see ``attention`` and
+        ``mlp``)."""
         s = self.spec
-        x = self.w("model.embed_tokens.weight")[tokens]                             # [T, H]
+        x = self.w("model.embed_tokens.weight")[tokens]                     # [T, H]
         for li in range(s.layers):
             p = f"model.layers.{li}."
             h = rms_norm(x, self.w(p + "input_layernorm.weight"), s.rms_eps)

@@ -49,7 +49,7 @@ def test_one_commit_passes(tmp_path):
     assert shown_results(root) == ["floor", "kernels", "ladder", "oracle_check"]
     p = _check(root)
     assert p.returncode == 0, p.stderr
-    assert "one commit: aaa" in p.stdout
+    assert "one commit per machine kind: 1 GPU(s) aaa" in p.stdout
 
 
 def test_a_chapter_from_another_commit_fails(tmp_path):
@@ -73,6 +73,26 @@ def test_two_runs_of_one_commit_fail(tmp_path):
     nb.write_text(json.dumps({"metadata": {"onelaunch": {"commit": "aaa", "run_id": "aaa-2"}}}))
     p = _check(root)
     assert p.returncode == 1 and "run aaa-2, not aaa-1" in p.stderr
+
+
+def test_the_two_gpu_chapter_is_a_run_of_its_own(tmp_path):
+    """Chapter 7 and results/h200x2/ may keep an earlier two-GPU run; within that kind
+    one commit still rules."""
+    root = _tree(tmp_path, {"01_a": "aaa", "02_b": "aaa"}, ["aaa"])
+    nb = root / "notebooks"
+    (nb / "07_tp.md").write_text("---\nonelaunch:\n  needs: 2 GPUs with NVLink\n---\n"
+                                 '```{code-cell} ipython3\nresults.write("tp", rows)\n```\n')
+    (nb / "07_tp.ipynb").write_text(json.dumps(
+        {"metadata": {"onelaunch": {"commit": "old"}}, "cells": []}))
+    x2 = root / "results" / "h200x2"
+    x2.mkdir()
+    (x2 / "tp.json").write_text(json.dumps({"meta": {"commit": "old"}, "rows": [{}]}))
+    p = _check(root)
+    assert p.returncode == 0, p.stderr
+    assert "2 GPU(s) old" in p.stdout
+    (x2 / "tp.json").write_text(json.dumps({"meta": {"commit": "aaa"}, "rows": [{}]}))
+    p = _check(root)
+    assert p.returncode == 1 and "results/h200x2/tp.json: commit aaa, not old" in p.stderr
 
 
 def test_the_book_comes_from_one_run():

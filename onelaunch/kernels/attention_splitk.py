@@ -91,7 +91,8 @@ def load_kv_tile(k_cache_ptr, v_cache_ptr, base, t0, t_end, stride_c_t, d, dm,
 @triton.jit
 def softmax_tile(q, k, v, tm, m_i, l_i, acc, scale, DOT_F32: tl.constexpr):
     """One online-softmax step over a K/V tile (rows where ``tm`` is False count for
-    nothing). Needs a finite running max or at least one valid row (else exp(-inf + inf))."""
+    nothing). Needs a finite running max or at least one valid row (else
+    exp(-inf + inf))."""
     if DOT_F32:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
@@ -120,22 +121,23 @@ def partial_tiles(q, k_cache_ptr, v_cache_ptr, base, start, end, stride_c_t, d, 
 
 
 @triton.jit
-def split_partial(q, k_cache_ptr, v_cache_ptr, base, start, end, pos, stride_c_t, d, dm, scale,
-                  k0, v0, tm0, kn, vn, tmn, GROUP_PAD: tl.constexpr, BLOCK_D: tl.constexpr,
-                  BLOCK_T: tl.constexpr, DOT_F32: tl.constexpr):
-    """One split's partial: the newest token first if this split holds it (``kn``, ``vn``,
-    ``tmn``: a tile of NEW_T rows whose only valid row is slot pos), then the early tile
-    ``k0, v0, tm0`` (positions [start, start + BLOCK_T) below pos, loaded before the PDL
-    wait), then the rest of [start, min(end, pos)). The newest token first keeps the
-    running max finite when the early tile is empty (pos == start)."""
+def split_partial(q, k_cache_ptr, v_cache_ptr, base, start, end, pos, stride_c_t, d, dm,
+                  scale, k0, v0, tm0, kn, vn, tmn, GROUP_PAD: tl.constexpr,
+                  BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr, DOT_F32: tl.constexpr):
+    """One split's partial: the newest token first if this split holds it (``kn``,
+    ``vn``, ``tmn``: a tile of NEW_T rows whose only valid row is slot pos), then the
+    early tile ``k0, v0, tm0`` (positions [start, start + BLOCK_T) below pos, loaded
+    before the PDL wait), then the rest of [start, min(end, pos)). The newest token
+    first keeps the running max finite when the early tile is empty (pos == start)."""
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, BLOCK_D], tl.float32)
-    if end == pos + 1:                                   # this split holds the new token
+    if end == pos + 1:                               # this split holds the new token
         m_i, l_i, acc = softmax_tile(q, kn, vn, tmn, m_i, l_i, acc, scale, DOT_F32)
     m_i, l_i, acc = softmax_tile(q, k0, v0, tm0, m_i, l_i, acc, scale, DOT_F32)
-    return partial_tiles(q, k_cache_ptr, v_cache_ptr, base, start + BLOCK_T, tl.minimum(end, pos),
-                         stride_c_t, d, dm, scale, m_i, l_i, acc, BLOCK_T, DOT_F32)
+    return partial_tiles(q, k_cache_ptr, v_cache_ptr, base, start + BLOCK_T,
+                         tl.minimum(end, pos), stride_c_t, d, dm, scale, m_i, l_i, acc,
+                         BLOCK_T, DOT_F32)
 
 
 @triton.jit
@@ -157,8 +159,8 @@ def merge_head(part_o_ptr, part_m_ptr, part_l_ptr, h, n_splits, n_valid, d, dm,
     BLOCK_S splits. VOLATILE: read past L1 (partials written by other programs of the
     same launch)."""
     sa = tl.arange(0, BLOCK_M)
-    M = tl.max(tl.load(part_m_ptr + h * n_splits + sa, mask=sa < n_valid, other=float("-inf"),
-                       volatile=VOLATILE), axis=0)
+    M = tl.max(tl.load(part_m_ptr + h * n_splits + sa, mask=sa < n_valid,
+                       other=float("-inf"), volatile=VOLATILE), axis=0)
     s = tl.arange(0, BLOCK_S)
     den = tl.zeros([BLOCK_S], tl.float32)
     acc = tl.zeros([BLOCK_S, BLOCK_D], tl.float32)
@@ -168,8 +170,8 @@ def merge_head(part_o_ptr, part_m_ptr, part_l_ptr, h, n_splits, n_valid, d, dm,
         m_s = tl.load(part_m_ptr + row, mask=sm, other=float("-inf"), volatile=VOLATILE)
         w = tl.where(sm, tl.exp(m_s - M), 0.0)
         den += w * tl.load(part_l_ptr + row, mask=sm, other=0.0, volatile=VOLATILE)
-        o = tl.load(part_o_ptr + row[:, None] * D + d[None, :], mask=sm[:, None] & dm[None, :],
-                    other=0.0, volatile=VOLATILE)
+        o = tl.load(part_o_ptr + row[:, None] * D + d[None, :],
+                    mask=sm[:, None] & dm[None, :], other=0.0, volatile=VOLATILE)
         acc += w[:, None] * o
     return tl.sum(acc, axis=0) / tl.sum(den, axis=0)
 

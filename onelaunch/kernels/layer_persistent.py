@@ -138,22 +138,29 @@ def _layer_persistent_kernel(
         w_dn_ptr, scratch_ptr, counter_ptr, k_per_split, stride_dn,
         bar_ptr,
         # MoE (MOE): router, then the chosen experts (phases 5-7)
-        w_r_ptr, stride_r, E, logits_ptr, ids_ptr, wts_ptr, log_ptr, log_row, log_offset,
-        w_egu_ptr, stride_egu_e, stride_egu_n, I_E, w_edn_ptr, stride_edn_e, stride_edn_n,
+        w_r_ptr, stride_r, E, logits_ptr, ids_ptr, wts_ptr, log_ptr, log_row,
+        log_offset,
+        w_egu_ptr, stride_egu_e, stride_egu_n, I_E, w_edn_ptr, stride_edn_e,
+        stride_edn_n,
         eh_ptr,
         # CLOCK: the programs' stamps, [P, SLOTS] int64 (read by profile.clock_phases)
         clock_ptr,
-        HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+        HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr, D: tl.constexpr,
+        BLOCK_D: tl.constexpr,
         BLOCK_R: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
         BLOCK_DA: tl.constexpr, CHUNK: tl.constexpr, BLOCK_T: tl.constexpr,
         DOT_F32: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_M: tl.constexpr,
         BN_QKV: tl.constexpr, BK_QKV: tl.constexpr, PF_QKV: tl.constexpr,
         BN_O: tl.constexpr, BK_O: tl.constexpr, PF_O: tl.constexpr,
         BN_GU: tl.constexpr, BK_GU: tl.constexpr, PF_GU: tl.constexpr,
-        BN_DN: tl.constexpr, BK_DN: tl.constexpr, PF_DN: tl.constexpr, SPLIT_K: tl.constexpr,
-        FIRST: tl.constexpr, LAST: tl.constexpr, NEXT: tl.constexpr, USE_PDL: tl.constexpr,
-        FENCE: tl.constexpr, STAGES: tl.constexpr, MOE: tl.constexpr, TOP_K: tl.constexpr,
-        TOP_KP: tl.constexpr, BLOCK_E: tl.constexpr, BN_R: tl.constexpr, BK_R: tl.constexpr,
+        BN_DN: tl.constexpr, BK_DN: tl.constexpr, PF_DN: tl.constexpr,
+        SPLIT_K: tl.constexpr,
+        FIRST: tl.constexpr, LAST: tl.constexpr, NEXT: tl.constexpr,
+        USE_PDL: tl.constexpr,
+        FENCE: tl.constexpr, STAGES: tl.constexpr, MOE: tl.constexpr,
+        TOP_K: tl.constexpr,
+        TOP_KP: tl.constexpr, BLOCK_E: tl.constexpr, BN_R: tl.constexpr,
+        BK_R: tl.constexpr,
         BN_EGU: tl.constexpr, BK_EGU: tl.constexpr, BN_EDN: tl.constexpr,
         BK_EDN: tl.constexpr, CLOCK: tl.constexpr, SLOTS: tl.constexpr,
         FOLD: tl.constexpr, SKIP: tl.constexpr):
@@ -174,9 +181,10 @@ def _layer_persistent_kernel(
     # (a kernel starts only after every program of the one before passed its wait)
     pos = tl.load(pos_ptr)
 
-    # ---- before the PDL wait: the first weight tiles of the launch's first phase --------
+    # ---- before the PDL wait: the first weight tiles of the launch's first phase -----
     if FIRST == 0 and RING:
-        a0, a1, a2, a3 = row_tiles(w_qkv_ptr, stride_qkv, N_QKV, pid, 0, H, BN_QKV, BK_QKV, PF_QKV)
+        a0, a1, a2, a3 = row_tiles(w_qkv_ptr, stride_qkv, N_QKV, pid, 0, H, BN_QKV,
+                                   BK_QKV, PF_QKV)
     if FIRST == 2:
         start, end, k0, v0, tm0 = share_early(k_cache_ptr, v_cache_ptr, pos, pid,
                                               n_share, stride_c_h, stride_c_t, HKV,
@@ -184,38 +192,46 @@ def _layer_persistent_kernel(
     if FIRST == 4 and RING:
         o0, o1, o2, o3 = row_tiles(w_o_ptr, stride_o, H, pid, 0, K_O, BN_O, BK_O, PF_O)
     if FIRST == 5 and RING:
-        g0, g1, g2, g3, u0, u1, u2, u3 = gate_up_first(w_gu_ptr, stride_gu, I, H, pid, BN_GU, BK_GU,
+        g0, g1, g2, g3, u0, u1, u2, u3 = gate_up_first(w_gu_ptr, stride_gu, I, H, pid,
+                                                       BN_GU, BK_GU,
                                                        PF_GU)
     if FIRST == 6 and RING:
-        d0, d1, d2, d3 = down_first(w_dn_ptr, stride_dn, H, I, k_per_split, pid % n_dn_rows,
+        d0, d1, d2, d3 = down_first(w_dn_ptr, stride_dn, H, I, k_per_split,
+                                    pid % n_dn_rows,
                                     pid // n_dn_rows, BN_DN, BK_DN, PF_DN)
     pdl_wait(USE_PDL)
     stamp(clk, 2 * FIRST, CLOCK)
 
-    # ---- phase 0: RMSNorm + QKV (+ bias) ---------------------------------------------------
+    # ---- phase 0: RMSNorm + QKV (+ bias) ---------------------------------------------
     if FIRST <= 0 and LAST >= 0:
         rstd = rms_rstd(x_ptr, H, eps, BK_QKV)
         if STAGES > 0:
-            stream_gemv(w_qkv_ptr, stride_qkv, N_QKV, H, x_ptr, gin_ptr, rstd, qkv_ptr, b_qkv_ptr,
+            stream_gemv(w_qkv_ptr, stride_qkv, N_QKV, H, x_ptr, gin_ptr, rstd, qkv_ptr,
+                        b_qkv_ptr,
                         pid, P, 0, True, HAS_BIAS, FENCE, BN_QKV, BK_QKV, STAGES)
         else:
             for t in range(pid, n_qkv, P):
-                rms_qkv_tile(x_ptr, gin_ptr, w_qkv_ptr, b_qkv_ptr, qkv_ptr, N_QKV, H, rstd, stride_qkv, t,
+                rms_qkv_tile(x_ptr, gin_ptr, w_qkv_ptr, b_qkv_ptr, qkv_ptr, N_QKV, H,
+                             rstd, stride_qkv, t,
                              a0, a1, a2, a3, HAS_BIAS, BN_QKV, BK_QKV, PF_QKV)
-                a0, a1, a2, a3 = row_tiles(w_qkv_ptr, stride_qkv, N_QKV, t + P, 0, H, BN_QKV, BK_QKV,
+                a0, a1, a2, a3 = row_tiles(w_qkv_ptr, stride_qkv, N_QKV, t + P, 0, H,
+                                           BN_QKV, BK_QKV,
                                            PF_QKV)
     if FIRST <= 0 and LAST >= 1:       # RoPE reads no weights: nothing to request early
-        if FOLD and NEXT and LAST >= 2:  # (folded: attention's keys and values older than pos)
+        # (folded: attention's keys and values older than pos)
+        if FOLD and NEXT and LAST >= 2:
             start, end, k0, v0, tm0 = share_early(k_cache_ptr, v_cache_ptr, pos, pid,
                                                   n_share, stride_c_h, stride_c_t, HKV,
                                                   CHUNK, D, BLOCK_DA, BLOCK_T)
         grid_barrier(bar_ptr, (1 - FIRST) * P, P, LAST == 1, FENCE, clk, 1, CLOCK)
 
-    # ---- phase 1: RoPE + KV write (FOLD: inside phase 2, no barrier between) ---------------
+    # ---- phase 1: RoPE + KV write (FOLD: inside phase 2, no barrier between) ---------
     if FIRST <= 1 and LAST >= 1 and not FOLD:
         for t in range(pid, HQ + HKV, P):
-            rope_kv_head(t, pos, qkv_ptr, q_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr,
-                         qn_ptr, kn_ptr, qkv_ptr, eps, 0, 0, stride_c_h, stride_c_t, HQ, HKV, D,
+            rope_kv_head(t, pos, qkv_ptr, q_ptr, k_cache_ptr, v_cache_ptr, cos_ptr,
+                         sin_ptr,
+                         qn_ptr, kn_ptr, qkv_ptr, eps, 0, 0, stride_c_h, stride_c_t,
+                         HQ, HKV, D,
                          BLOCK_D, QK_NORM, False, BLOCK_R)
     if FOLD and FIRST <= 1 and LAST >= 2:
         stamp(clk, 3, CLOCK)           # (phase 1 is empty: it ends where it starts)
@@ -235,114 +251,149 @@ def _layer_persistent_kernel(
                                                   n_share, stride_c_h, stride_c_t, HKV,
                                                   CHUNK, D, BLOCK_DA, BLOCK_T)
 
-    # ---- phase 2: split-K attention partials -------------------------------------------------
+    # ---- phase 2: split-K attention partials -----------------------------------------
     if FIRST <= 2 and LAST >= 2:
         for t in range(pid, n_attn, P):
             if start < end and FOLD:
-                rope_partial(qkv_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, part_o_ptr,
-                             part_m_ptr, part_l_ptr, pos, t % HKV, t // HKV, start, end, k0, v0,
-                             tm0, stride_c_h, stride_c_t, n_splits, scale, HQ, HKV, GROUP,
+                rope_partial(qkv_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr,
+                             part_o_ptr,
+                             part_m_ptr, part_l_ptr, pos, t % HKV, t // HKV, start,
+                             end, k0, v0,
+                             tm0, stride_c_h, stride_c_t, n_splits, scale, HQ, HKV,
+                             GROUP,
                              GROUP_PAD, D, BLOCK_DA, BLOCK_T, DOT_F32)
             if start < end and not FOLD:
-                partial_rest(q_ptr, k_cache_ptr, v_cache_ptr, part_o_ptr, part_m_ptr, part_l_ptr, pos,
-                             t % HKV, t // HKV, start, end, k0, v0, tm0, stride_c_h, stride_c_t,
-                             n_splits, scale, GROUP, GROUP_PAD, D, BLOCK_DA, BLOCK_T, DOT_F32)
+                partial_rest(q_ptr, k_cache_ptr, v_cache_ptr, part_o_ptr, part_m_ptr,
+                             part_l_ptr, pos,
+                             t % HKV, t // HKV, start, end, k0, v0, tm0, stride_c_h,
+                             stride_c_t,
+                             n_splits, scale, GROUP, GROUP_PAD, D, BLOCK_DA, BLOCK_T,
+                             DOT_F32)
             start, end, k0, v0, tm0 = share_early(k_cache_ptr, v_cache_ptr, pos, t + P,
                                                   n_share, stride_c_h, stride_c_t, HKV,
                                                   CHUNK, D, BLOCK_DA, BLOCK_T)
-    if FIRST <= 2 and LAST >= 3:       # the merge is short: W_o's tiles are requested here
+    # the merge is short: W_o's tiles are requested here
+    if FIRST <= 2 and LAST >= 3:
         if AHEAD:
-            o0, o1, o2, o3 = row_tiles(w_o_ptr, stride_o, H, pid, 0, K_O, BN_O, BK_O, PF_O)
-        grid_barrier(bar_ptr, (3 - FIRST - SKIP) * P, P, LAST == 3, FENCE, clk, 3, CLOCK)
+            o0, o1, o2, o3 = row_tiles(w_o_ptr, stride_o, H, pid, 0, K_O, BN_O, BK_O,
+                                       PF_O)
+        grid_barrier(bar_ptr, (3 - FIRST - SKIP) * P, P, LAST == 3, FENCE, clk, 3,
+                     CLOCK)
 
-    # ---- phase 3: merge of the splits ------------------------------------------------------------
+    # ---- phase 3: merge of the splits ------------------------------------------------
     if FIRST <= 3 and LAST >= 3:
         n_valid = live_splits(pos, n_share, CHUNK)
         for t in range(pid, HQ, P):
-            reduce_head(part_o_ptr, part_m_ptr, part_l_ptr, attn_ptr, t, n_splits, n_valid, D,
+            reduce_head(part_o_ptr, part_m_ptr, part_l_ptr, attn_ptr, t, n_splits,
+                        n_valid, D,
                         BLOCK_D, BLOCK_S, BLOCK_M, True)
     if FIRST <= 3 and LAST >= 4:
         if FIRST == 3 and AHEAD:
-            o0, o1, o2, o3 = row_tiles(w_o_ptr, stride_o, H, pid, 0, K_O, BN_O, BK_O, PF_O)
-        grid_barrier(bar_ptr, (4 - FIRST - SKIP) * P, P, LAST == 4, FENCE, clk, 4, CLOCK)
+            o0, o1, o2, o3 = row_tiles(w_o_ptr, stride_o, H, pid, 0, K_O, BN_O, BK_O,
+                                       PF_O)
+        grid_barrier(bar_ptr, (4 - FIRST - SKIP) * P, P, LAST == 4, FENCE, clk, 4,
+                     CLOCK)
         if not NEXT and RING:
-            o0, o1, o2, o3 = row_tiles(w_o_ptr, stride_o, H, pid, 0, K_O, BN_O, BK_O, PF_O)
+            o0, o1, o2, o3 = row_tiles(w_o_ptr, stride_o, H, pid, 0, K_O, BN_O, BK_O,
+                                       PF_O)
 
-    # ---- phase 4: O-projection + residual -----------------------------------------------------
+    # ---- phase 4: O-projection + residual --------------------------------------------
     if FIRST <= 4 and LAST >= 4:
         if STAGES > 0:
-            stream_gemv(w_o_ptr, stride_o, H, K_O, attn_ptr, attn_ptr, 1.0, x_ptr, x_ptr, pid, P,
+            stream_gemv(w_o_ptr, stride_o, H, K_O, attn_ptr, attn_ptr, 1.0, x_ptr,
+                        x_ptr, pid, P,
                         1, False, False, FENCE, BN_O, BK_O, STAGES)
         else:
             for t in range(pid, n_o, P):
-                o_proj_tile(attn_ptr, w_o_ptr, x_ptr, x_ptr, x_ptr, H, K_O, stride_o, t, o0, o1, o2, o3,
+                o_proj_tile(attn_ptr, w_o_ptr, x_ptr, x_ptr, x_ptr, H, K_O, stride_o,
+                            t, o0, o1, o2, o3,
                             False, False, 1, FENCE, BN_O, BK_O, PF_O)
-                o0, o1, o2, o3 = row_tiles(w_o_ptr, stride_o, H, t + P, 0, K_O, BN_O, BK_O, PF_O)
+                o0, o1, o2, o3 = row_tiles(w_o_ptr, stride_o, H, t + P, 0, K_O, BN_O,
+                                           BK_O, PF_O)
     if FIRST <= 4 and LAST >= 5:
         if AHEAD:
-            g0, g1, g2, g3, u0, u1, u2, u3 = gate_up_first(w_gu_ptr, stride_gu, I, H, pid, BN_GU,
+            g0, g1, g2, g3, u0, u1, u2, u3 = gate_up_first(w_gu_ptr, stride_gu, I, H,
+                                                           pid, BN_GU,
                                                            BK_GU, PF_GU)
-        grid_barrier(bar_ptr, (5 - FIRST - SKIP) * P, P, LAST == 5, FENCE, clk, 5, CLOCK)
+        grid_barrier(bar_ptr, (5 - FIRST - SKIP) * P, P, LAST == 5, FENCE, clk, 5,
+                     CLOCK)
         if not NEXT and RING:
-            g0, g1, g2, g3, u0, u1, u2, u3 = gate_up_first(w_gu_ptr, stride_gu, I, H, pid, BN_GU,
+            g0, g1, g2, g3, u0, u1, u2, u3 = gate_up_first(w_gu_ptr, stride_gu, I, H,
+                                                           pid, BN_GU,
                                                            BK_GU, PF_GU)
 
-    # ---- phase 5: RMSNorm + gate/up + SwiGLU (MoE: the router's logits) ----------------------
+    # ---- phase 5: RMSNorm + gate/up + SwiGLU (MoE: the router's logits) --------------
     if MOE and FIRST <= 5 and LAST >= 5:
         rstd_r = rms_rstd(x_ptr, H, eps, BK_R)
-        stream_gemv(w_r_ptr, stride_r, E, H, x_ptr, gpost_ptr, rstd_r, logits_ptr, logits_ptr,
+        stream_gemv(w_r_ptr, stride_r, E, H, x_ptr, gpost_ptr, rstd_r, logits_ptr,
+                    logits_ptr,
                     pid, P, 0, True, False, FENCE, BN_R, BK_R, STAGES)
     if not MOE and FIRST <= 5 and LAST >= 5:
         rstd2 = rms_rstd(x_ptr, H, eps, BK_GU)
         if STAGES > 0:
-            stream_gemv(w_gu_ptr, stride_gu, I, H, x_ptr, gpost_ptr, rstd2, h_ptr, h_ptr, pid, P,
+            stream_gemv(w_gu_ptr, stride_gu, I, H, x_ptr, gpost_ptr, rstd2, h_ptr,
+                        h_ptr, pid, P,
                         2, True, False, FENCE, BN_GU, BK_GU, STAGES)
         else:
             for t in range(pid, n_gu, P):
-                gate_up_tile(x_ptr, gpost_ptr, w_gu_ptr, h_ptr, I, H, rstd2, stride_gu, t,
+                gate_up_tile(x_ptr, gpost_ptr, w_gu_ptr, h_ptr, I, H, rstd2, stride_gu,
+                             t,
                              g0, g1, g2, g3, u0, u1, u2, u3, BN_GU, BK_GU, PF_GU)
-                g0, g1, g2, g3, u0, u1, u2, u3 = gate_up_first(w_gu_ptr, stride_gu, I, H, t + P, BN_GU,
+                g0, g1, g2, g3, u0, u1, u2, u3 = gate_up_first(w_gu_ptr, stride_gu, I,
+                                                               H, t + P, BN_GU,
                                                                BK_GU, PF_GU)
     if FIRST <= 5 and LAST >= 6:
         if AHEAD:
-            d0, d1, d2, d3 = down_first(w_dn_ptr, stride_dn, H, I, k_per_split, pid % n_dn_rows,
+            d0, d1, d2, d3 = down_first(w_dn_ptr, stride_dn, H, I, k_per_split,
+                                        pid % n_dn_rows,
                                         pid // n_dn_rows, BN_DN, BK_DN, PF_DN)
-        grid_barrier(bar_ptr, (6 - FIRST - SKIP) * P, P, LAST == 6, FENCE, clk, 6, CLOCK)
+        grid_barrier(bar_ptr, (6 - FIRST - SKIP) * P, P, LAST == 6, FENCE, clk, 6,
+                     CLOCK)
         if not NEXT and RING:
-            d0, d1, d2, d3 = down_first(w_dn_ptr, stride_dn, H, I, k_per_split, pid % n_dn_rows,
+            d0, d1, d2, d3 = down_first(w_dn_ptr, stride_dn, H, I, k_per_split,
+                                        pid % n_dn_rows,
                                         pid // n_dn_rows, BN_DN, BK_DN, PF_DN)
 
-    # ---- phase 6: down + residual (the last split to arrive adds the row block) ---------------
+    # ---- phase 6: down + residual (the last split to arrive adds the row block) ------
     # (MoE: every program routes from the logits, one stores; the experts' gate/up)
     if MOE and FIRST <= 6 and LAST >= 6:
-        ids, wts = route(logits_ptr, ids_ptr, wts_ptr, log_ptr, pos, log_row, log_offset, E,
+        ids, wts = route(logits_ptr, ids_ptr, wts_ptr, log_ptr, pos, log_row,
+                         log_offset, E,
                          pid == 0, TOP_K, TOP_KP, BLOCK_E)
         rstd_r = rms_rstd(x_ptr, H, eps, BK_R)
-        stream_experts_gate_up(w_egu_ptr, stride_egu_e, stride_egu_n, ids, I_E, H, x_ptr,
+        stream_experts_gate_up(w_egu_ptr, stride_egu_e, stride_egu_n, ids, I_E, H,
+                               x_ptr,
                                gpost_ptr, rstd_r, eh_ptr, pid, P, TOP_K, TOP_KP, BN_EGU,
                                BK_EGU, STAGES)
     if MOE and FIRST <= 6 and LAST >= 7:
-        grid_barrier(bar_ptr, (7 - FIRST - SKIP) * P, P, LAST == 7, FENCE, clk, 7, CLOCK)
-    # ---- phase 7 (MoE): the experts' down, routing weights, residual -------------------------
+        grid_barrier(bar_ptr, (7 - FIRST - SKIP) * P, P, LAST == 7, FENCE, clk, 7,
+                     CLOCK)
+    # ---- phase 7 (MoE): the experts' down, routing weights, residual -----------------
     if MOE and FIRST <= 7 and LAST >= 7:
-        stream_experts_down(w_edn_ptr, stride_edn_e, stride_edn_n, ids_ptr, wts_ptr, H, I_E,
+        stream_experts_down(w_edn_ptr, stride_edn_e, stride_edn_n, ids_ptr, wts_ptr, H,
+                            I_E,
                             eh_ptr, x_ptr, pid, P, FENCE, TOP_K, TOP_KP, BN_EDN, BK_EDN,
                             STAGES)
     if not MOE and FIRST <= 6 and LAST >= 6:
-        if STAGES > 0:                 # whole rows (SPLIT_K 1): no last arrival in the loop
-            stream_gemv(w_dn_ptr, stride_dn, H, I, h_ptr, h_ptr, 1.0, x_ptr, x_ptr, pid, P,
+        # whole rows (SPLIT_K 1): no last arrival in the loop
+        if STAGES > 0:
+            stream_gemv(w_dn_ptr, stride_dn, H, I, h_ptr, h_ptr, 1.0, x_ptr, x_ptr,
+                        pid, P,
                         1, False, False, FENCE, BN_DN, BK_DN, STAGES)
         else:
             for t in range(pid, n_dn, P):
-                down_tile(h_ptr, w_dn_ptr, x_ptr, scratch_ptr, counter_ptr, x_ptr, x_ptr, H, I,
-                          k_per_split, stride_dn, t % n_dn_rows, t // n_dn_rows, d0, d1, d2, d3,
+                down_tile(h_ptr, w_dn_ptr, x_ptr, scratch_ptr, counter_ptr, x_ptr,
+                          x_ptr, H, I,
+                          k_per_split, stride_dn, t % n_dn_rows, t // n_dn_rows, d0,
+                          d1, d2, d3,
                           SPLIT_K, FENCE, False, False, 1, BN_DN, BK_DN, PF_DN)
-                d0, d1, d2, d3 = down_first(w_dn_ptr, stride_dn, H, I, k_per_split, (t + P) % n_dn_rows,
+                d0, d1, d2, d3 = down_first(w_dn_ptr, stride_dn, H, I, k_per_split,
+                                            (t + P) % n_dn_rows,
                                             (t + P) // n_dn_rows, BN_DN, BK_DN, PF_DN)
     stamp(clk, 2 * LAST + 1, CLOCK)
 
 
-# ---- the launcher ---------------------------------------------------------------------------
+# ---- the launcher --------------------------------------------------------------------
 def grid_size(device, cfg: dict, opts: PersistentOptions | None = None) -> int:
     """Programs of the persistent grid: ``opts.grid`` if set, else the entry's GRID, else
     SMs x PER_SM (``opts.per_sm``, else the entry's, default 1). In the interpreter a

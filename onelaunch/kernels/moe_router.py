@@ -66,8 +66,8 @@ def _moe_router_kernel(x_ptr, g_ptr, w_ptr, xn_ptr, logits_ptr, ids_ptr, wts_ptr
 @triton.jit
 def route(logits_ptr, ids_ptr, wts_ptr, log_ptr, pos, log_row, log_offset, E, store,
           TOP_K: tl.constexpr, TOP_KP: tl.constexpr, BLOCK_E: tl.constexpr):
-    """Softmax over the E logits, then TOP_K rounds of "largest probability, lowest index
-    among equals". Returns the ids (int32) and the bf16-rounded weights (fp32) as
+    """Softmax over the E logits, then TOP_K rounds of "largest probability, lowest
+    index among equals". Returns the ids (int32) and the bf16-rounded weights (fp32) as
     [TOP_KP] vectors (slot j in lane j); with ``store`` also writes them to ids, weights
     and the log row ``pos``. The persistent MoE layer has every program route for itself
     (same logits, same result) and one program store."""

@@ -42,10 +42,10 @@ def residual_add(s, x, use_pdl=False):
 
 
 def allreduce_residual(partial, x, site, use_pdl=False, block=None):
-    """x = bf16(x + bf16(sum over ranks of partial)), in place, on every rank: partial fp32
-    [N] (this rank's), the sum in rank order (the same bits everywhere). One launch;
-    ``block`` values per program (default: all of N, up to 4096, in one program), so
-    ``site`` needs n_max >= N and tiles_max >= ceil(N / block)."""
+    """x = bf16(x + bf16(sum over ranks of partial)), in place, on every rank: partial
+    fp32 [N] (this rank's), the sum in rank order (the same bits everywhere). One
+    launch; ``block`` values per program (default: all of N, up to 4096, in one
+    program), so ``site`` needs n_max >= N and tiles_max >= ceil(N / block)."""
     N = x.numel()
     assert partial.dtype == torch.float32 and partial.numel() >= N
     block = block or min(4096, triton.next_power_of_2(N))

@@ -12,7 +12,7 @@ import torch
 from ..prompt import prompt_digest, random_prompt
 from . import agree
 from .rungs import LADDER, RUNGS
-from .timing import floor_ms, run_ctx, time_engine_step
+from .timing import floor_ms, run_ctx, time_engine_timing
 
 
 def ladder_prompt(spec, ctx: int, tokens: int, iters: int, seed: int = 0, max_ctx=None):
@@ -24,7 +24,8 @@ def ladder_prompt(spec, ctx: int, tokens: int, iters: int, seed: int = 0, max_ct
 def ladder_rows(spec, w, device="cuda", ctx=512, tokens=12, iters=100, read_tbps=None,
                 max_ctx=None, seed=0, rungs=LADDER, ref=None) -> list[dict]:
     """One row per rung: checked (:func:`agree.judge`), then timed only if the check
-    passed. A refused row has ``ms_per_token`` None and ``refused`` (the flips, as JSON).
+    passed: ``ms_per_token`` the median of the timed steps, ``ms_min``/``ms_max`` their
+    spread, ``timed`` how many. A refused row has ``ms_per_token`` None and ``refused`` (the flips, as JSON).
     ``ref``: the oracle's ``(ids, logits)`` for this prompt (computed here when None)."""
     dev = torch.device(device)
     prompt, _, max_ctx = ladder_prompt(spec, ctx, tokens, iters, seed, max_ctx)
@@ -57,8 +58,10 @@ def ladder_rows(spec, w, device="cuda", ctx=512, tokens=12, iters=100, read_tbps
             p0 = int(e.pos)
             # eager steps are slow: a quarter of the replays, at least 10 (or all of a few)
             n = iters if rung.graph else max(min(iters, 10), iters // 4)
-            ms = time_engine_step(e, rung.graph, n, dev)
+            t = time_engine_timing(e, rung.graph, n, dev)
+            ms = t.median_ms
             r["ms_per_token"] = ms
+            r.update(t.spread())          # min and max over the n timed steps
             r["x_floor"] = ms / floor if floor else None
             if spec.is_moe:      # the timed steps read many experts, not one set from L2
                 r["distinct_experts"] = e.distinct_experts(p0, int(e.pos))

@@ -45,12 +45,14 @@ def forced_from_cache(e, o: Oracle, start: int, tokens: torch.Tensor, graph: boo
 
 def timed_if_agreed(e, r: dict, j: dict, ctx: int, floor, iters: int, dev) -> dict:
     """Fill row ``r`` for engine ``e`` at context ``ctx``: its time (graph replay, the
-    cache as it is) if the check ``j`` passed, else the refusal and no time."""
+    cache as it is) and its spread (``ms_min``, ``ms_max``) if the check ``j`` passed,
+    else the refusal and no time."""
     if j["ok"]:
         e.pos.fill_(ctx)
         e.prompt_len.fill_(0)
-        ms = time_engine_step(e, True, iters, dev)
-        r.update(ms_per_token=ms, x_floor=ms / floor if floor else None)
+        spread = {}
+        ms = time_engine_step(e, True, iters, dev, info=spread)
+        r.update(ms_per_token=ms, x_floor=ms / floor if floor else None, **spread)
     else:
         r.update(ms_per_token=None, x_floor=None, refused=agree.refusal(r["flips"]))
     return r

@@ -1,7 +1,7 @@
 """Timing and floors: the one place anything in this project is timed.
 
 ``time_ms`` warms up, then times each call with CUDA events and reports the median over
-many calls. ``read_bandwidth`` measures the streaming-read bandwidth of the GPU in the
+many calls, with their spread (the fastest and the slowest call). ``read_bandwidth`` measures the streaming-read bandwidth of the GPU in the
 same process, so every ratio to the floor uses a floor measured in the same run.
 On the CPU both fall back to wall-clock (their numbers are for smoke runs, never published).
 
@@ -26,9 +26,17 @@ class Timing:
     p10_ms: float
     p90_ms: float
     iters: int
+    min_ms: float | None = None      # the spread: fastest and slowest timed call
+    max_ms: float | None = None
 
     def as_dict(self):
         return asdict(self)
+
+    def spread(self, digits: int = 4) -> dict:
+        """``{"ms_min", "ms_max", "timed"}``: the fastest and slowest of the timed
+        calls and how many there were, as a row carries them beside its median."""
+        r = lambda v: None if v is None else round(v, digits)
+        return {"ms_min": r(self.min_ms), "ms_max": r(self.max_ms), "timed": self.iters}
 
 
 def _sync(device):
@@ -58,17 +66,19 @@ def time_ms(fn, iters: int = 100, warmup: int = 10, device="cuda") -> Timing:
             times.append((time.perf_counter() - t0) * 1e3)
     times.sort()
     q = lambda f: times[min(len(times) - 1, int(f * len(times)))]
-    return Timing(statistics.median(times), q(0.1), q(0.9), iters)
+    return Timing(statistics.median(times), q(0.1), q(0.9), iters, times[0], times[-1])
 
 
 def read_bandwidth(device="cuda", gib: float = 2.0, iters: int = 30) -> float:
-    """Streaming-read bandwidth in TB/s: ``x.sum()`` over a bf16 buffer far larger than L2.
+    """Streaming-read bandwidth in TB/s: ``x.sum()`` over a bf16 buffer far larger than
+    L2.
 
     This is the denominator of every floor: the fastest the GPU reads bytes it has not
     seen, in this process, on this card, today."""
     n = int(gib * (1 << 30)) // 2
     x = torch.empty(n, dtype=torch.bfloat16, device=device).uniform_(-1, 1)
-    t = time_ms(lambda: x.sum(dtype=torch.float32), iters=iters, warmup=3, device=device)
+    t = time_ms(lambda: x.sum(dtype=torch.float32), iters=iters, warmup=3,
+                device=device)
     del x
     return n * 2 / (t.median_ms * 1e-3) / 1e12
 
@@ -130,7 +140,17 @@ def graph_time(launch, n_launch: int, device, iters: int) -> float:
     return t.median_ms * 1e3 / n_launch
 
 
-def time_engine_step(e, graph: bool, iters: int, device) -> float:
-    """Median ms of one step of engine ``e`` (its CUDA graph when ``graph``)."""
-    t = time_ms(lambda: e.step(graph), iters=iters, warmup=min(5, iters), device=device)
+def time_engine_timing(e, graph: bool, iters: int, device) -> Timing:
+    """One step of engine ``e`` (its CUDA graph when ``graph``), timed ``iters`` times:
+    the median and the spread (:meth:`Timing.spread`)."""
+    return time_ms(lambda: e.step(graph), iters=iters, warmup=min(5, iters), device=device)
+
+
+def time_engine_step(e, graph: bool, iters: int, device,
+                     info: dict | None = None) -> float:
+    """Median ms of one step of engine ``e`` (its CUDA graph when ``graph``); ``info``
+    (a dict) gets the spread (:meth:`Timing.spread`)."""
+    t = time_engine_timing(e, graph, iters, device)
+    if info is not None:
+        info.update(t.spread())
     return t.median_ms

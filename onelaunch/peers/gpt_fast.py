@@ -106,7 +106,8 @@ class FastDecode(torch.nn.Module):
 
 def fast_decode_rows(spec, ctx: int = 512, device="cuda", iters: int = 50,
                      new_tokens: int = 64, seed: int = 0, weights=None,
-                     modes=("max-autotune", "reduce-overhead")) -> list[dict]:
+                     modes=("max-autotune", "reduce-overhead"),
+                     read_tbps: float | None = None) -> list[dict]:
     """The gpt-fast peer, checked then timed: one ladder row, "gpt-fast compiled".
 
     The module is compiled once per mode in ``modes`` (inductor; ``reduce-overhead`` and
@@ -115,14 +116,16 @@ def fast_decode_rows(spec, ctx: int = 512, device="cuda", iters: int = 50,
     that passes is the row's time (both are in ``modes_ms``). A mode whose check fails is
     refused. On the CPU (a smoke run: fp32 weights, no floor) one mode runs, dynamo with
     ``backend="aot_eager"`` (inductor's CPU code takes minutes to compile), and the row
-    says so in its ``note``."""
+    says so in its ``note``. ``read_tbps``: the run's bandwidth (measured here when
+    None), so that its floor is the other rows' floor. The row carries the best mode's
+    spread (``ms_min``, ``ms_max`` over ``timed`` steps)."""
     cuda = torch.device(device).type == "cuda"
     if weights is None:
         weights = random_weights(spec, seed=seed, device=device,
                                  dtype=torch.bfloat16 if cuda else torch.float32)
     if not cuda:
         modes = ("aot_eager",)                        # a backend, not a mode: the smoke run
-    bw = run_bandwidth(device)
+    bw = read_tbps if read_tbps is not None else run_bandwidth(device)
     floor = floor_ms(spec, bw, ctx)
     prompt = random_prompt(spec, ctx, seed, device)
     max_ctx = ctx + new_tokens + 1
@@ -130,7 +133,7 @@ def fast_decode_rows(spec, ctx: int = 512, device="cuda", iters: int = 50,
     ref_ids, _, ref_logits = oracle_greedy(oracle, prompt, new_tokens, return_logits=True)
     del oracle
     fast = FastDecode(spec, weights, max_ctx).eval()
-    times, checks, graphs = {}, {}, {}
+    times, checks, graphs, spreads = {}, {}, {}, {}
     # gpt-fast's inductor settings: coordinate-descent tuning of the generated kernels
     # (the reductions a GEMV becomes), unique kernel names; and no autotune report
     # (inductor writes each choice's timing to stderr, into the chapter's output)
@@ -153,7 +156,9 @@ def fast_decode_rows(spec, ctx: int = 512, device="cuda", iters: int = 50,
                                   forced=ref_ids)
             checks[mode] = check_tokens(ref_logits, tf)
             if checks[mode]["ok"]:
-                times[mode] = compiled_oracle_step_ms(fast, ctx, iters, device, step=step)
+                spreads[mode] = {}
+                times[mode] = compiled_oracle_step_ms(fast, ctx, iters, device, step=step,
+                                                      info=spreads[mode])
             graphs[mode] = dynamo_graphs() - g0
     best = min(times, key=times.get) if times else None
     c = checks[best] if best else checks[modes[0]]
@@ -165,6 +170,7 @@ def fast_decode_rows(spec, ctx: int = 512, device="cuda", iters: int = 50,
          "x_floor": None if ms is None or floor is None else round(ms / floor, 3),
          "agree": c["agree"], "flips": agree.disagreements(c), "new_tokens": new_tokens,
          "device": str(device), "dtype": str(fast.dtype).replace("torch.", ""),
+         **{k: spreads.get(best, {}).get(k) for k in ("ms_min", "ms_max", "timed")},
          "modes_ms": {m: round(t, 4) for m, t in times.items()}, "graphs": graphs,
          "rule": f"teacher-forced; gap < {agree.NEAR_TIE_ULPS} bf16 ulps of the top logit",
          "note": (f"gpt-fast-style module, torch.compile(mode={best!r}), the faster of "

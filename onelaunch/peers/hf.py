@@ -108,10 +108,14 @@ def hf_generate_ms(spec, weights, ctx: int, new_tokens: int = 128, mode: str = "
         for _ in range(warmup):
             run(n)()
     g0 = dynamo_graphs()
-    t_long = time_ms(run(n_long), iters=repeats, warmup=0, device=device).median_ms
-    t_one = time_ms(run(1), iters=repeats, warmup=0, device=device).median_ms
+    tl = time_ms(run(n_long), iters=repeats, warmup=0, device=device)
+    to = time_ms(run(1), iters=repeats, warmup=0, device=device)
+    t_long, t_one = tl.median_ms, to.median_ms
     if info is not None:
+        # the spread of a decode token: the widest the two calls' spreads allow
         info.update(t_one_ms=t_one, t_long_ms=t_long,
+                    ms_min=round((tl.min_ms - to.max_ms) / new_tokens, 4),
+                    ms_max=round((tl.max_ms - to.min_ms) / new_tokens, 4), timed=repeats,
                     graphs_while_timing=dynamo_graphs() - g0)
     return (t_long - t_one) / new_tokens, last[n_long][:new_tokens]
 

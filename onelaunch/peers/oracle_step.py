@@ -74,15 +74,18 @@ def oracle_greedy(oracle: Oracle, prompt: torch.Tensor, new_tokens: int, step=No
 
 
 def oracle_step_ms(oracle: Oracle, ctx: int, iters: int = 50, device="cuda",
-                   warmup: int = 5) -> float:
-    """Median ms of one eager oracle decode step (T=1) at position ``ctx``."""
+                   warmup: int = 5, info: dict | None = None) -> float:
+    """Median ms of one eager oracle decode step (T=1) at position ``ctx``; ``info``
+    (a dict) gets the spread of the timed steps (``Timing.spread``)."""
     if ctx >= oracle.max_ctx:
         raise ValueError(f"position {ctx} is outside the oracle's cache ({oracle.max_ctx})")
     tok = torch.tensor([1], device=device)
     pos = torch.tensor([ctx], device=device)
     with torch.no_grad():
-        return time_ms(lambda: oracle(tok, pos), iters=iters, warmup=warmup,
-                       device=device).median_ms
+        t = time_ms(lambda: oracle(tok, pos), iters=iters, warmup=warmup, device=device)
+    if info is not None:
+        info.update(t.spread())
+    return t.median_ms
 
 
 @dataclass
@@ -135,9 +138,10 @@ def compiled_oracle_step(oracle: Oracle, mode: str | None = None, backend: str |
 
 
 def compiled_oracle_step_ms(oracle: Oracle, ctx: int, iters: int = 50, device="cuda",
-                            step: CompiledStep | None = None, warmup: int = 5) -> float:
+                            step: CompiledStep | None = None, warmup: int = 5,
+                            info: dict | None = None) -> float:
     """Median ms of one compiled decode step at position ``ctx`` (one CUDA-graph replay
-    under reduce-overhead). Compiles first when ``step`` is None; the warm-up calls cover
+    under reduce-overhead); ``info`` (a dict) gets the spread of the timed steps. Compiles first when ``step`` is None; the warm-up calls cover
     compilation and graph recording, which :func:`oracle_greedy` has usually done already."""
     if ctx >= oracle.max_ctx:
         raise ValueError(f"position {ctx} is outside the oracle's cache ({oracle.max_ctx})")
@@ -149,7 +153,10 @@ def compiled_oracle_step_ms(oracle: Oracle, ctx: int, iters: int = 50, device="c
         torch.compiler.cudagraph_mark_step_begin()
         step(tok, pos)
 
-    return time_ms(one, iters=iters, warmup=max(3, warmup), device=device).median_ms
+    t = time_ms(one, iters=iters, warmup=max(3, warmup), device=device)
+    if info is not None:
+        info.update(t.spread())
+    return t.median_ms
 
 
 def compiled_oracle_greedy(oracle: Oracle, prompt: torch.Tensor, new_tokens: int,

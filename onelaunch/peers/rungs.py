@@ -73,12 +73,14 @@ class PeerRun:
             r["note"] = note
         return r
 
-    def timed(self, r: dict, ms: float) -> dict:
-        """``r`` with its time, unless refused (a refused peer's time is never shown)."""
+    def timed(self, r: dict, ms: float, spread: dict | None = None) -> dict:
+        """``r`` with its time and its spread (``ms_min``, ``ms_max``, ``timed``), unless
+        refused (a refused peer's time is never shown)."""
         if not r.get("refused"):
             floor = self.floor
             r["ms_per_token"] = round(ms, 4)
             r["x_floor"] = None if floor is None else round(ms / floor, 3)
+            r.update({k: (spread or {}).get(k) for k in ("ms_min", "ms_max", "timed")})
         return r
 
     def hf_model(self):
@@ -126,7 +128,7 @@ class HFGenerate(Peer):
             ms, ids = hf_generate_ms(run.spec, run.weights, run.ctx, n, self.mode, run.device,
                                      model=hf, prompt=run.prompt, seed=run.seed, info=info,
                                      attn=run.hf_attn)
-            run.timed(r, ms)
+            run.timed(r, ms, info)
             r.update(agree_free=str(agree.agreement(ids, run.ref_ids)),
                      t_one_ms=round(info["t_one_ms"], 3),
                      t_long_ms=round(info["t_long_ms"], 3),
@@ -144,8 +146,9 @@ class OracleEager(Peer):
         return max(new_tokens, eager_new_tokens)         # the reference's own tokens
 
     def measure(self, run: PeerRun, n: int) -> dict:
-        ms = oracle_step_ms(run.oracle, run.ctx, run.iters, run.device)
-        return run.timed(run.row(self.name, n, None, "the reference for agree"), ms)
+        info = {}
+        ms = oracle_step_ms(run.oracle, run.ctx, run.iters, run.device, info=info)
+        return run.timed(run.row(self.name, n, None, "the reference for agree"), ms, info)
 
 
 @dataclass
@@ -163,8 +166,9 @@ class OracleCompiled(Peer):
         r = run.row(self.name, n, check_tokens(run.ref_logits, tf), note)
         if not r.get("refused"):
             ids, _ = compiled_oracle_greedy(run.oracle, run.prompt, n, step)
+            info = {}
             run.timed(r, compiled_oracle_step_ms(run.oracle, run.ctx, run.iters, run.device,
-                                                 step=step))
+                                                 step=step, info=info), info)
             r["agree_free"] = str(agree.agreement(ids, run.ref_ids))
         r["graphs"] = dynamo_graphs() - g0  # new graphs: 1 (0 if reused), never more
         return r

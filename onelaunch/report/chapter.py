@@ -202,6 +202,60 @@ def table(rows: list[dict], columns: dict[str, str] | None = None, fmt: dict | N
     markdown("\n".join([head, sep, *body]))
 
 
+def spread_text(row: dict, fmt: str = ".3g") -> str:
+    """A row's spread as a table shows it: ``"min–max"`` ms over its timed repeats
+    (``ms_min``, ``ms_max``), or "–" when the run that wrote it recorded none."""
+    lo, hi = row.get("ms_min"), row.get("ms_max")
+    if lo is None or hi is None:
+        return "–"
+    return f"{format(lo, fmt)}–{format(hi, fmt)}"
+
+
+def with_spread(rows: list[dict], fmt: str = ".3g") -> list[dict]:
+    """``rows`` (copies) with ``spread`` (:func:`spread_text`) for a table's column."""
+    return [{**r, "spread": spread_text(r, fmt)} for r in rows]
+
+
+def within_spread(a: dict, b: dict) -> bool | None:
+    """Whether rows ``a`` and ``b`` differ by less than their spread: each one's median
+    inside the other's min–max range (None when either recorded no spread). Prose draws
+    no conclusion from such a difference."""
+    def inside(x, r):
+        return r["ms_min"] <= x["ms_per_token"] <= r["ms_max"]
+    if any(r.get(k) is None for r in (a, b) for k in ("ms_min", "ms_max", "ms_per_token")):
+        return None
+    return inside(a, b) or inside(b, a)
+
+
+def compare(a: dict | None, b: dict | None) -> str:
+    """``a``'s time against ``b``'s in words, from the rows and their spread: "3.1%
+    faster", "2.0% slower", or "no different within the spread (…)" when the difference
+    is inside it (a row without a spread says so); "(not measured: see above)" when
+    either has no time."""
+    ta, tb = (None if r is None else r.get("ms_per_token") for r in (a, b))
+    if ta is None or tb is None:
+        return "(not measured: see above)"
+    pct = f"{abs(ta / tb - 1) * 100:.1f}%"
+    inside = within_spread(a, b)
+    if inside:
+        return f"no different within the spread of the timed steps ({pct} apart)"
+    return f"{pct} " + ("slower" if ta > tb else "faster") + \
+        (" (no spread recorded to judge it by)" if inside is None else "")
+
+
+def run_read_tbps(device, gib: float, iters: int) -> tuple[float, str]:
+    """The run's read bandwidth and where it comes from: chapter 1's
+    (``floor.json`` of this run: one bandwidth, so one floor, for every page), else
+    measured here (:func:`onelaunch.measure.timing.read_bandwidth`)."""
+    from . import results
+    from ..measure.timing import read_bandwidth
+    saved = results.load_this_run("floor", results.gpu_slug(device))
+    bw = [r["read_tbps"] for r in (saved or {}).get("rows", []) if r.get("read_tbps")]
+    if bw:
+        return bw[0], "chapter 1, this run"
+    return read_bandwidth(device, gib=gib, iters=iters), "measured in this chapter"
+
+
 def set_floor(rows: list[dict], spec, read_tbps: float):
     """Give ladder rows the floor from the bandwidth this chapter measured (the same run),
     and their ratio to it."""

@@ -1,5 +1,7 @@
 """The ladder file's rows (``results/<gpu>/ladder.json``): which GPU's file, which run,
-the order of the rungs, their labels, and each model's floor and best peer.
+which rows a chapter may draw (:func:`chapter_rows`: its own run's, of itself and the
+chapters before it), the order of the rungs, their labels, and each model's floor and
+best peer.
 
 Rows come from ``results/<gpu>/ladder.json`` (see :mod:`onelaunch.report.results`). Rung order:
 the peers first, in :data:`PEER_RUNGS` order, then ours, by the row's ``order`` field if
@@ -15,7 +17,8 @@ import json
 import math
 from pathlib import Path
 
-from .results import RESULTS, attach_reference_flips
+from . import results as _results
+from .results import attach_reference_flips, run_key, this_run
 from .results import row_passes as row_ok
 
 
@@ -32,28 +35,50 @@ RUNG_LABELS = {
 PREFERRED_GPUS = ("h200",)
 
 
-def ladder_sources(root: Path = RESULTS) -> list[str]:
+def _root(root) -> Path:
+    """``root``, or the results folder (looked up at call time, so a test can move it)."""
+    return Path(root) if root is not None else _results.RESULTS
+
+
+def ladder_sources(root: Path | None = None) -> list[str]:
     """GPU slugs that have a ladder, best first: the preferred GPUs, any other GPU, then
     the CPU smoke run."""
-    have = sorted(p.parent.name for p in Path(root).glob("*/ladder.json"))
+    have = sorted(p.parent.name for p in _root(root).glob("*/ladder.json"))
     rank = lambda g: (0 if g in PREFERRED_GPUS else 2 if g == "cpu" else 1, g)
     return sorted(have, key=rank)
 
 
-def load_ladder(gpu: str | None = None, root: Path = RESULTS) -> dict | None:
+def load_ladder(gpu: str | None = None, root: Path | None = None) -> dict | None:
     """The ladder file of ``gpu`` (default: the best source there is), or ``None``."""
     if gpu is None:
         srcs = ladder_sources(root)
         if not srcs:
             return None
         gpu = srcs[0]
-    p = Path(root) / gpu / "ladder.json"
+    p = _root(root) / gpu / "ladder.json"
     if not p.exists():
         return None
     data = json.loads(p.read_text())
     data.setdefault("meta", {}).setdefault("gpu", gpu)
-    _attach_reference_flips(data, Path(root) / gpu / "oracle_check.json")
+    _attach_reference_flips(data, _root(root) / gpu / "oracle_check.json")
     return data
+
+
+def chapter_rows(chapter: str, device="cuda", ctx: int | None = None,
+                 models=None, root: Path | None = None) -> list[dict]:
+    """The ladder rows chapter ``chapter`` (its notebook's stem) may draw: rows of this
+    process's run (:func:`onelaunch.report.results.this_run`), written by this chapter
+    or one before it (a row's ``chapter``; rows that name none pass), at context
+    ``ctx`` and of ``models`` where given. A row of another run, or of a later chapter
+    of this run, is never drawn: a figure shows what its chapter's run had made."""
+    data = load_ladder(_results.gpu_slug(device), root)
+    if data is None:
+        return []
+    run = this_run()
+    return [r for r in data.get("rows", [])
+            if run_key(r) == run and str(r.get("chapter") or "") <= chapter
+            and (ctx is None or r.get("ctx") == ctx)
+            and (models is None or r.get("model") in models)]
 
 
 def _attach_reference_flips(data: dict, check_path: Path) -> None:
@@ -116,11 +141,6 @@ def label(row_or_rung, rows=()) -> str:
     return RUNG_LABELS.get(g, g)
 
 
-def run_key(row: dict):
-    """The run a row comes from: its ``run`` id where it has one, else its commit."""
-    return row.get("run") or row.get("commit")
-
-
 def one_run(rows: list[dict]) -> tuple[list[dict], list[dict]]:
     """(rows of one run, rows left out). The run kept is the one with the most rows (the
     latest by date among equals): a page never mixes measurements of two runs."""
@@ -133,11 +153,11 @@ def one_run(rows: list[dict]) -> tuple[list[dict], list[dict]]:
     return groups[keep], [r for g, rs in groups.items() if g != keep for r in rs]
 
 
-def _reference_flips_for(rows: list[dict], root: Path = RESULTS) -> list[dict]:
+def _reference_flips_for(rows: list[dict], root: Path | None = None) -> list[dict]:
     """``rows`` with each "oracle eager" row judged by its check against HF: the
     disagreements come from an ``oracle_check.json`` of the same commit."""
     rows = [dict(r) for r in rows]
-    for p in sorted(Path(root).glob("*/oracle_check.json")):
+    for p in sorted(_root(root).glob("*/oracle_check.json")):
         data = json.loads(p.read_text())
         commit = data.get("meta", {}).get("commit")
         same = [r for r in rows if r.get("commit") in (None, commit)]

@@ -3,9 +3,12 @@
 Layout: ``{"meta": {gpu, gpu_name, torch, triton, transformers, commit, run, date,
 gpu_mem_cap_gb, parameters}, "rows": [...]}``. ``run`` names one GPU book run
 (``ci/notebooks.py gpu`` sets ``ONELAUNCH_RUN``): every file and row it writes carries it,
-so ``ci/check_one_commit.py`` can tell one run from several. The ladder (``ladder.json``) has one row per measurement with at least
-``model, rung, ctx, ms_per_token, floor_ms, agree``; rows are merged by
-(model, rung, ctx), so a chapter rerun replaces its own rows and keeps the others.
+so ``ci/check_one_commit.py`` can tell one run from several. The ladder (``ladder.json``)
+has one row per measurement with at least ``model, rung, ctx, ms_per_token, floor_ms,
+agree`` (and, where timed, its spread ``ms_min, ms_max`` over ``timed`` repeats), and the
+``chapter`` that wrote it; rows are merged by (model, rung, ctx), so a chapter rerun
+replaces its own rows and keeps the others, and within one run the first chapter that
+measures a row owns it.
 """
 from __future__ import annotations
 
@@ -55,6 +58,27 @@ def git_commit() -> str:
 def run_id() -> str | None:
     """The GPU book run this process belongs to (``ONELAUNCH_RUN``), or None."""
     return env.get("ONELAUNCH_RUN")
+
+
+def run_key(row_or_meta: dict):
+    """The run a row (or a file's ``meta``) comes from: its ``run`` id where it has one,
+    else its commit."""
+    return row_or_meta.get("run") or row_or_meta.get("commit")
+
+
+def this_run() -> str:
+    """The run this process writes: :func:`run_id`, else the commit (:func:`run_key` of
+    every row it writes)."""
+    return run_id() or git_commit()
+
+
+def load_this_run(name: str, gpu: str) -> dict | None:
+    """``results/<gpu>/<name>.json`` if this process's run wrote it, else None: a page
+    reads an earlier chapter's numbers only from the same run."""
+    data = load(name, gpu)
+    if data is None or run_key(data.get("meta", {})) != this_run():
+        return None
+    return data
 
 
 def meta(device="cuda", parameters: dict | None = None) -> dict:
@@ -107,11 +131,17 @@ def write(name: str, rows: list[dict], device="cuda", parameters: dict | None = 
 LADDER_KEYS = ("model", "rung", "ctx")
 
 
-def write_ladder(rows: list[dict], device="cuda", parameters=None, gpu=None) -> Path:
+def write_ladder(rows: list[dict], device="cuda", parameters=None, gpu=None,
+                 chapter: str | None = None) -> Path:
     """Merge ``rows`` into ``ladder.json``. Each row gets the commit and run it comes
-    from; an "oracle eager" row whose ``agree`` is the oracle's check against Hugging Face
-    gets that check's disagreements as its ``flips`` (from ``oracle_check.json`` of the
-    same GPU and commit), so every page judges it by the same near-tie rule."""
+    from, and the chapter that wrote it (``chapter``, the notebook's stem, e.g.
+    ``"05_split_k"``: a chapter's figure draws only its own run's rows of chapters up to
+    itself, :func:`onelaunch.report.ladder_file.chapter_rows`). A row this run's file
+    already has from another chapter is not written again: the first chapter that
+    measures a quantity owns it, a later one shows its own measurement labelled. An
+    "oracle eager" row whose ``agree`` is the oracle's check against Hugging Face gets
+    that check's disagreements as its ``flips`` (from ``oracle_check.json`` of the same
+    GPU and commit), so every page judges it by the same near-tie rule."""
     gpu = gpu or gpu_slug(device)
     check = load("oracle_check", gpu)
     if check is not None and check.get("meta", {}).get("commit") == git_commit():
@@ -123,6 +153,16 @@ def write_ladder(rows: list[dict], device="cuda", parameters=None, gpu=None) -> 
         r.setdefault("commit", git_commit())
         if run_id():
             r.setdefault("run", run_id())
+        if chapter:
+            r.setdefault("chapter", chapter)
+    # the first chapter of a run that measures a quantity writes it: a later chapter's
+    # second measurement of the same (model, rung, ctx) in the same run is not merged
+    old = load("ladder", gpu)
+    first = {tuple(r.get(k) for k in LADDER_KEYS): r.get("chapter")
+             for r in (old or {}).get("rows", []) if run_key(r) == this_run()}
+    rows = [r for r in rows
+            if first.get(tuple(r.get(k) for k in LADDER_KEYS), r.get("chapter"))
+            in (None, r.get("chapter"))]
     return write("ladder", rows, device=device, parameters=parameters,
                  merge_keys=LADDER_KEYS, gpu=gpu)
 

@@ -62,9 +62,9 @@ class Group:
         return t
 
     def allreduce(self, e, t: torch.Tensor):
-        """(launch, result): a closure that sums ``t`` over the ranks, and the tensor the
-        sum lands in (``t`` itself, in place, except for the one-shot, which writes a
-        second buffer)."""
+        """(launch, result): a closure that sums ``t`` over the ranks, and the tensor
+        the sum lands in (``t`` itself, in place, except for the one-shot, which writes
+        a second buffer)."""
         import torch.distributed as dist
         if self.rung in ("nccl", "gloo"):
             return (lambda: dist.all_reduce(t)), t
