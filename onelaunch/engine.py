@@ -40,8 +40,6 @@ import torch.distributed
 from . import kernels as K
 from . import plan
 from .kernels import config
-from .megakernel.step import MegaStep, device_refusal
-from .megakernel.step import refusal as step_refusal
 from .options import PersistentOptions
 from .oracle import rope_cos_sin
 from .specs import get_spec
@@ -68,12 +66,23 @@ def persistent_refusal(spec, attention: str = "splitk", tp=None, stages: int | N
     return None
 
 
-def megakernel_refusal(spec, device, attention="splitk", tp=None, persistent=False):
-    """Why an engine with ``megakernel=True`` cannot be built (one line; None: it can)."""
+FALLBACK = "fallback"      # megakernel_refusal: a GPU without Hopper's TMA runs the chain
+
+
+def megakernel_refusal(spec, device, max_ctx: int, attention="splitk", tp=None,
+                       persistent=False):
+    """Why an engine with ``megakernel=True`` cannot be built (one line; None: it can;
+    FALLBACK: a CUDA GPU that is not Hopper, where the chain runs instead)."""
+    from .megakernel.step import device_refusal, refusal
     if attention != "splitk" or tp is not None or persistent:
         return ("megakernel=True is the whole step in one launch on one GPU: leave "
                 "attention at 'splitk', and leave out tp and persistent")
-    return device_refusal(device) or step_refusal(spec)
+    why = refusal(spec, max_ctx)
+    if why:
+        return why
+    if torch.device(device).type == "cuda" and device_refusal(device):
+        return FALLBACK
+    return device_refusal(device)
 
 
 class Engine:
@@ -105,12 +114,14 @@ class Engine:
                 config.get("layer_persistent", self.device),
                 **(cfgs or {}).get("layer_persistent", {})), self.persist)["STAGES"]
         why = persistent_refusal(spec, attention, tp, stages) if persistent else None
-        if megakernel and self.device.type == "cuda" and device_refusal(self.device):
-            # off Hopper the chain runs (``paths`` says so), and one line says why
-            print(f"onelaunch: {device_refusal(self.device)}", file=sys.stderr)
-            megakernel = False
         if megakernel:
-            why = megakernel_refusal(spec, self.device, attention, tp, persistent)
+            why = megakernel_refusal(spec, self.device, self.max_ctx, attention, tp,
+                                     persistent)
+            if why == FALLBACK:
+                # off Hopper the chain runs (``paths`` says so), and one line says why
+                from .megakernel.step import device_refusal
+                print(f"onelaunch: {device_refusal(self.device)}", file=sys.stderr)
+                megakernel, why = False, None
         if why:
             raise EngineError(why)
         self.persistent = bool(persistent)
@@ -140,7 +151,10 @@ class Engine:
                          else live_cap)
         # ---- the step: a list of launches; each builder asks for the buffers it needs --
         # (the one-launch step: megakernel/step.py, over this engine's buffers)
-        self.mega = MegaStep(self) if megakernel else None
+        self.mega = None
+        if megakernel:
+            from .megakernel.step import MegaStep
+            self.mega = MegaStep(self)
         self.plan = [self.mega.launch()] if megakernel else plan.build(self)
         self.graph = None
         self.paths = self.ran_paths()   # what the plan runs, read from its launches
@@ -192,8 +206,8 @@ class Engine:
         plan issued while the launchers of ``onelaunch.kernels`` (``K.LAUNCHERS``) are
         replaced by a recorder. One dict a call: ``op`` and ``layer`` (the plan entry's), ``kernel``
         (the launcher called) and ``args`` (its arguments by name, defaults filled in).
-        An entry that issues no launcher (an all-reduce through torch.distributed) is
-        one call with ``kernel`` None."""
+        An entry that issues no launcher (an all-reduce through torch.distributed, the
+        one-launch step) is one call with ``kernel`` None, and is not run."""
         import inspect
         calls, where = [], {}
         real = {n: getattr(m, n) for n, m in K.LAUNCHERS.items()}
@@ -212,7 +226,7 @@ class Engine:
                 setattr(K.LAUNCHERS[n], n, recorder(n, f))
             for launch in self.plan:
                 where = {"op": launch.op, "layer": launch.layer}
-                if launch.op == "all_reduce":
+                if launch.op in ("all_reduce", "megakernel"):   # no launcher to record
                     calls.append(dict(where, kernel=None, args={}))
                 else:
                     launch.run()
@@ -224,7 +238,8 @@ class Engine:
     def ran_paths(self) -> dict:
         """What this engine's step runs, read from its kernel calls (``trace``), so that a
         setting which silently fell back shows: ``attention`` ("splitk" or "plain"),
-        ``persistent``, ``pdl`` (True, False, or "mixed" when only some
+        ``persistent``, ``megakernel`` (the whole step in one launch), ``pdl`` (True,
+        False, or "mixed" when only some
         launches use it), ``tp`` (None on one GPU; else how the ranks' partial sums
         meet: "fused", "p2p", "symm", the all-reduce's backend, or "none") and
         ``launches`` (a step's)."""

@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from onelaunch.engine import Engine, EngineError
+from onelaunch.engine import Engine, EngineError, megakernel_refusal
 from onelaunch.megakernel import isa, loads
 from onelaunch.megakernel.step import TN, plan_ctx, plan_schedule, refusal
 from onelaunch.measure.rungs import BENCH, RUNGS
@@ -55,7 +55,9 @@ def test_engine_off_hopper_says_why_in_one_line(monkeypatch):
     w = random_weights("tiny-qwen2", 0)
     with pytest.raises(EngineError) as e:
         Engine("tiny-qwen2", w, megakernel=True)
-    assert "sm_90" in str(e.value) and "\n" not in str(e.value)
+    assert "tiles" in str(e.value) and "\n" not in str(e.value)
+    why = megakernel_refusal(get_spec("qwen2.5-1.5b"), "cpu", 1024)   # the spec would do
+    assert "sm_90" in why and "\n" not in why
     with pytest.raises(EngineError, match="one launch on one GPU"):
         Engine("tiny-qwen2", w, megakernel=True, attention="plain")
 
@@ -71,25 +73,27 @@ def test_compiles_for_hopper_without_a_gpu():
 
 
 @pytest.mark.gpu
-def test_one_launch_step_passes_the_oracle_check():
-    """Qwen2.5-1.5B at ctx 512: 32 teacher-forced tokens by the agreement rule, one
-    launch a step (the engine reports it), two replays from one state bit-identical."""
+@pytest.mark.parametrize("ctx", [512, 4000])
+def test_one_launch_step_passes_the_oracle_check(ctx):
+    """Qwen2.5-1.5B at ctx 512 and 4000 (several blocks of keys a split): 32
+    teacher-forced tokens by the agreement rule, one launch a step (the engine reports
+    it), two replays from one state bit-identical."""
     from onelaunch.measure.agree import judge, oracle_tokens
     from onelaunch.prompt import random_prompt
     spec = get_spec("qwen2.5-1.5b")
     if not RUNGS[MEGA].runs_on("cuda"):
         pytest.skip("needs Hopper")
     w = random_weights(spec, 0, device="cuda")
-    prompt = random_prompt(spec, 512, 0)
-    ref = oracle_tokens(spec, w, prompt, 32, 640)
-    e = Engine(spec, w, max_ctx=640, megakernel=True)
+    prompt = random_prompt(spec, ctx, 0)
+    ref = oracle_tokens(spec, w, prompt, 32, ctx + 128)
+    e = Engine(spec, w, max_ctx=ctx + 128, megakernel=True)
     assert e.paths["megakernel"] and e.launches_per_step() == 1
     assert "one launch a step" in e.describe()
     j = judge(e, prompt, ref, True)
     assert j["ok"], j["flips"]
     xs = []
     for _ in range(2):
-        e.pos.fill_(512)
+        e.pos.fill_(ctx)
         e.step(True)
         torch.cuda.synchronize()
         xs.append(e.x.clone())
@@ -113,3 +117,21 @@ def test_a_stall_is_named_in_one_line():
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith("megakernel stalled: SM 7 instruction 11")
     assert f"counter 3 ({sched.counters[3]}: saw 5, needs 6); 2 SMs stalled" in msg
+
+
+def test_the_kernels_literals_are_isas():
+    """The Gluon kernels branch on opcodes and read header fields by value: those values
+    are the ones ``isa`` defines (its one owner)."""
+    ops = (isa.OP_RMS_QKV, isa.OP_ROPE_KV, isa.OP_ATTN_PARTIAL, isa.OP_ATTN_MERGE,
+           isa.OP_O_PROJ, isa.OP_GATE_UP, isa.OP_DOWN, isa.OP_LM_HEAD, isa.OP_ARGMAX,
+           isa.OP_EMBED, isa.OP_ATTN_FUSED)
+    assert ops == (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 15)
+    fields = (isa.OP, isa.LAYER, isa.ROW0, isa.ROWS, isa.WAIT0, isa.TARGET0, isa.WAIT1,
+              isa.TARGET1, isa.BUMP, isa.ARG, isa.IDX, isa.SPLITS, isa.UNIT, isa.BUMP2)
+    assert fields == (0, 1, 2, 3, 6, 7, 8, 9, 10, 11, 12, 13, 14, 18)
+
+
+def test_refused_past_32_bit_cache_offsets():
+    spec = get_spec("qwen2.5-1.5b")
+    assert refusal(spec, 32768) is None
+    assert "32-bit" in refusal(spec, 2 ** 20)

@@ -59,6 +59,7 @@ def ladder_rows(spec, w, device="cuda", ctx=512, tokens=12, iters=100, read_tbps
             # eager steps are slow: a quarter of the replays, at least 10 (or all of a few)
             n = iters if rung.graph else max(min(iters, 10), iters // 4)
             t = time_engine_timing(e, rung.graph, n, dev)
+            e.check_stalls()             # a step that ran out of a wait bound: no time
             ms = t.median_ms
             r["ms_per_token"] = ms
             r.update(t.spread())          # min and max over the n timed steps

@@ -20,8 +20,6 @@ import torch
 
 from ..engine import Engine, persistent_refusal
 from ..kernels import config
-from ..megakernel.step import device_refusal
-from ..megakernel.step import refusal as step_refusal
 
 
 def make_engine(spec, w, **kw):
@@ -50,7 +48,8 @@ class Rung:
         """Whether the rung applies to ``spec``'s model (the engine's own rule for its
         settings: the persistent layer, dense models only)."""
         if self.megakernel:
-            return step_refusal(spec) is None
+            from ..megakernel.step import refusal
+            return refusal(spec) is None
         stages = (self.cfgs or {}).get("layer_persistent", {}).get("STAGES")
         return not (self.persistent and persistent_refusal(
             spec, self.attention, stages=stages))
@@ -66,8 +65,10 @@ class Rung:
     def runs_on(self, device) -> bool:
         """False for the PDL rung on a GPU without PDL, and for the one-launch step
         off Hopper (``megakernel.step.device_refusal``)."""
-        if self.megakernel and device_refusal(device):
-            return False
+        if self.megakernel:
+            from ..megakernel.step import device_refusal
+            if device_refusal(device):
+                return False
         return not self.needs_pdl or config.pdl_supported(torch.device(device))
 
 

@@ -39,9 +39,10 @@ from .gluon_mlp import (_dot_box_k, _dot_slice, _down_views, _fill, _fill_one,
                         _h_and_barriers, _now, _reset_on_exit, _stage_free, _stage_ready,
                         _wait_counter)
 
-# opcodes (isa.py): the kernel's branches name them by value
-RMS_QKV, ROPE_KV, ATTN_PARTIAL, ATTN_MERGE, O_PROJ, GATE_UP, DOWN, LM_HEAD, ARGMAX, EMBED = (
-    1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
+# the kernel's branches name opcodes and header fields by value (isa.py: OP_RMS_QKV 1,
+# OP_ROPE_KV 2, OP_ATTN_PARTIAL 3, OP_ATTN_MERGE 4, OP_O_PROJ 5, OP_GATE_UP 6, OP_DOWN 7,
+# OP_LM_HEAD 8, OP_ARGMAX 9, OP_EMBED 10, OP_ATTN_FUSED 15; fields OP 0 .. UNIT 14,
+# BUMP2 18); tests/test_gluon_step.py holds them to isa's
 
 
 @gluon.jit
@@ -230,7 +231,7 @@ def _op_attn_partial(layer, kh, sp, splits, unit, pos_ptr, q_ptr, kc_ptr, vc_ptr
     kl: gl.constexpr = gl.SliceLayout(0, l3)              # [BT, D] keys / values
     ql: gl.constexpr = gl.SliceLayout(1, l3)              # [GP, D] queries / output
     pos = gl.load(pos_ptr, cache_modifier=".cg")
-    start, end, per = _split_keys(pos + 1, sp, splits, unit)
+    start, end, _ = _split_keys(pos + 1, sp, splits, unit)
     tk = gl.arange(0, BT, gl.SliceLayout(1, kl))
     dk = gl.arange(0, D, gl.SliceLayout(0, kl))
     ts = gl.arange(0, BT, gl.SliceLayout(0, sl))

@@ -39,7 +39,9 @@ What the row fields mean per op (``schedule.py`` builds them, ``vm.py`` runs the
     DOWN          x rows [ROW0, ROW0+ROWS), K split ARG of SPLITS = [K0, K0+KLEN); the
                   splits before the last store fp32 partials, the last adds them to x
     LM_HEAD       logits rows [ROW0, ROW0+ROWS); its best (value, index) into slot IDX
-    ARGMAX        the token from ROWS slots; then resets every counter to zero
+    ARGMAX        the token from ROWS slots; then resets every counter to zero (the VM's
+                  rule, checked there: every other SM's last bump ordered before it;
+                  the Gluon kernels reset when their last CTA leaves, a later point)
     ATTN_FUSED    RoPE, partial and merge in one (``schedule.build(fused=True)``, the
                   one-launch kernel's lists): ROW0 = kv head, ROWS its G query heads, ARG
                   = split of SPLITS; waits for all of QKV, RoPEs its queries and the new

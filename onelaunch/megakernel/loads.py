@@ -215,6 +215,12 @@ def check(sched: Schedule) -> None:
     # bump a group; the group's counter is read by that atomic, not waited for
     groups = {(r[BUMP], r[BUMP2]) for _, _, r in rows if r[BUMP2] != NONE}
     bumpers.update(b2 for _, b2 in groups)
+    for b, b2 in groups:                          # its last is the one that makes SPLITS
+        size = {r[SPLITS] for _, _, r in rows if r[BUMP] == b}
+        if size != {bumpers[b]} or sum(g == b for g, _ in groups) != 1:
+            raise ScheduleError(f"group {sched.counters[b]}: {bumpers[b]} instructions "
+                                f"bump it, SPLITS {sorted(size)}, merge counters "
+                                f"{[sched.counters[c] for g, c in groups if g == b]}")
     routes = {r[LAYER]: r[BUMP] for _, _, r in rows if r[OP] == OP_TOPK}
     waited = {b for b, _ in groups}
     for sm, i, r in rows:

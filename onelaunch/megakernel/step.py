@@ -35,7 +35,7 @@ def device_refusal(device) -> str | None:
     """Why the one-launch step cannot run on ``device`` (None: it can): it needs
     Hopper's TMA and warp specialisation (sm_90)."""
     device = torch.device(device)
-    if device.type != "cuda":
+    if device.type != "cuda" or not torch.cuda.is_available():
         return ("the one-launch step is a Gluon kernel for a Hopper GPU (sm_90); it does "
                 "not run in Triton's interpreter: use megakernel=False on the CPU")
     cap = torch.cuda.get_device_capability(device)
@@ -46,8 +46,9 @@ def device_refusal(device) -> str | None:
     return None
 
 
-def refusal(spec) -> str | None:
-    """Why the one-launch step cannot run ``spec`` (None: it can)."""
+def refusal(spec, max_ctx: int | None = None) -> str | None:
+    """Why the one-launch step cannot run ``spec`` (with a cache of ``max_ctx``
+    positions; None: it can)."""
     if spec.is_moe:
         return "the one-launch step runs dense models; the MoE one is issue 26"
     if spec.qk_norm:
@@ -59,6 +60,11 @@ def refusal(spec) -> str | None:
         return "the one-launch step's O projection needs heads x head_dim == hidden"
     if spec.head_dim & (spec.head_dim - 1):
         return "the one-launch step needs a power-of-two head_dim"
+    if spec.vocab % TN or spec.qkv_size % TN:
+        return f"the one-launch step needs the vocabulary and QKV rows in whole {TN}-row tiles"
+    if max_ctx and spec.layers * spec.kv_heads * max_ctx * spec.head_dim >= 2 ** 31:
+        return ("the one-launch step indexes the KV cache with 32-bit offsets: build the "
+                f"engine with max_ctx < {2 ** 31 // (spec.layers * spec.kv_heads * spec.head_dim)}")
     return None
 
 
