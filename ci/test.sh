@@ -42,15 +42,18 @@ unset TRANSFORMERS_CACHE HF_HUB_CACHE HF_DATASETS_CACHE JUPYTER_PATH
 rm -rf _build results/cpu notebooks/*.progress.json
 
 export TRITON_INTERPRET=1
-# one thread a process: two pytest workers and the chapters' kernel already fill the two
+# one thread a process: the pytest workers and the chapters' kernels already fill the two
 # cores, and torch's own thread pool in each would oversubscribe them
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-# two workers (both cores), a test file's tests in order in one of them: the CPU run of
-# the chapters (tests/test_book.py, about 10 minutes) beside everything else
-# --no-loadscope-reorder: files in name order, so the long chapter run (test_book.py, the
-# second file) starts at once instead of after the files with the most tests
+# three workers on two cores, a test file's tests in order in one of them: the CPU run
+# of the chapters (tests/test_book.py, itself two processes: the chapters that share the
+# ladder file in order, chapter 7 beside them) in one, every other file in the other two.
+# With two workers the second ran all the other files one after another and set the end
+# time (fresh clone at 0508929: pytest 995 s, of which the chapter run 846 s).
+# --no-loadscope-reorder: files in collection order, which tests/conftest.py sets: the
+# chapter run first, then the files with the most CPU work, longest first
 # -p no:cacheprovider: no .pytest_cache read or written
-.venv/bin/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --no-loadscope-reorder \
+.venv/bin/python -m pytest -q -p no:cacheprovider -n 3 --dist loadfile --no-loadscope-reorder \
   -m "not gpu and not browser" tests "$@"
 # the book: tests/test_book.py (in the run above) executed every chapter on the CPU with
 # papermill and built the book with -W -n; now open it in headless chromium, offline
