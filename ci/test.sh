@@ -54,7 +54,8 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 # chapter run first, then the files with the most CPU work, longest first
 # -p no:cacheprovider: no .pytest_cache read or written
 .venv/bin/python -m pytest -q -p no:cacheprovider -n 3 --dist loadfile --no-loadscope-reorder \
-  -m "not gpu and not browser" tests "$@"
+  --durations=25 -m "not gpu and not browser" tests "$@"
 # the book: tests/test_book.py (in the run above) executed every chapter on the CPU with
 # papermill and built the book with -W -n; now open it in headless chromium, offline
-.venv/bin/python -m pytest -q -p no:cacheprovider -m browser tests/test_browser.py
+.venv/bin/python -m pytest -q -p no:cacheprovider -m browser tests/test_browser.py \
+  tests/test_page_width.py

@@ -323,11 +323,12 @@ def test_counters_reset_by_the_last_instruction_only(tiny):
         run_tiny(tiny, bad, 0)
 
 
-@pytest.mark.parametrize("P", [4, 16])
+@pytest.mark.parametrize("P", [16])
 def test_fused_attention_gives_the_same_bits(tiny, P):
     """``build(fused=True)`` (the one-launch kernel's lists: RoPE inside the partials,
     the last of each kv head's splits merging its heads) over five steps and two
-    interleavings each: tokens and logits bit-identical to the five-stage attention's,
+    interleavings each (16 SMs: 7 splits a kv head): tokens and logits bit-identical to
+    the five-stage attention's,
     and agreeing with the oracle; the split holding pos writes the new key."""
     spec, w = tiny
     start, steps = 92, 5

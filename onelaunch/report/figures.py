@@ -303,8 +303,10 @@ def sweep_figure(rows: list[dict], head: str, smoke: bool = False, dpi: int = DP
     ax = fig.add_axes([0.11, 0.15, 0.86, 0.62 - 0.04 * bool(smoke)])
     cs = [r["ctx"] for r in rows]
     ms = [r["ms_per_token"] for r in rows]
-    lo = [m - r.get("ms_min", m) for m, r in zip(ms, rows)]
-    hi = [r.get("ms_max", m) - m for m, r in zip(ms, rows)]
+    # the spread is stored rounded (Timing.spread): a median within its rounding of the
+    # fastest or slowest call would give a negative bar
+    lo = [max(0.0, m - (r.get("ms_min") or m)) for m, r in zip(ms, rows)]
+    hi = [max(0.0, (r.get("ms_max") or m) - m) for m, r in zip(ms, rows)]
     ax.errorbar(cs, ms, yerr=[lo, hi], fmt="o-", color=OURS_C, capsize=3,
                 label=f"{rows[0]['rung']}, ms per token")
     ax.plot(cs, [r["floor_ms"] for r in rows], "s--", color="black",
