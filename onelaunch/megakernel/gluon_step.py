@@ -154,6 +154,20 @@ def _split_keys(length, sp, splits, unit):
 
 
 @gluon.jit
+def _split_at(pos_ptr, layer, kh, sp, splits, unit, MAXCTX, HKV: gl.constexpr,
+              D: gl.constexpr, BT: gl.constexpr, kl: gl.constexpr, sl: gl.constexpr):
+    """A split's place in this step: pos, its keys [start, end), the units a split
+    takes, a block's key and column indices (for the [BT, D] keys, the [GP, BT]
+    scores) and where (layer, kv head) starts in the cache."""
+    pos = gl.load(pos_ptr, cache_modifier=".cg")
+    start, end, per = _split_keys(pos + 1, sp, splits, unit)
+    tk = gl.arange(0, BT, gl.SliceLayout(1, kl))
+    dk = gl.arange(0, D, gl.SliceLayout(0, kl))
+    ts = gl.arange(0, BT, gl.SliceLayout(0, sl))
+    return pos, start, end, per, tk, dk, ts, (layer * HKV + kh) * MAXCTX * D
+
+
+@gluon.jit
 def _rope(ptr, d, D: gl.constexpr, c, s, mask):
     """bf16 RoPE of the head rows at ``ptr`` (HF: bf16(bf16(x cos) + bf16(rot(x) sin)))."""
     x = gl.load(ptr + d, mask=mask, other=0.0, cache_modifier=".cg").to(gl.float32)
@@ -230,12 +244,8 @@ def _op_attn_partial(layer, kh, sp, splits, unit, pos_ptr, q_ptr, kc_ptr, vc_ptr
     sl: gl.constexpr = gl.SliceLayout(2, l3)              # [GP, BT] scores
     kl: gl.constexpr = gl.SliceLayout(0, l3)              # [BT, D] keys / values
     ql: gl.constexpr = gl.SliceLayout(1, l3)              # [GP, D] queries / output
-    pos = gl.load(pos_ptr, cache_modifier=".cg")
-    start, end, _ = _split_keys(pos + 1, sp, splits, unit)
-    tk = gl.arange(0, BT, gl.SliceLayout(1, kl))
-    dk = gl.arange(0, D, gl.SliceLayout(0, kl))
-    ts = gl.arange(0, BT, gl.SliceLayout(0, sl))
-    base = (layer * HKV + kh) * MAXCTX * D
+    pos, start, end, per, tk, dk, ts, base = _split_at(pos_ptr, layer, kh, sp, splits,
+                                                       unit, MAXCTX, HKV, D, BT, kl, sl)
     kv_off = base + (start + tk)[:, None] * D + dk[None, :]
     old = ((start + tk < end) & (start + tk < pos))[:, None] & (dk[None, :] < D)
     k_old = gl.load(kc_ptr + kv_off, mask=old, other=0.0)
@@ -326,14 +336,10 @@ def _op_attn_fused(layer, kh, sp, splits, unit, bump, bump2, pos_ptr, qkv_ptr, k
     sl: gl.constexpr = gl.SliceLayout(2, l3)              # [GP, BT] scores
     kl: gl.constexpr = gl.SliceLayout(0, l3)              # [BT, D] keys / values
     ql: gl.constexpr = gl.SliceLayout(1, l3)              # [GP, D] queries / output
-    pos = gl.load(pos_ptr, cache_modifier=".cg")
-    start, end, per = _split_keys(pos + 1, sp, splits, unit)
-    tk = gl.arange(0, BT, gl.SliceLayout(1, kl))
-    dk = gl.arange(0, D, gl.SliceLayout(0, kl))
-    ts = gl.arange(0, BT, gl.SliceLayout(0, sl))
+    pos, start, end, per, tk, dk, ts, base = _split_at(pos_ptr, layer, kh, sp, splits,
+                                                       unit, MAXCTX, HKV, D, BT, kl, sl)
     hq = gl.arange(0, GP, gl.SliceLayout(1, ql))
     dq = gl.arange(0, D, gl.SliceLayout(0, ql))
-    base = (layer * HKV + kh) * MAXCTX * D
     off = base + (start + tk)[:, None] * D + dk[None, :]
     old = (start + tk < gl.minimum(end, pos))[:, None] & (dk[None, :] < D)
     k_old = gl.load(kc_ptr + off, mask=old, other=0.0)
