@@ -26,12 +26,12 @@ def w():
 @pytest.mark.parametrize("attention", ["plain", "splitk"])
 def test_engine_matches_oracle(w, attention):
     prompt = torch.randint(0, SPEC.vocab, (5,), generator=torch.Generator().manual_seed(7))
-    ref = Oracle(SPEC, w, max_ctx=64).generate(prompt, 4).cpu()
+    ref = Oracle(SPEC, w, max_ctx=64).generate(prompt, 3).cpu()
     e = Engine(SPEC, w, max_ctx=64, attention=attention)
     assert e.launches_per_step() == 2 + SPEC.layers * (6 + (attention == "splitk"))
     assert e.launches_per_step() == len(e.plan)
     chunks = []
-    got = e.generate(prompt, 4, graph=False, on_tokens=chunks.append, read_every=3)
+    got = e.generate(prompt, 3, graph=False, on_tokens=chunks.append, read_every=3)
     assert got.tolist() == ref.tolist()
     assert chunks == [ref[:1].tolist(), ref[1:].tolist()]   # the first at once, then batches
     # teacher-forced: the engine's argmax given the oracle's own prefix, step by step
