@@ -11,11 +11,9 @@ fi
 stamp=.venv/.onelaunch-req
 if [ ! -f "$stamp" ] || ! cmp -s requirements.txt "$stamp"; then
   echo "[setup] installing requirements.txt (torch CPU wheel, triton, transformers, ...)"
-  # --no-compile: no .pyc for the ~10,000 modules of torch and transformers a run never
-  # imports (Python writes those it imports on first use): a minute of a fresh set-up
-  .venv/bin/pip install -q --disable-pip-version-check --no-compile -r requirements.txt 2>&1 \
+  .venv/bin/pip install -q --disable-pip-version-check -r requirements.txt 2>&1 \
     | { grep -v "is ignored: it is neither a file nor a directory" || true; }
-  .venv/bin/pip install -q --disable-pip-version-check --no-compile --no-deps -e . 2>&1 \
+  .venv/bin/pip install -q --disable-pip-version-check --no-deps -e . 2>&1 \
     | { grep -v "is ignored: it is neither a file nor a directory" || true; }
   cp requirements.txt "$stamp"
 fi
