@@ -5,7 +5,7 @@ replays bit-identical, and both steps timed alternately against the floor measur
 
     python lab/step_check.py OUT.json [--ctx 512,4000] [--tokens 32] [--iters 200]
                              [--stages 4] [--model qwen2.5-1.5b] [--clock PREFIX]
-                             [--fused]
+                             [--variants FUSED:PLAN_CTX,...]
     python lab/step_clock.py PREFIX_512.pt       # where the time goes, per layer and op
 """
 import argparse
@@ -45,7 +45,7 @@ def buffers_after_step(e, plan, pos, names):
     return {n: t.float().clone() for n, t in names().items()}
 
 
-def one_ctx(spec, w, ctx, tokens, iters, stages, bw, out, clock_to=None, fused=False):
+def one_ctx(spec, w, ctx, tokens, iters, stages, bw, out, clock_to=None, variants=((0, 0),)):
     g = torch.Generator().manual_seed(ctx)
     prompt = torch.randint(0, spec.vocab, (ctx,), generator=g)
     max_ctx = run_ctx(ctx, tokens, iters)
@@ -55,12 +55,27 @@ def one_ctx(spec, w, ctx, tokens, iters, stages, bw, out, clock_to=None, fused=F
     e = Engine(spec, w, max_ctx=max_ctx, pdl=True)
     chain = e.plan
     out["chain"] = {k: v for k, v in judge(e, prompt, ref, True).items() if k != "tokens"}
+    fl = out["floor_ms"] = floor_ms(spec, bw, ctx)
+    for fused, plan in variants:
+        name = f"fused{fused}_plan{plan or ctx}"
+        r = out[name] = {}
+        try:
+            one_variant(e, chain, prompt, ref, ctx, iters, stages, fl, r, bool(fused),
+                        plan or ctx, clock_to and f"{clock_to}_{name}")
+        except Exception as ex:                   # keep what was measured
+            r["error"] = f"{type(ex).__name__}: {ex}"
+        e.plan, e.graph = chain, None
+    del e
+    torch.cuda.empty_cache()
+
+
+def one_variant(e, chain, prompt, ref, ctx, iters, stages, fl, out, fused, plan, clock_to):
     t0 = time.time()
-    mk = MegaStep(e, ctx=ctx, stages=stages, fused=fused)
+    mk = MegaStep(e, ctx=plan, stages=stages, fused=fused)
     mega = [mk.launch()]
     out["mk_build_s"] = time.time() - t0
     out["schedule"] = {"P": mk.P, "instr_per_sm": mk.n_instr, "counters": mk.n_ctr,
-                       "splits": mk.spmax}
+                       "splits": mk.spmax, "plan_ctx": plan}
     # the last layer's buffers after one step from the same state (position ctx)
     t0 = time.time()
     a = buffers_after_step(e, chain, ctx, lambda: {
@@ -73,7 +88,6 @@ def one_ctx(spec, w, ctx, tokens, iters, stages, bw, out, clock_to=None, fused=F
     mk.check_stalls()
     out["last_layer_max_abs_diff"] = {n: float((a[n] - b[n]).abs().max()) for n in a}
     out["last_layer_scale"] = {n: float(a[n].abs().max()) for n in a}
-    out["argmax_at_ctx"] = [int(e.argmax[ctx + 1])]
     # two replays from the same state: bit-identical
     x1 = buffers_after_step(e, mega, ctx, lambda: {"x": e.x})["x"]
     x2 = buffers_after_step(e, mega, ctx, lambda: {"x": e.x})["x"]
@@ -83,8 +97,6 @@ def one_ctx(spec, w, ctx, tokens, iters, stages, bw, out, clock_to=None, fused=F
     mk.check_stalls()
     # time both alternately, each from position ctx
     graphs = {"chain": graph_of(e, chain), "mega": graph_of(e, mega)}
-    fl = floor_ms(spec, bw, ctx)
-    out["floor_ms"] = fl
     times = {k: [] for k in graphs}
     for rep in range(3):
         for k, gr in graphs.items():
@@ -94,12 +106,16 @@ def one_ctx(spec, w, ctx, tokens, iters, stages, bw, out, clock_to=None, fused=F
     mk.check_stalls()
     for k, ts in times.items():
         med = sorted(t["median_ms"] for t in ts)
+        out.setdefault(k, {})
         out[k]["ms"] = ts
         out[k]["median_ms"] = med[1]
         out[k]["x_floor"] = med[1] / fl
     out["mega_vs_chain"] = out["mega"]["median_ms"] / out["chain"]["median_ms"]
+    print(f"[step_check] ctx {ctx} {'fused' if fused else 'four-stage'} plan {plan}: mega "
+          f"{out['mega']['median_ms']:.4f} ms ({out['mega']['x_floor']:.3f}x, agree "
+          f"{out['mega'].get('agree')}), chain {out['chain']['median_ms']:.4f}", flush=True)
     if clock_to:                              # per-instruction stamps of a few steps
-        mkc = MegaStep(e, ctx=ctx, stages=stages, clock=True, fused=fused)
+        mkc = MegaStep(e, ctx=plan, stages=stages, clock=True, fused=fused)
         e.plan = [mkc.launch()]
         stamps = []
         for _ in range(3):
@@ -108,10 +124,9 @@ def one_ctx(spec, w, ctx, tokens, iters, stages, bw, out, clock_to=None, fused=F
             torch.cuda.synchronize()
             stamps.append(mkc.clk.cpu().clone())
         mkc.check_stalls()
-        torch.save({"clk": torch.stack(stamps), "prog": mkc.prog.cpu(),
+        torch.save({"clk": stamps[-1][None], "prog": mkc.prog.cpu()[:, :, :4].clone(),
                     "counters": mkc.sched.counters}, f"{clock_to}_{ctx}.pt")
-    del graphs, e, mk
-    torch.cuda.empty_cache()
+    del graphs, mk
 
 
 def main():
@@ -122,19 +137,22 @@ def main():
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--stages", type=int, default=4)
-    ap.add_argument("--fused", action="store_true",
-                    help="the attention as ATTN_FUSED (two stages a layer, not four)")
+    ap.add_argument("--variants", default="0:0",
+                    help="FUSED:PLAN_CTX,... each timed against the chain in this process: "
+                    "FUSED 1 = the attention as ATTN_FUSED; PLAN_CTX the schedule's planning "
+                    "context (its split unit; 0: the run's ctx)")
     ap.add_argument("--clock", default=None, help="save the clock stamps to CLOCK_<ctx>.pt")
     a = ap.parse_args()
     spec = get_spec(a.model)
     w = random_weights(a.model, 0, device="cuda")
     bw = run_bandwidth("cuda")
-    res = {"model": a.model, "read_tbps": bw, "stages": a.stages, "fused": a.fused,
+    variants = [tuple(int(x) for x in v.split(":")) for v in a.variants.split(",")]
+    res = {"model": a.model, "read_tbps": bw, "stages": a.stages, "variants": variants,
            "runs": {}}
     for ctx in (int(c) for c in a.ctx.split(",")):
         r = res["runs"][ctx] = {}
         try:
-            one_ctx(spec, w, ctx, a.tokens, a.iters, a.stages, bw, r, a.clock, a.fused)
+            one_ctx(spec, w, ctx, a.tokens, a.iters, a.stages, bw, r, a.clock, variants)
         except Exception as ex:                   # keep what was measured
             r["error"] = f"{type(ex).__name__}: {ex}"
         json.dump(res, open(a.out, "w"), indent=1)
