@@ -258,8 +258,7 @@ def test_deadlock_names_sm_instruction_and_counter(tiny):
     bad = edited(sched, OP_ATTN_MERGE, TARGET0, lambda r: r[:, TARGET0] + 1)
     with pytest.raises(S.ScheduleError, match="instructions bump it"):
         loads.check(bad)
-    with pytest.raises(V.VMDeadlock, match=r"SM \d+ attention instruction \d+ \(OP_ATTN_MERGE "
-                       r"layer 0 "
+    with pytest.raises(V.VMDeadlock, match=r"SM \d+ instruction \d+ \(OP_ATTN_MERGE layer 0 "
                        r"row \d idx \d\) waits for counter \d+ \(part\.0\.\d\) >= 3, it is 2"):
         run_tiny(tiny, bad, 0)
 

@@ -459,12 +459,15 @@ def _op_argmax(n, pos_ptr, plen_ptr, seq_ptr, amax_ptr, val_ptr, idx_ptr,
 # ---- the compute partition -------------------------------------------------------------------
 @gluon.jit
 def _compute(prog_ptr, n_instr, ring, ring_dk, ring_tk, ready, empty, vec, x_ptr, qkv_ptr,
-             attn_ptr, h_ptr, val_ptr, idx_ptr, seq_ptr, amax_ptr, pos_ptr, plen_ptr, emb_ptr,
-             gin_ptr, gpost_ptr, gfin_ptr, bqkv_ptr, ctr_ptr, err_ptr, clk_ptr, H, I, QKV, HQ,
-             eps, timeout_ns, KG: gl.constexpr, GT: gl.constexpr, NF: gl.constexpr,
+             q_ptr, attn_ptr, h_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr, pm_ptr, pl_ptr, po_ptr,
+             val_ptr, idx_ptr, seq_ptr, amax_ptr, pos_ptr, plen_ptr, emb_ptr, gin_ptr, gpost_ptr,
+             gfin_ptr, bqkv_ptr, ctr_ptr, err_ptr, clk_ptr, H, I, QKV, HQ, KVS, SPMAX, MAXCTX,
+             eps, scale, timeout_ns, KG: gl.constexpr, GT: gl.constexpr, NF: gl.constexpr,
              KD: gl.constexpr, TAIL: gl.constexpr, STAGES: gl.constexpr,
-             WIDTH: gl.constexpr, TN_: gl.constexpr, TK_: gl.constexpr, NPB: gl.constexpr,
-             EB: gl.constexpr, BIAS: gl.constexpr, CLOCK: gl.constexpr,
+             WIDTH: gl.constexpr, TN_: gl.constexpr, TK_: gl.constexpr, G: gl.constexpr,
+             GP: gl.constexpr, D: gl.constexpr, HKV: gl.constexpr, BT: gl.constexpr,
+             SB: gl.constexpr, SBF: gl.constexpr, NPB: gl.constexpr, EB: gl.constexpr,
+             BIAS: gl.constexpr, FUSED: gl.constexpr, CLOCK: gl.constexpr,
              num_warps: gl.constexpr):
     # a row box [TN, kb, TK]: rows over the warps, K tiles in each thread's registers,
     # columns over a warp's lanes, 8 a lane (16-byte shared loads)
@@ -496,14 +499,15 @@ def _compute(prog_ptr, n_instr, ring, ring_dk, ring_tk, ready, empty, vec, x_ptr
     v_full = vec._reinterpret(gl.bfloat16, [NF, NW, KD // NW, TK_], pl3)
     # an instruction's header (its first 16 fields) in every thread's registers, the
     # next one asked for while this one runs (the list is read once a step: DRAM)
-    hl: gl.constexpr = gl.BlockedLayout([16], [32], [num_warps], [0])
-    f16 = gl.arange(0, 16, hl)
+    HDR: gl.constexpr = 32 if FUSED else 16            # BUMP2 is field 18
+    hl: gl.constexpr = gl.BlockedLayout([HDR], [32], [num_warps], [0])
+    f16 = gl.arange(0, HDR, hl)
     nxt = gl.load(base + f16)
     t = 0
     failed = 0
     for i in range(n_instr):
         hdr = nxt
-        nxt = gl.load(base + (i + 1) * WIDTH + f16, mask=(i + 1 < n_instr) & (f16 < 16),
+        nxt = gl.load(base + (i + 1) * WIDTH + f16, mask=(i + 1 < n_instr) & (f16 < HDR),
                       other=0)
         op = _field(hdr, f16, 0)
         layer = _field(hdr, f16, 1)
@@ -514,19 +518,21 @@ def _compute(prog_ptr, n_instr, ring, ring_dk, ring_tk, ready, empty, vec, x_ptr
         w1 = _field(hdr, f16, 8)
         t1 = _field(hdr, f16, 9)
         bump = _field(hdr, f16, 10)
+        arg = _field(hdr, f16, 11)
         idx = _field(hdr, f16, 12)
-        mine = _attention_op(op) == 0                 # the attention partition's: skip
-        if CLOCK & mine:
+        splits = _field(hdr, f16, 13)
+        unit = _field(hdr, f16, 14)
+        if CLOCK:
             gl.store(clk + i * 4, _now())
-        if (w0 >= 0) & mine:
+        if (w0 >= 0) & (op != 2) & (op != 3) & (op != 15):   # these wait in their code
             if failed == 0:
                 gl.store(err + 1, w0)
             failed = _wait_counter(ctr_ptr + w0, t0, timeout_ns, failed, err, i)
-        if (w1 >= 0) & mine:
+        if w1 >= 0:
             if failed == 0:
                 gl.store(err + 1, w1)
             failed = _wait_counter(ctr_ptr + w1, t1, timeout_ns, failed, err, i)
-        if CLOCK & mine:
+        if CLOCK:
             gl.store(clk + i * 4 + 1, _now())
         if op == 1:                                   # RMS_QKV (+ bias)
             xn, xnt = _rms_vec(x_ptr, gin_ptr + layer * H, H, eps, offs, offs_t, GT)
@@ -546,6 +552,18 @@ def _compute(prog_ptr, n_instr, ring, ring_dk, ring_tk, ready, empty, vec, x_ptr
                         other=0.0).to(gl.float32)
                 gl.store(qkv_ptr + ra, ya.to(gl.bfloat16))
                 gl.store(qkv_ptr + rbb, yb.to(gl.bfloat16), mask=rbb < row0 + rows)
+        elif op == 2:                                 # ROPE_KV
+            failed = _op_rope_kv(layer, row0, pos_ptr, qkv_ptr, q_ptr, kc_ptr, vc_ptr, cos_ptr,
+                                 sin_ptr, HQ, KVS, MAXCTX, ctr_ptr, w0, t0, timeout_ns, failed,
+                                 err, i, G, GP, D, HKV, num_warps)
+        elif op == 3:                                 # ATTN_PARTIAL
+            failed = _op_attn_partial(layer, row0, arg, splits, unit, pos_ptr, q_ptr, kc_ptr,
+                                      vc_ptr, pm_ptr, pl_ptr, po_ptr, SPMAX, MAXCTX, scale,
+                                      ctr_ptr, w0, t0, timeout_ns, failed, err, i, G, GP, D,
+                                      HKV, BT, num_warps)
+        elif op == 4:                                 # ATTN_MERGE
+            _op_attn_merge(row0, splits, unit, pos_ptr, pm_ptr, pl_ptr, po_ptr, attn_ptr, SPMAX,
+                           D, SB, num_warps)
         elif op == 5:                                 # O_PROJ (+ residual)
             av = gl.load(attn_ptr + offs, mask=offs < HQ, other=0.0,
                          cache_modifier=".cg").to(gl.float32)
@@ -633,90 +651,19 @@ def _compute(prog_ptr, n_instr, ring, ring_dk, ring_tk, ready, empty, vec, x_ptr
                        num_warps)
         elif op == 10:                                # EMBED
             _op_embed(row0, rows, pos_ptr, seq_ptr, emb_ptr, x_ptr, H, EB, num_warps)
-        if (bump >= 0) & mine:                        # every thread's stores, then release
+        elif op == 15:                                # ATTN_FUSED (bumps in its code)
+            if FUSED:                                 # compiled only for fused lists
+                failed = _op_attn_fused(layer, row0, arg, splits, unit, bump,
+                                        _field(hdr, f16, 18), pos_ptr, qkv_ptr, kc_ptr,
+                                        vc_ptr, cos_ptr, sin_ptr, pm_ptr, pl_ptr, po_ptr,
+                                        attn_ptr, SPMAX, MAXCTX, HQ, KVS, scale, ctr_ptr, w0,
+                                        t0, timeout_ns, failed, err, i, G, GP, D, HKV, BT,
+                                        SBF, num_warps)
+        if (bump >= 0) & (op != 15):                  # every thread's stores, then release
             gl.thread_barrier()
             gl.atomic_add(ctr_ptr + bump, 1, sem="release", scope="gpu")
-        if CLOCK & mine:
+        if CLOCK:
             gl.store(clk + i * 4 + 2, _now())
-
-
-# ---- the attention partition -----------------------------------------------------------------
-@gluon.jit
-def _attention_op(op):
-    """1 for the attention partition's opcodes (isa.ATTENTION_OPS: ROPE_KV 2, ATTN_PARTIAL 3,
-    ATTN_MERGE 4, ATTN_FUSED 15), else 0."""
-    return ((op == 2) | (op == 3) | (op == 4) | (op == 15)).to(gl.int32)
-
-
-@gluon.jit
-def _attention(prog_ptr, n_instr, qkv_ptr, q_ptr, attn_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr,
-               pm_ptr, pl_ptr, po_ptr, pos_ptr, ctr_ptr, err_ptr, clk_ptr, HQ, KVS, SPMAX,
-               MAXCTX, scale, timeout_ns, WIDTH: gl.constexpr, G: gl.constexpr,
-               GP: gl.constexpr, D: gl.constexpr, HKV: gl.constexpr, BT: gl.constexpr,
-               SB: gl.constexpr, SBF: gl.constexpr, FUSED: gl.constexpr, CLOCK: gl.constexpr,
-               AW: gl.constexpr):
-    """This SM's attention instructions (RoPE + KV write, partials, merges, or the fused
-    op), in list order, in warps and registers of their own: the GEMV code of the compute
-    partition does not pay for theirs, and an attention op's early loads (the old keys,
-    cos/sin) go out as soon as the op before it in this partition is done."""
-    pid = gl.program_id(0)
-    base = prog_ptr + pid * n_instr * WIDTH
-    err = err_ptr + pid * 4
-    clk = clk_ptr + pid * n_instr * 4
-    HDR: gl.constexpr = 32 if FUSED else 16            # BUMP2 is field 18
-    hl: gl.constexpr = gl.BlockedLayout([HDR], [32], [AW], [0])
-    f16 = gl.arange(0, HDR, hl)
-    nxt = gl.load(base + f16)
-    failed = 0
-    for i in range(n_instr):
-        hdr = nxt
-        nxt = gl.load(base + (i + 1) * WIDTH + f16, mask=(i + 1 < n_instr) & (f16 < HDR),
-                      other=0)
-        op = _field(hdr, f16, 0)
-        if _attention_op(op) == 1:
-            layer = _field(hdr, f16, 1)
-            row0 = _field(hdr, f16, 2)
-            w0 = _field(hdr, f16, 6)
-            t0 = _field(hdr, f16, 7)
-            bump = _field(hdr, f16, 10)
-            arg = _field(hdr, f16, 11)
-            splits = _field(hdr, f16, 13)
-            unit = _field(hdr, f16, 14)
-            if CLOCK:
-                gl.store(clk + i * 4, _now())
-                if op != 4:                               # the others wait in their code
-                    gl.store(clk + i * 4 + 1, _now())
-            if op == 2:                                   # ROPE_KV
-                failed = _op_rope_kv(layer, row0, pos_ptr, qkv_ptr, q_ptr, kc_ptr, vc_ptr,
-                                     cos_ptr, sin_ptr, HQ, KVS, MAXCTX, ctr_ptr, w0, t0,
-                                     timeout_ns, failed, err, i, G, GP, D, HKV, AW)
-            elif op == 3:                                 # ATTN_PARTIAL
-                failed = _op_attn_partial(layer, row0, arg, splits, unit, pos_ptr, q_ptr,
-                                          kc_ptr, vc_ptr, pm_ptr, pl_ptr, po_ptr, SPMAX, MAXCTX,
-                                          scale, ctr_ptr, w0, t0, timeout_ns, failed, err, i,
-                                          G, GP, D, HKV, BT, AW)
-            elif op == 4:                                 # ATTN_MERGE
-                if w0 >= 0:
-                    if failed == 0:
-                        gl.store(err + 1, w0)
-                    failed = _wait_counter(ctr_ptr + w0, t0, timeout_ns, failed, err, i)
-                if CLOCK:
-                    gl.store(clk + i * 4 + 1, _now())
-                _op_attn_merge(row0, splits, unit, pos_ptr, pm_ptr, pl_ptr, po_ptr, attn_ptr,
-                               SPMAX, D, SB, AW)
-            elif op == 15:                                # ATTN_FUSED (bumps in its code)
-                if FUSED:                                 # compiled only for fused lists
-                    failed = _op_attn_fused(layer, row0, arg, splits, unit, bump,
-                                            _field(hdr, f16, 18), pos_ptr, qkv_ptr, kc_ptr,
-                                            vc_ptr, cos_ptr, sin_ptr, pm_ptr, pl_ptr, po_ptr,
-                                            attn_ptr, SPMAX, MAXCTX, HQ, KVS, scale, ctr_ptr,
-                                            w0, t0, timeout_ns, failed, err, i, G, GP, D, HKV,
-                                            BT, SBF, AW)
-            if (bump >= 0) & (op != 15):              # every thread's stores, then release
-                gl.thread_barrier()
-                gl.atomic_add(ctr_ptr + bump, 1, sem="release", scope="gpu")
-            if CLOCK:
-                gl.store(clk + i * 4 + 2, _now())
 
 
 @gluon.jit
@@ -730,8 +677,7 @@ def step_kernel(prog_ptr, n_instr, d_qkv, d_o, d_gu, d_dn, d_dt, d_lm, x_ptr, qk
                 GP: gl.constexpr, D: gl.constexpr, HKV: gl.constexpr, BT: gl.constexpr,
                 SB: gl.constexpr, SBF: gl.constexpr, NPB: gl.constexpr, EB: gl.constexpr,
                 BIAS: gl.constexpr, FUSED: gl.constexpr, CTR_BLOCK: gl.constexpr,
-                CLOCK: gl.constexpr, AW: gl.constexpr, AREGS: gl.constexpr,
-                num_warps: gl.constexpr):
+                CLOCK: gl.constexpr, num_warps: gl.constexpr):
     TN_: gl.constexpr = d_gu.block_type.shape[0]
     TK_: gl.constexpr = d_gu.block_type.shape[2]
     # a stage: two slots of [TN, KB_, TK] (two row blocks, or gate and up), or the same
@@ -742,16 +688,14 @@ def step_kernel(prog_ptr, n_instr, d_qkv, d_o, d_gu, d_dn, d_dt, d_lm, x_ptr, qk
     vec, ready, empty = _h_and_barriers(NF, KD, TAIL, TK_, STAGES)
     gl.warp_specialize([
         (_compute, (prog_ptr, n_instr, ring, ring_dk, ring_tk, ready, empty, vec, x_ptr,
-                    qkv_ptr, attn_ptr, h_ptr, val_ptr, idx_ptr, seq_ptr, amax_ptr, pos_ptr,
-                    plen_ptr, emb_ptr, gin_ptr, gpost_ptr, gfin_ptr, bqkv_ptr, ctr_ptr, err_ptr,
-                    clk_ptr, H, I, QKV, HQ, eps, timeout_ns, KG, GT, NF, KD, TAIL, STAGES,
-                    WIDTH, TN_, TK_, NPB, EB, BIAS, CLOCK, num_warps)),
+                    qkv_ptr, q_ptr, attn_ptr, h_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr, pm_ptr,
+                    pl_ptr, po_ptr, val_ptr, idx_ptr, seq_ptr, amax_ptr, pos_ptr, plen_ptr,
+                    emb_ptr, gin_ptr, gpost_ptr, gfin_ptr, bqkv_ptr, ctr_ptr, err_ptr, clk_ptr,
+                    H, I, QKV, HQ, KVS, SPMAX, MAXCTX, eps, scale, timeout_ns, KG, GT, NF, KD,
+                    TAIL, STAGES, WIDTH, TN_, TK_, G, GP, D, HKV, BT, SB, SBF, NPB, EB,
+                    BIAS, FUSED, CLOCK, num_warps)),
         (_loader, (prog_ptr, n_instr, d_qkv, d_o, d_gu, d_dn, d_dt, d_lm, ring, ring_dn,
                    ring_dt, ready, empty, clk_ptr, L, H, I, QKV, V, NF, TAIL, STAGES, WIDTH,
-                   CLOCK)),
-        (_attention, (prog_ptr, n_instr, qkv_ptr, q_ptr, attn_ptr, kc_ptr, vc_ptr, cos_ptr,
-                      sin_ptr, pm_ptr, pl_ptr, po_ptr, pos_ptr, ctr_ptr, err_ptr, clk_ptr, HQ,
-                      KVS, SPMAX, MAXCTX, scale, timeout_ns, WIDTH, G, GP, D, HKV, BT, SB, SBF,
-                      FUSED, CLOCK, AW))],
-        [1, AW], [48, AREGS])
+                   CLOCK))],
+        [1], [48])
     _reset_on_exit(ctr_ptr, n_ctr, CTR_BLOCK, num_warps)

@@ -89,7 +89,3 @@ OP_EXPERT_DOWN = 14   # rows (x a group of slots) of x += sum_j w_j W_down[id_j]
 # the one-launch kernel's attention: fewer stages a layer (entry 29 of NOTES.md)
 OP_ATTN_FUSED = 15    # RoPE + partial; the last of a kv head's splits merges its heads
 OPCODES = {v: k for k, v in dict(globals()).items() if k.startswith("OP_")}
-# the one-launch kernel runs these in a partition (warps, registers) of their own, beside
-# the GEMVs' compute partition and the loader: an SM's list is three in-order streams,
-# ordered between each other only by the counters (the VM runs them as three actors)
-ATTENTION_OPS = (OP_ROPE_KV, OP_ATTN_PARTIAL, OP_ATTN_MERGE, OP_ATTN_FUSED)

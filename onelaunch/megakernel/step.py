@@ -29,8 +29,6 @@ SB = 64                    # splits a merge takes a chunk
 SBF = 16                   # splits a fused merge takes a chunk (all G heads at once)
 EB = 1024                  # columns an embedding copy takes a block
 TIMEOUT_NS = 200_000_000   # a counter wait's bound: 0.2 s
-AW = 4                     # the attention partition's warps (a warpgroup)
-AREGS = 232                # and its registers a thread (the loader 48, the compute the rest)
 
 
 def device_refusal(device) -> str | None:
@@ -144,7 +142,8 @@ class MegaStep:
         self.lm_val, self.lm_idx = z(self.P, dt=f32), z(self.P, dt=torch.int32)
         self.ctr = z(self.n_ctr + 1, dt=torch.int32)
         self.err = z(self.P, ERR, dt=torch.int32)
-        # per instruction: start, counters in, end (globaltimer ns)
+        # per instruction: start, counters in, end (globaltimer ns), and when the loader
+        # asked for its last weight tile (0: an instruction with no tiles)
         self.clk = z(self.P, self.n_instr, 4, dt=torch.int64)
 
     def weight_bytes(self) -> int:
@@ -194,7 +193,7 @@ def constexprs(s, P, n_ctr, stages, num_warps, clock, kg, gt, nf, tail, fused) -
                 GP=triton.next_power_of_2(g), D=s.head_dim, HKV=s.kv_heads, BT=BT, SB=SB, SBF=SBF,
                 NPB=triton.next_power_of_2(P), EB=EB, BIAS=int(s.qkv_bias), FUSED=int(fused),
                 CTR_BLOCK=triton.next_power_of_2(n_ctr + 1),
-                CLOCK=int(clock), AW=AW, AREGS=AREGS, num_warps=num_warps)
+                CLOCK=int(clock), num_warps=num_warps)
 
 
 def aot(spec_name: str = "qwen2.5-1.5b", P: int = 132, stages: int = 4,

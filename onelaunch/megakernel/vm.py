@@ -7,10 +7,7 @@ the schedule (Gluon does not run on a CPU).
     out = m.step(sched, seed)                # {"token", "logits", "x", "events", "order",
                                              #  "loaded": each SM's tile bytes}
 
-Each SM is three actors, as the kernel's three partitions: its compute runs the list's
-instructions other than ``isa.ATTENTION_OPS``, its attention partition runs those, each in
-list order, ordered between each other only by the counters. Its loader runs the SM's
-program from ``loads.stream``: tile
+Each SM is two actors. Its loader runs the SM's program from ``loads.stream``: tile
 t of the SM's stream (``loads.tiles`` of each instruction, in list order) goes into
 ring stage n % S (the n-th tile through the ring) once that stage is free, or into held
 stage j (after the S ring stages) when hoisted. Its one wait on data is an expert
@@ -24,7 +21,7 @@ scheduler picks at random among actors that can progress; when none can before t
 
 Hazards: at each step start the activations (and every layer's KV slot pos) are
 poisoned with NaN and marked unwritten. Each actor keeps a vector clock (a tick per
-access or bump; computes 0..P-1, loaders P..2P-1, attention 2P..3P-1); a bump releases it into the counter,
+access or bump; computes 0..P-1, loaders P..2P-1); a bump releases it into the counter,
 a satisfied wait acquires it. A read must find every element written this step, by an
 access ordered before it; a write must be ordered after the last write and every read
 since (write after read). Else ``VMHazard``. ARGMAX's reset needs every SM's last bump
@@ -40,14 +37,13 @@ import torch
 from ..oracle import rope_cos_sin
 from ..specs import get_spec
 from ..weights import pack_weights
-from .isa import (ATTENTION_OPS, BUMP, IDX, LAYER, NONE, OP, OP_ATTN_FUSED, OP_ATTN_PARTIAL, OP_DOWN,
+from .isa import (BUMP, IDX, LAYER, NONE, OP, OP_ATTN_FUSED, OP_ATTN_PARTIAL, OP_DOWN,
                   OP_EXPERT_DOWN, OP_LM_HEAD, OP_RMS_QKV, OPCODES, ROW0, SPLITS, TARGET0,
                   TARGET1, WAIT0, WAIT1)
 from .loads import TOKEN_ROW, split_slot, stream, tiles
 from .vm_ops import ALL, BF16, F32, I64, OPS, STEP
 
 UNWRITTEN, BEFORE = -1, -2        # an element's writer: none yet this step / an earlier step
-KINDS = ("", " loader", " attention")   # actor me // P: the partition
 
 
 class VMError(RuntimeError):
@@ -65,7 +61,7 @@ class VMHazard(VMError):
 class Tracked:
     """A buffer with, per element (per row when ``dims`` < its rank: the KV cache's
     positions), the actor and tick of its last write this step and each actor's last
-    read (``actors``: the computes, the loaders, the attention partitions)."""
+    read (``actors``: the computes, then the loaders)."""
 
     def __init__(self, data: torch.Tensor, actors: int, dims: int | None = None):
         self.data = data
@@ -85,7 +81,7 @@ class Actor:
 
     def __init__(self, sm: int, me: int, rows: list, P: int):
         self.sm, self.me, self.rows, self.i, self.t = sm, me, rows, 0, 0
-        self.vc = torch.zeros(len(KINDS) * P, dtype=I64)
+        self.vc = torch.zeros(2 * P, dtype=I64)
         self.need = self.gen = self.done_tick = self.partner = None
 
     def tick(self) -> int:
@@ -99,21 +95,18 @@ class Actor:
 
 
 class Core(Actor):
-    """One SM's compute partition (``attention``: its attention partition): the SM's
-    instructions of that partition, in list order."""
+    """One SM's compute partition."""
 
-    def __init__(self, sm: int, rows: list, P: int, attention: bool = False):
-        super().__init__(sm, sm + 2 * P * attention, [r for r in rows if
-                                                      (r[OP] in ATTENTION_OPS) == attention], P)
-        self.kind = KINDS[self.me // P]
+    def __init__(self, sm: int, rows: list, P: int):
+        super().__init__(sm, sm, rows, P)
 
 
 class Loader(Actor):
     """One SM's loader partition; ``partner``: its compute (and back)."""
     kind = " loader"
 
-    def __init__(self, sm: int, core: Core, rows: list, P: int):
-        super().__init__(sm, P + sm, rows, P)
+    def __init__(self, sm: int, core: Core, P: int):
+        super().__init__(sm, P + sm, core.rows, P)
         self.partner, core.partner = core, self
 
 
@@ -172,16 +165,15 @@ class Machine:
             self.counters = torch.zeros(len(sched.counters), dtype=torch.int32)
         if self.counters.any():
             raise VMError(f"counters not zero at the step start: {self.nonzero()}")
-        self.cvc = torch.zeros((len(sched.counters), len(KINDS) * P), dtype=I64)
+        self.cvc = torch.zeros((len(sched.counters), 2 * P), dtype=I64)
         self.buf = self.buffers(sched)
-        self.cores = [Core(sm, sched.rows(sm), P, att) for att in (False, True)
-                      for sm in range(P)]
-        self.order, self.loaded = [], [0] * P             # (actor, i) as instructions end
+        self.cores = [Core(sm, sched.rows(sm), P) for sm in range(P)]
+        self.order, self.loaded = [], [0] * P             # (sm, i) as instructions end
         self.rings = [Ring(self.S + sched.hold, sched.tile_n, sched.tile_k) for _ in range(P)]
         self.streams = [stream(sched, sm) for sm in range(P)]
         self.stages = [{st[1]: self.stage(st[3]) for st in prog if st[0] == "load"}
                        for prog in self.streams]                  # tile -> its stage
-        loaders = [Loader(sm, self.cores[sm], sched.rows(sm), P) for sm in range(P)]
+        loaders = [Loader(sm, self.cores[sm], P) for sm in range(P)]
         for a in self.cores + loaders:
             a.gen = self.core(a) if isinstance(a, Core) else self.loader(a)
             a.need = next(a.gen, None)
@@ -199,7 +191,7 @@ class Machine:
         """This step's buffers: activations poisoned; the cache, seq and pos carried over
         (every layer's slot pos poisoned: this step writes it). MoE: the router's logits,
         per layer its ids and weights, h per (slot, row), the QKV blocks' q/k squares."""
-        s, A = self.spec, len(KINDS) * sched.P
+        s, A = self.spec, 2 * sched.P
         rows = [r for sm in range(sched.P) for r in sched.rows(sm)]
         splits = max([r[SPLITS] for r in rows if r[OP] in (OP_ATTN_PARTIAL, OP_ATTN_FUSED)]
                      or [1])
@@ -252,7 +244,7 @@ class Machine:
             a = rng.choice(list(ready))
             del ready[a]
             self.advance(a)
-            self.dirty.update(dict.fromkeys(x for x in (a, a.partner) if x is not None))
+            self.dirty.update(dict.fromkeys((a, a.partner)))
             events += 1
         if any(c.need is not None for c in self.cores):
             raise VMDeadlock("deadlock, no actor can progress: " + "; ".join(self.blocked()))
@@ -287,7 +279,7 @@ class Machine:
 
     def blocked(self) -> list[str]:
         out = []
-        for c in self.cores + [c.partner for c in self.cores if c.partner]:
+        for c in self.cores + [c.partner for c in self.cores]:
             if c.need and c.need[0] == "wait":
                 w, t = c.need[1], c.need[2]
                 out.append(f"{c.where()} waits for counter {w} ({self.sched.counters[w]}) "
@@ -342,7 +334,7 @@ class Machine:
         self.store(c, writes)
         yield STEP
         (release or self.bump)(c, row)
-        self.order.append((c.me, c.i))
+        self.order.append((c.sm, c.i))
 
     def store(self, c: Core, writes):
         for w in writes:
@@ -370,13 +362,12 @@ class Machine:
         if c.i != len(c.rows) - 1:
             raise VMHazard(f"{c.where()} resets the counters but is not its SM's last")
         for o in self.cores:
-            if o is not c and (o.need is not None or o.done_tick > int(c.vc[o.me])):
+            if o is not c and (o.need is not None or o.done_tick > int(c.vc[o.sm])):
                 at = o.where() if o.need is not None else f"SM {o.sm}'s last instruction"
                 raise VMHazard(f"{c.where()} resets the counters before {at} is ordered "
                                f"before it")
         self.counters.zero_()
-        self.dirty.update(dict.fromkeys(self.cores + [c.partner for c in self.cores
-                                                      if c.partner]))
+        self.dirty.update(dict.fromkeys(self.cores + [c.partner for c in self.cores]))
 
     # ---- tracked access ----------------------------------------------------------------------
     def read(self, c: Actor, name: str, idx: tuple) -> torch.Tensor:
@@ -403,7 +394,7 @@ class Machine:
         if late.any():
             sm = int(late.nonzero()[0, 0])
             raise VMHazard(f"{c.where()} overwrites {fmt(name, idx)} that SM {sm % self.sched.P}"
-                           f"{KINDS[sm // self.sched.P]} read with no counter ordering "
+                           f"{' loader' * (sm >= self.sched.P)} read with no counter ordering "
                            f"the read first (write after read)")
         b.data[idx] = value
         b.w_sm[idx], b.w_t[idx] = c.me, t
