@@ -247,18 +247,23 @@ def near_ties(rows: list[dict], reference: str = "the oracle") -> list[dict]:
     return ties
 
 
-def spread_text(row: dict, fmt: str = ".3g") -> str:
-    """A row's spread as a table shows it: ``"min–max"`` ms over its timed repeats
-    (``ms_min``, ``ms_max``), or "–" when the run that wrote it recorded none."""
-    lo, hi = row.get("ms_min"), row.get("ms_max")
+MS_SPREAD = ("ms_min", "ms_max")      # a step's time (ladder, sweep and two-GPU rows)
+US_SPREAD = ("us_min", "us_max")      # a launch's (kernel and op rows: graph_time)
+
+
+def spread_text(row: dict, fmt: str = ".3g", keys: tuple = MS_SPREAD) -> str:
+    """A row's spread as a table shows it: ``"min–max"`` over its timed repeats (``keys``:
+    ``ms_min``/``ms_max``, or ``us_min``/``us_max`` for a launch), or "–" when the run
+    that wrote it recorded none."""
+    lo, hi = (row.get(k) for k in keys)
     if lo is None or hi is None:
         return "–"
     return f"{format(lo, fmt)}–{format(hi, fmt)}"
 
 
-def with_spread(rows: list[dict], fmt: str = ".3g") -> list[dict]:
+def with_spread(rows: list[dict], fmt: str = ".3g", keys: tuple = MS_SPREAD) -> list[dict]:
     """``rows`` (copies) with ``spread`` (:func:`spread_text`) for a table's column."""
-    return [{**r, "spread": spread_text(r, fmt)} for r in rows]
+    return [{**r, "spread": spread_text(r, fmt, keys)} for r in rows]
 
 
 def within_spread(a: dict, b: dict) -> bool | None:
