@@ -164,7 +164,23 @@ def execute(src: Path, out: Path, run: str, extra: dict, timeout: int) -> float:
         if os.environ.get("ONELAUNCH_GPU_MEM_GB") else None,
     }
     nbformat.write(done, out)
+    if run == "gpu":
+        print(memory_line(src.stem, done.metadata["onelaunch"]), flush=True)
     return seconds
+
+
+def memory_line(stem: str, m: dict) -> str:
+    """What the run log says of a chapter's memory: its kernel's peak and the cap it
+    applied, or a warning when the kernel recorded no peak or did not apply the cap asked
+    (the startup file's errors reach only the kernel's log)."""
+    mem, asked = m.get("gpu_memory") or {}, m.get("gpu_mem_cap_gb")
+    if not mem:
+        return f"[notebooks]   WARNING {stem}: its kernel recorded no peak GPU memory"
+    line = (f"[notebooks]   {stem}: peak {mem.get('peak_allocated_gb')} GB allocated, "
+            f"{mem.get('peak_reserved_gb')} GB reserved, cap {mem.get('cap_gb')} GB")
+    if asked and mem.get("cap_gb") != asked:
+        line += f"; WARNING: {asked:g} GB was asked, the kernel applied none"
+    return line
 
 
 def run_all(run: str, names, out_dir: Path, extra: dict, timeout: int,

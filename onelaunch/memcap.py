@@ -32,6 +32,10 @@ def cap_gb() -> float | None:
     return gb or None
 
 
+# The cap this process applied (GB), set by apply_memory_cap: what peak() records.
+_applied: dict[str, float] = {}
+
+
 def apply_memory_cap(device=None) -> float | None:
     """Cap torch's memory on ``device`` (default: the current GPU) at ``ONELAUNCH_GPU_MEM_GB``.
     Returns the cap in GB, or None when there is none or no GPU. Idempotent."""
@@ -42,8 +46,11 @@ def apply_memory_cap(device=None) -> float | None:
     if not torch.cuda.is_available():
         return None
     dev = torch.device("cuda" if device is None else device)
+    if dev.index is None:    # torch's fraction setter wants an index, not a bare "cuda"
+        dev = torch.device("cuda", torch.cuda.current_device())
     total = torch.cuda.get_device_properties(dev).total_memory
     torch.cuda.set_per_process_memory_fraction(min(1.0, gb * GIB / total), dev)
+    _applied["cap_gb"] = gb
     return gb
 
 
@@ -54,7 +61,7 @@ def peak() -> dict | None:
         return None
     return {"peak_allocated_gb": round(torch.cuda.max_memory_allocated() / GIB, 2),
             "peak_reserved_gb": round(torch.cuda.max_memory_reserved() / GIB, 2),
-            "cap_gb": cap_gb()}
+            "cap_gb": _applied.get("cap_gb")}       # the cap applied here, not the one asked
 
 
 def write_peak(path=None) -> None:
@@ -69,13 +76,15 @@ def write_peak(path=None) -> None:
 
 
 # What ci/notebooks.py runs in each chapter's kernel before the first cell (an IPython
-# startup file): the cap, and after every cell the peak so far, for the notebook's metadata.
+# startup file): after every cell the peak so far, for the notebook's metadata (registered
+# first, so that it records even if the cap fails), and the cap. IPython only logs an
+# error raised here, so the peak file names the cap actually applied (None if it failed).
 KERNEL_STARTUP = '''\
 # written by ci/notebooks.py: runs in the chapter's kernel before its first cell
 import warnings
 # the fp32 reference sets its own precision; compiled bf16 peers do not use TF32
 warnings.filterwarnings("ignore", message=".*TensorFloat32 tensor cores.*")
 from onelaunch import memcap as _memcap
-_memcap.apply_memory_cap()
 get_ipython().events.register("post_run_cell", lambda *_: _memcap.write_peak())
+_memcap.apply_memory_cap()
 '''

@@ -332,7 +332,8 @@ def test_step_profile_flow_and_eager_fallback(monkeypatch):
     monkeypatch.setattr(profile, "_record", record)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
     monkeypatch.setattr(profile, "time_ms",
-                        lambda fn, **kw: SimpleNamespace(median_ms=0.01))
+                        lambda fn, **kw: SimpleNamespace(median_ms=0.01, min_ms=0.009,
+                                                         max_ms=0.012))
     rows = profile.step_profile(e, 64, replays=4, read_tbps=1e-3)
     assert calls == [(True, 62), (False, 62)]                  # from ctx - lead-in
     assert all(r["graph"] is False and r["note"] == profile.FALLBACK_NOTE for r in rows)

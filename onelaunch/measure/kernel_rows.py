@@ -44,11 +44,14 @@ def kernel_rows(spec, w, device="cuda", ctx: int = 512, iters: int = 50, read_tb
     eps = s.rms_eps
     rows = []
     nL = s.layers
+    info = {}            # each timing's spread (graph_time fills it): us_min, us_max
 
     def row(kernel, time_fn, nbytes, err, limit, note="", extra_fail=None):
         ok = err <= limit and not extra_fail
+        info.clear()
         us = time_fn() if ok else None                  # nothing is timed unchecked
-        r = {"kernel": kernel, "us": us, "bytes": nbytes,
+        r = {"kernel": kernel, "us": us, "us_min": info.get("us_min"),
+             "us_max": info.get("us_max"), "timed": info.get("timed"), "bytes": nbytes,
              "gbps": (nbytes / (us * 1e-6) / 1e9) if ok else None,
              "read_gbps": read_tbps * 1e3 if read_tbps else None, "rel_err": err, "tol": limit,
              "check": "pass" if ok else (f"FAIL ({extra_fail})" if extra_fail else
@@ -68,7 +71,7 @@ def kernel_rows(spec, w, device="cuda", ctx: int = 512, iters: int = 50, read_tb
     err = rel_err(out, ref_rms_qkv(x, L0["input_norm"], L0["w_qkv"], L0["b_qkv"], eps))
     row("rms_qkv", lambda: graph_time(
         lambda: [K.rms_qkv.rms_qkv(x, L["input_norm"], L["w_qkv"], L["b_qkv"], out, eps, cfg=c_qkv) for L in Ls],
-        nL, dev, iters), L0["w_qkv"].numel() * 2 + s.qkv_size * 2 * 2, err, tol)
+        nL, dev, iters, info), L0["w_qkv"].numel() * 2 + s.qkv_size * 2 * 2, err, tol)
     # ---- rope + kv write ------------------------------------------------------------------
     C = run_ctx(ctx, 0, 0)
     kc = torch.zeros(nL, s.kv_heads, C, s.head_dim, dtype=bf, device=dev)
@@ -85,7 +88,7 @@ def kernel_rows(spec, w, device="cuda", ctx: int = 512, iters: int = 50, read_tb
               rel_err(vc[0, :, ctx - 1], qkv[s.q_size + s.kv_size:].view(s.kv_heads, s.head_dim)))
     row("rope_kv_write", lambda: graph_time(
         lambda: [K.rope_kv_write.rope_kv_write(qkv, q, kc[i], vc[i], cos, sin, pos, s.heads, s.kv_heads,
-                                 s.head_dim) for i in range(nL)], nL, dev, iters),
+                                 s.head_dim) for i in range(nL)], nL, dev, iters, info),
         (s.qkv_size + s.q_size + 2 * s.kv_size) * 2, err, tol,
         note="rounds where HF's bf16 RoPE rounds: bit-exact in the tests")
     # ---- attention at ctx: plain and split-K ------------------------------------------
@@ -99,7 +102,7 @@ def kernel_rows(spec, w, device="cuda", ctx: int = 512, iters: int = 50, read_tb
     err = rel_err(attn, ref)
     row("attention (plain)", lambda: graph_time(
         lambda: [K.attention.attention(q, kc[i], vc[i], attn, pos, s.heads, s.kv_heads, s.head_dim,
-                             cfg("attention")) for i in range(nL)], nL, dev, iters),
+                             cfg("attention")) for i in range(nL)], nL, dev, iters, info),
         kv_bytes, err, attn_tol, note=f"ctx {ctx}, one program per query head")
     chunk = K.attention_splitk.chunk_for(C)
     ns = K.attention_splitk.n_splits_for(C, chunk)
@@ -113,7 +116,7 @@ def kernel_rows(spec, w, device="cuda", ctx: int = 512, iters: int = 50, read_tb
     row("attention (split-K, 2 launches)", lambda: graph_time(
         lambda: [K.attention_splitk.attention_splitk(q, kc[i], vc[i], attn, pos, po, pm, pl, s.heads, s.kv_heads,
                                     s.head_dim, chunk, cfg("attention_splitk")) for i in range(nL)],
-        nL, dev, iters), kv_bytes, err, attn_tol, note=f"ctx {ctx}, chunk {chunk}")
+        nL, dev, iters, info), kv_bytes, err, attn_tol, note=f"ctx {ctx}, chunk {chunk}")
     # ---- o_proj + residual -----------------------------------------------------------
     a = rnd(s.q_size)
     xo = x.clone()
@@ -122,7 +125,8 @@ def kernel_rows(spec, w, device="cuda", ctx: int = 512, iters: int = 50, read_tb
     err = rel_err(xo, ref_matvec_residual(a, L0["w_o"], x))
     xs = x.clone()
     row("o_proj_residual", lambda: graph_time(
-        lambda: [K.o_proj_residual.o_proj_residual(a, L["w_o"], xs, cfg=c_o) for L in Ls], nL, dev, iters),
+        lambda: [K.o_proj_residual.o_proj_residual(a, L["w_o"], xs, cfg=c_o) for L in Ls],
+        nL, dev, iters, info),
         L0["w_o"].numel() * 2 + s.hidden * 4, err, tol)
     if "w_gate_up" in L0:    # the dense MLP (a mixture of experts has its own kernels)
         # ---- rms + gate/up + swiglu ----------------------------------------------------
@@ -132,7 +136,7 @@ def kernel_rows(spec, w, device="cuda", ctx: int = 512, iters: int = 50, read_tb
         err = rel_err(h, ref_rms_gate_up_swiglu(x, L0["post_norm"], L0["w_gate_up"], eps))
         row("rms_gate_up_swiglu", lambda: graph_time(
             lambda: [K.rms_gate_up_swiglu.rms_gate_up_swiglu(x, L["post_norm"], L["w_gate_up"], h, eps, cfg=c_gu)
-                     for L in Ls], nL, dev, iters),
+                     for L in Ls], nL, dev, iters, info),
             L0["w_gate_up"].numel() * 2 + s.intermediate * 2, err, tol)
         # ---- down + residual -----------------------------------------------------------
         hh = rnd(s.intermediate)
@@ -147,7 +151,7 @@ def kernel_rows(spec, w, device="cuda", ctx: int = 512, iters: int = 50, read_tb
         xs = x.clone()
         row("down_residual", lambda: graph_time(
             lambda: [K.down_residual.down_residual(hh, L["w_down"], xs, scratch, counter, cfg=c_d) for L in Ls],
-            nL, dev, iters), L0["w_down"].numel() * 2 + s.hidden * 4, err, tol,
+            nL, dev, iters, info), L0["w_down"].numel() * 2 + s.hidden * 4, err, tol,
             note=f"split-K {max(1, n_split)} (asked {c_d.get('SPLIT_K', 1)}), last-arrival epilogue",
             extra_fail=f"counters left at {left}, not 0" if left else None)
     # ---- final norm + lm_head + argmax ---------------------------------------------------
@@ -175,7 +179,7 @@ def kernel_rows(spec, w, device="cuda", ctx: int = 512, iters: int = 50, read_tb
         plen.fill_(2 ** 30)      # timing: positions advance, but no token is written
         return graph_time(lambda: [K.lm_head_argmax.lm_head_argmax(x, P["norm"], P["lm_head"], logits, pv, pi, cnt,
                                                      seq, p0, plen, eps, cfg=c_lm) for _ in range(n_rep)],
-                           n_rep, dev, iters)
+                           n_rep, dev, iters, info)
     row("lm_head_argmax", time_lm, P["lm_head"].numel() * 2 + s.vocab * 4, err, tol,
         note=f"{n_prog} programs; argmax reduced by the last to arrive", extra_fail=bad)
     return rows
@@ -208,11 +212,13 @@ def plan_op_rows(spec, w, device="cuda", ctx: int = 512, iters: int = 50, read_t
         def run(ls=launches):            # (the LM head advances pos by one a replay)
             for L in ls:
                 L.run()
-        us = graph_time(run, len(launches), dev, iters)
+        spread = {}
+        us = graph_time(run, len(launches), dev, iters, spread)
         e.pos.copy_(saved)
         nbytes = launches[0].bytes_at(ctx)
         bound = nbytes / (read_tbps * 1e12) * 1e6 if read_tbps else None
         rows.append({"model": spec.name, "op": op, "launches": len(launches), "us": us,
+                     **spread,
                      "bytes": nbytes, "bytes_us": bound,
                      "excess_us": us - bound if bound is not None else None,
                      "pct_of_read": 100 * bound / us if bound else None, "ctx": ctx,

@@ -110,11 +110,13 @@ def step_profile(engine, ctx: int, replays: int = 20, read_tbps: float | None = 
         events = _record(engine, False, lead_in + replays, trace_path)
     rows = attribute(events, plan, replays, read_tbps, lead_in=lead_in)
     engine.pos.fill_(ctx)
-    step_ms = time_ms(lambda: engine.step(graph), iters=timed_iters, warmup=5, device=dev).median_ms
+    t = time_ms(lambda: engine.step(graph), iters=timed_iters, warmup=5, device=dev)
+    step_ms = t.median_ms
     engine.pos.copy_(saved[0])
     engine.prompt_len.copy_(saved[1])
     for r in rows:
-        r.update(graph=graph, ctx=ctx, step_ms=step_ms, span_over_step=r["span_ms"] / step_ms)
+        r.update(graph=graph, ctx=ctx, step_ms=step_ms, step_min_ms=t.min_ms,
+                 step_max_ms=t.max_ms, span_over_step=r["span_ms"] / step_ms)
         if note:
             r["note"] = note
     return rows

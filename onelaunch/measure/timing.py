@@ -123,10 +123,12 @@ def run_ctx(ctx: int, tokens: int, iters: int) -> int:
     return ctx + tokens + iters + CTX_MARGIN
 
 
-def graph_time(launch, n_launch: int, device, iters: int) -> float:
-    """Median microseconds per launch, ``launch()`` recording ``n_launch`` launches."""
+def graph_time(launch, n_launch: int, device, iters: int, info: dict | None = None) -> float:
+    """Median microseconds per launch, ``launch()`` recording ``n_launch`` launches;
+    ``info`` (a dict) gets the spread per launch: ``us_min``, ``us_max``, ``timed``."""
     if torch.device(device).type != "cuda":
         t = time_ms(launch, iters=max(2, iters // 10), warmup=1, device=device)
+        _us_spread(t, n_launch, info)
         return t.median_ms * 1e3 / n_launch
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -137,7 +139,15 @@ def graph_time(launch, n_launch: int, device, iters: int) -> float:
     with torch.cuda.graph(g):
         launch()
     t = time_ms(g.replay, iters=iters, warmup=5, device=device)
+    _us_spread(t, n_launch, info)
     return t.median_ms * 1e3 / n_launch
+
+
+def _us_spread(t: Timing, n_launch: int, info: dict | None) -> None:
+    """:meth:`Timing.spread` in microseconds per launch, into ``info`` (if given)."""
+    if info is not None:
+        info.update(us_min=round(t.min_ms * 1e3 / n_launch, 4),
+                    us_max=round(t.max_ms * 1e3 / n_launch, 4), timed=t.iters)
 
 
 def time_engine_timing(e, graph: bool, iters: int, device) -> Timing:

@@ -80,10 +80,13 @@ def bench_job(rank, world, device, model, ctx=512, tokens=12, iters=100, rungs=R
         ref = agree.oracle_tokens(spec, w, prompt, tokens, max_ctx)
         e = Engine(spec, w, max_ctx=max_ctx, attention="splitk", pdl=True)
         j = agree.judge(e, prompt, ref, graph=True)
+        spread = {}
         one = {"model": spec.name, "tp": 1, "rung": "one GPU", "ctx": ctx, "agree": j["agree"],
                "flips": j["flips"], "ok": j["ok"], "launches": e.launches_per_step(),
                "read_tbps": bw, "floor_ms": plan_floor_ms(e.plan, bw, ctx),
-               "ms_per_token": time_engine_step(e, True, iters, device) if j["ok"] else None}
+               "ms_per_token": time_engine_step(e, True, iters, device, spread)
+               if j["ok"] else None}
+        one.update(spread)
         del e, w
         if cuda:
             torch.cuda.empty_cache()
@@ -100,14 +103,17 @@ def bench_job(rank, world, device, model, ctx=512, tokens=12, iters=100, rungs=R
             j = agree.judge(e, prompt, ref, graph=True)
         ok_all = _gather(None if j is None else j["ok"])      # every rank times, or none
         timed = all(ok is not False for ok in ok_all)
-        ms = time_engine_step(e, True, iters, device) if timed else None
+        spread = {}
+        ms = time_engine_step(e, True, iters, device, spread) if timed else None
         floor = plan_floor_ms(e.plan, bw, ctx)
         alone = _alone_us(e, device) if timed else None
-        per_rank = _gather({"ms": ms, "floor_ms": floor, "read_tbps": bw, "alone_us": alone})
+        per_rank = _gather({"ms": ms, "floor_ms": floor, "read_tbps": bw, "alone_us": alone,
+                            **spread})
         times = [p["ms"] for p in per_rank]
         r = {"model": spec.name, "tp": world, "rung": rung, "ctx": ctx,
              "launches": e.launches_per_step(), "sync_points": sync_points(e),
              "ms_per_token": max(times) if None not in times else None,
+             **rank_spread(per_rank),
              "ms_per_rank": times, "floor_ms": max(p["floor_ms"] or 0 for p in per_rank) or None,
              "read_tbps_per_rank": [p["read_tbps"] for p in per_rank],
              "allreduce_alone_us": per_rank[0]["alone_us"]}
@@ -128,6 +134,17 @@ def bench_job(rank, world, device, model, ctx=512, tokens=12, iters=100, rungs=R
             torch.cuda.empty_cache()
         dist.barrier()
     return finish_rows([one] + rows) if rank == 0 else None
+
+
+def rank_spread(per_rank: list[dict]) -> dict:
+    """The spread of a step timed on every rank: the widest range the ranks' timed steps
+    allow (the fastest of any rank to the slowest of any), as ``ms_min``/``ms_max``;
+    None where a rank recorded none."""
+    lo = [p.get("ms_min") for p in per_rank]
+    hi = [p.get("ms_max") for p in per_rank]
+    if None in lo or None in hi or not per_rank:
+        return {"ms_min": None, "ms_max": None}
+    return {"ms_min": min(lo), "ms_max": max(hi), "timed": per_rank[0].get("timed")}
 
 
 def finish_rows(rows: list[dict]) -> list[dict]:
@@ -179,13 +196,16 @@ def compare_job(rank, world, device, model, rung="gloo", seed=0, prompt_len=6, t
 def format_rows(rows: list[dict]) -> str:
     """The bench --tp table: each rung against the one-GPU step of the same run."""
     f = lambda v, spec=".3f": "-" if v is None else format(v, spec)
-    lines = [f"{'rung':<10} {'ms/token':>9} {'x floor':>8} {'vs 1 GPU':>9} {'compute':>8} "
-             f"{'comm':>7} {'us/AR':>6} {'alone':>6} {'launches':>8}  check"]
+    lines = [f"{'rung':<10} {'ms/token':>9} {'min-max':>11} {'x floor':>8} {'vs 1 GPU':>9} "
+             f"{'compute':>8} {'comm':>7} {'us/AR':>6} {'alone':>6} {'launches':>8}  check"]
     for r in rows:
         check = r.get("agree", "-") if r.get("ok") is not False else "REFUSED " + r.get("agree", "")
         if r["rung"] == "none":
             check = "compute only"
-        lines.append(f"{r['rung']:<10} {f(r.get('ms_per_token')):>9} {f(r.get('x_floor'), '.2f'):>8} "
+        lo, hi = r.get("ms_min"), r.get("ms_max")
+        spread = "-" if lo is None or hi is None else f"{lo:.3f}-{hi:.3f}"
+        lines.append(f"{r['rung']:<10} {f(r.get('ms_per_token')):>9} {spread:>11} "
+                     f"{f(r.get('x_floor'), '.2f'):>8} "
                      f"{f(r.get('vs_one_gpu'), '.2f'):>9} {f(r.get('compute_ms')):>8} "
                      f"{f(r.get('comm_ms')):>7} {f(r.get('allreduce_us_in_step'), '.1f'):>6} "
                      f"{f(r.get('allreduce_alone_us'), '.1f'):>6} {r.get('launches', '-'):>8}  {check}")

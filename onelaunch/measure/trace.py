@@ -197,7 +197,8 @@ def attribute(events, plan, replays: int | None = None, read_tbps: float | None 
     Every row also carries the step: ``span_ms`` (median over replays of first start to
     last end), ``floor_ms`` (the plan's bytes at ``read_tbps``), ``span_x_floor``,
     ``gap_ms`` (median idle time between one replay's end and the next one's start: the
-    launch of the graph, outside the span) and ``replays``."""
+    launch of the graph, outside the span) and ``replays``. The spread over the replays:
+    ``ms_min``/``ms_max`` of the op's time, ``span_min_ms``/``span_max_ms`` of the step's."""
     ops = [op for op, _ in plan]
     reps, aside = split_replays(events, ops, replays, kernels, lead_in)
     dropped = aside["foreign"]
@@ -237,11 +238,13 @@ def attribute(events, plan, replays: int | None = None, read_tbps: float | None 
         ms = statistics.median(per_op[op]) / 1e3
         bms = to_ms(bytes_of[op])
         rows.append({
-            "op": op, "step": i, "ms": ms, "bytes": bytes_of[op], "bytes_ms": bms,
+            "op": op, "step": i, "ms": ms, "ms_min": min(per_op[op]) / 1e3,
+            "ms_max": max(per_op[op]) / 1e3, "bytes": bytes_of[op], "bytes_ms": bms,
             "beyond_ms": None if bms is None else ms - bms, "launches": launches[op],
             "kernels": names.get(op, []),
             "kernels_per_replay": sum(len(ks) for ks in reps[0]), "plan_launches": len(plan),
-            "span_ms": span, "floor_ms": floor,
+            "span_ms": span, "span_min_ms": min(spans) / 1e3, "span_max_ms": max(spans) / 1e3,
+            "floor_ms": floor,
             "span_x_floor": span / floor if floor else None,
             "gap_ms": statistics.median(gaps) / 1e3 if gaps else None,
             "replays": len(reps), "read_tbps": read_tbps,

@@ -202,18 +202,68 @@ def table(rows: list[dict], columns: dict[str, str] | None = None, fmt: dict | N
     markdown("\n".join([head, sep, *body]))
 
 
-def spread_text(row: dict, fmt: str = ".3g") -> str:
-    """A row's spread as a table shows it: ``"min–max"`` ms over its timed repeats
-    (``ms_min``, ``ms_max``), or "–" when the run that wrote it recorded none."""
-    lo, hi = row.get("ms_min"), row.get("ms_max")
+# The one table form of the book's near ties (every page that reports agreement): a row
+# per step where a run's token differs from the reference's, by the agreement rule.
+TIE_COLUMNS = {"model": "model", "rung": "rung", "step": "step",
+               "ref_token": "reference's token", "got_token": "its token",
+               "gap": "gap (logits)", "gap_ulps": "gap (bf16 ulps)",
+               "threshold": "near tie below", "verdict": "verdict"}
+
+
+def tie_rows(rows: list[dict]) -> list[dict]:
+    """Every step where a row's token differed from the reference's, one row each: the
+    rows' ``flips`` (a rung or peer judged by :func:`onelaunch.measure.agree.judge`) or
+    ``disagreements`` (the oracle's check against Hugging Face, whose reference is HF),
+    with the row's model and rung. Older records keep a margin and a bound only."""
+    out = []
+    for r in rows:
+        for f in r.get("flips") or r.get("disagreements") or []:
+            gap = f.get("gap", f.get("margin"))
+            bound = f.get("threshold", f.get("near_tie_below"))
+            verdict = f.get("verdict") or (None if gap is None or bound is None else
+                                           "near tie" if gap < bound else "flip")
+            out.append({"model": r.get("model"), "rung": r.get("rung") or "oracle",
+                        "step": f.get("step"), "ref_token": f.get("ref_token"),
+                        "got_token": f.get("got_token"), "gap": gap,
+                        "gap_ulps": f.get("gap_ulps"), "threshold": bound,
+                        "verdict": verdict})
+    return out
+
+
+def near_ties(rows: list[dict], reference: str = "the oracle") -> list[dict]:
+    """Show the steps where ``rows``' tokens differed from ``reference``'s as one table
+    (:func:`tie_rows`; the model column only when the rows hold more than one model), or
+    say that none did. The book's one form for its near ties. Returns the table's rows."""
+    ties = tie_rows(rows)
+    if not ties:
+        markdown(f"Every checked step chose {reference}'s token: no near tie.")
+        return ties
+    cols = dict(TIE_COLUMNS)
+    if len({t["model"] for t in ties}) < 2:
+        del cols["model"]
+    markdown(f"Steps whose token differs from {reference}'s (teacher-forced), each judged "
+             "by the agreement rule:")
+    table(ties, cols, {"gap": ".3g", "gap_ulps": ".1f", "threshold": ".3g"})
+    return ties
+
+
+MS_SPREAD = ("ms_min", "ms_max")      # a step's time (ladder, sweep and two-GPU rows)
+US_SPREAD = ("us_min", "us_max")      # a launch's (kernel and op rows: graph_time)
+
+
+def spread_text(row: dict, fmt: str = ".3g", keys: tuple = MS_SPREAD) -> str:
+    """A row's spread as a table shows it: ``"min–max"`` over its timed repeats (``keys``:
+    ``ms_min``/``ms_max``, or ``us_min``/``us_max`` for a launch), or "–" when the run
+    that wrote it recorded none."""
+    lo, hi = (row.get(k) for k in keys)
     if lo is None or hi is None:
         return "–"
     return f"{format(lo, fmt)}–{format(hi, fmt)}"
 
 
-def with_spread(rows: list[dict], fmt: str = ".3g") -> list[dict]:
+def with_spread(rows: list[dict], fmt: str = ".3g", keys: tuple = MS_SPREAD) -> list[dict]:
     """``rows`` (copies) with ``spread`` (:func:`spread_text`) for a table's column."""
-    return [{**r, "spread": spread_text(r, fmt)} for r in rows]
+    return [{**r, "spread": spread_text(r, fmt, keys)} for r in rows]
 
 
 def within_spread(a: dict, b: dict) -> bool | None:

@@ -253,6 +253,13 @@ def kernel_figure(rows: list[dict], read_tbps: float, head: str, smoke: bool = F
     colors = ["#c92a2a" if r["kernel"] == slow else "#1f6fb4" for r in shown]
     ax.barh(range(n), [r["gbps"] - lo for r in shown], left=lo, color=colors,
             height=0.62)
+    spread = [(i, r) for i, r in enumerate(shown) if r.get("us_min") and r.get("us_max")]
+    if spread:     # the whiskers: the bandwidth at the slowest and the fastest replay
+        gb = lambda r, us: r["bytes"] / (us * 1e3)
+        ax.errorbar([r["gbps"] for _, r in spread], [i for i, _ in spread],
+                    xerr=[[max(r["gbps"] - gb(r, r["us_max"]), 0) for _, r in spread],
+                          [max(gb(r, r["us_min"]) - r["gbps"], 0) for _, r in spread]],
+                    fmt="none", ecolor="black", elinewidth=1, capsize=3)
     ax.set_ylim(n - 0.5, -0.5)
     ax.set_yticks(range(n))
     ax.set_yticklabels([r["kernel"] for r in shown], fontsize=FONT)
@@ -286,7 +293,9 @@ def kernel_figure(rows: list[dict], read_tbps: float, head: str, smoke: bool = F
                f"(dashed, {_gbps(read)} GB/s). The fastest, {best['kernel']}, reaches "
                f"{_pct(best['pct_of_read'])} of it; the slowest, {worst['kernel']}, "
                f"{_pct(worst['pct_of_read'])}. The axis is logarithmic, so that the "
-               "smallest kernels show a bar.")
+               "smallest kernels show a bar."
+               + (" The whiskers span the slowest to the fastest timed replay."
+                  if spread else " No spread was recorded for these rows."))
     return _Figure(buf.getvalue(), caption)
 
 

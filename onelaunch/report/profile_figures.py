@@ -138,6 +138,11 @@ def draw_profile(rows: list[dict], model: str | None = None, head: str = "",
                 left += extra
         totals.append(left)
         span = first[g].get("span_ms")
+        lo, hi_ = first[g].get("span_min_ms"), first[g].get("span_max_ms")
+        if span is not None and lo is not None and hi_ is not None:
+            # the whisker: the fastest to the slowest replay's span, about the bar's end
+            ax.errorbar([left], [i], xerr=[[max(span - lo, 0)], [max(hi_ - span, 0)]],
+                        fmt="none", ecolor="black", elinewidth=1, capsize=3, zorder=4)
         line1 = f"{span:.3g} ms" + (f", {span / floor:.2f}x floor" if span and floor else "")
         ax.text(1.03, i - 0.17, line1, transform=side, va="center", fontsize=FONT,
                 clip_on=False)
@@ -202,8 +207,9 @@ def draw_profile(rows: list[dict], model: str | None = None, head: str = "",
 SHOWS = ("Where each rung's step goes, op by op in step order (one colour an op, the "
          "same in both models' figures): the time its bytes need at the read bandwidth "
          "of the same run (solid) and the time it takes beyond them (light, hatched), "
-         "against the floor of the whole step (dashed); below, the time beyond the bytes "
-         "of each op, one bar a rung.")
+         "against the floor of the whole step (dashed), with a whisker from the fastest "
+         "to the slowest replay's step; below, the time beyond the bytes of each op, one "
+         "bar a rung.")
 
 
 def caption(rows: list[dict], model: str | None = None) -> str:
@@ -211,7 +217,7 @@ def caption(rows: list[dict], model: str | None = None) -> str:
     change from the rung above and the op with the most time beyond its bytes."""
     model = model or rows[0]["model"]
     rows = [r for r in rows if r["model"] == model]
-    parts, prev = [], None
+    parts, prev, prev_row = [], None, None
     for g in dict.fromkeys(r["rung"] for r in rows):
         mine = [r for r in rows if r["rung"] == g]
         if any(r.get("refused") for r in mine):
@@ -225,12 +231,23 @@ def caption(rows: list[dict], model: str | None = None) -> str:
         span = mine[0]["span_ms"]
         s = f"{g}: {span:.3g} ms a step"
         if prev is not None:
-            s += f" ({span - prev:+.3g} ms)"
+            s += (" (no different within the replays' spread)"
+                  if _overlap(mine[0], prev_row) else f" ({span - prev:+.3g} ms)")
         if top is not None and top["beyond_ms"] > 0:
             s += f", most time beyond its bytes in {top['op']} ({top['beyond_ms']:.3g} ms)"
         parts.append(s)
-        prev = span
+        prev, prev_row = span, mine[0]
     return f"{SHOWS} {model}: " + "; ".join(parts) + "."
+
+
+def _overlap(a: dict, b: dict) -> bool:
+    """Whether each of two profile rows' step span lies inside the other's replays'
+    range (False when either recorded no range): a difference prose must not claim."""
+    keys = ("span_ms", "span_min_ms", "span_max_ms")
+    if any(r.get(k) is None for r in (a, b) for k in keys):
+        return False
+    return (b["span_min_ms"] <= a["span_ms"] <= b["span_max_ms"]
+            or a["span_min_ms"] <= b["span_ms"] <= a["span_max_ms"])
 
 
 PHASE_PARTS = (("bytes_us", "its bytes at the read bandwidth"),
