@@ -102,3 +102,18 @@ def test_a_faster_peer_is_said_so(tmp_path):
     ans = answer.answer(tmp_path)
     text = answer.model_text(M, ans["models"][M], ans["gpu_name"])
     assert "llama.cpp is 1.25x faster than ours" in text            # 1.5 / 1.2
+
+
+def test_the_one_launch_clock_of_the_same_run_only(tmp_path):
+    _write(tmp_path, LADDER)
+    clock = {"model": M, "ctx": 512, "op": None, "step_us": 1300.0, "wait_share": 0.19,
+             "most_waiting_op": "o_proj"}
+
+    def with_clock(run):
+        (tmp_path / "h200" / "step_clock.json").write_text(json.dumps(
+            {"meta": {"run": run}, "rows": [clock]}))
+        return answer.left_text(answer.answer(tmp_path))
+    left = with_clock("r1")
+    assert "clocked step takes 1300 µs, its median SM waiting on counters 19% of it, " \
+           "most before o_proj" in left
+    assert with_clock("r0") == "No step profile is on file for this run."

@@ -288,3 +288,50 @@ def phase_rows(spec, weights, device="cuda", ctx: int = 512, tokens: int = 12,
 
 def _slug(s: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in s).strip("_") or "rung"
+
+
+MEGA_RUNG = "one launch (megakernel)"
+
+
+def step_clock(spec, weights, device="cuda", ctx: int = 512, tokens: int = 12,
+               steps: int = 3, seed: int = 0, ref=None) -> dict:
+    """The one-launch step from the inside: the ``one launch (megakernel)`` rung rebuilt
+    with its clock (``MegaStep(clock=True)``: each SM stamps the global clock at every
+    instruction's start, counters in and end, and its loader when it asked for the
+    instruction's last tile), checked against the oracle as the ladder checks it, then
+    run ``steps`` times from position ``ctx`` (the first compiles nothing new: the check
+    ran it). Returns ``{"clk": int64 [P, N, 4] of the last step, "prog": the schedule's
+    rows, "nbytes": [P, N] weight bytes (``loads.weight_bytes``), "counters"}``, or
+    ``{"refused": why}`` when the check fails. ``ref``: the oracle's tokens for the
+    ladder's prompt (``agree.oracle_tokens``), computed here when not given."""
+    from ..megakernel.loads import weight_bytes
+    from ..megakernel.step import MegaStep
+    dev = torch.device(device)
+    _require_cuda(dev)
+    prompt, _, max_ctx = ladder_prompt(spec, ctx, tokens, steps + 16, seed)
+    if ref is None:
+        ref = agree.oracle_tokens(spec, weights, prompt, tokens, max_ctx)
+    e = RUNGS[MEGA_RUNG].engine(spec, weights, max_ctx)
+    if e.mega is None:
+        raise ProfileError(f"{MEGA_RUNG} ran the chain on this GPU (no Hopper): no clock")
+    e.mega = MegaStep(e, ctx=ctx, clock=True)
+    e.plan, e.graph = [e.mega.launch()], None
+    j = agree.judge(e, prompt, ref, graph=True)
+    if not j["ok"]:
+        return {"refused": agree.refusal(j["flips"])}
+    e.prompt_len.fill_(1 << 30)                     # every step "forced": no token written
+    for _ in range(steps):
+        e.pos.fill_(ctx)
+        e.step_launches()
+    torch.cuda.synchronize(dev)
+    e.mega.check_stalls()
+    sched = e.mega.sched
+    nbytes = torch.zeros(sched.instr.shape[:2], dtype=torch.float64)
+    for p in range(sched.P):
+        for i, r in enumerate(sched.rows(p)):
+            nbytes[p, i] = weight_bytes(sched, r)
+    out = {"clk": e.mega.clk.cpu().clone(), "prog": sched.instr.clone(), "nbytes": nbytes,
+           "counters": list(sched.counters), "agree": j["agree"]}
+    del e
+    torch.cuda.empty_cache()
+    return out

@@ -101,7 +101,10 @@ def answer(root: Path = RESULTS, gpu: str | None = None) -> dict:
     gpu = data["meta"]["gpu"]
     rows, _ = ladder_file.one_run(data["rows"])
     tp = _load(Path(root) / f"{gpu}x2" / "tp.json")
-    prof = _load(Path(root) / gpu / "profile.json")
+    # the step profile and the one launch's clock: only the ladder's own run's
+    same_run = lambda d: d if d and d["meta"].get("run") == data["meta"].get("run") else None
+    prof = same_run(_load(Path(root) / gpu / "profile.json"))
+    clock = same_run(_load(Path(root) / gpu / "step_clock.json"))
     models = {}
     for m in dict.fromkeys(r["model"] for r in rows):
         a = one_gpu(rows, m)
@@ -109,6 +112,8 @@ def answer(root: Path = RESULTS, gpu: str | None = None) -> dict:
         best = a["best"]
         a["left"] = (what_is_left(prof["rows"], m, best["rung"])
                      if prof and best else None)
+        a["clock"] = next((r for r in (clock or {}).get("rows", [])
+                           if r["model"] == m and r.get("op") is None), None)
         models[m] = a
     meta = data["meta"]
     return {"gpu": gpu, "gpu_name": meta.get("gpu_name", gpu), "run": meta.get("run"),
@@ -249,22 +254,34 @@ def others_text() -> str:
 
 
 def left_text(ans: dict) -> str:
-    """What is left: the time beyond the bytes, per op, of our fastest rung."""
-    parts = []
+    """What is left: the time beyond the bytes, per op, of our fastest rung (the step
+    profile), and where the one launch of chapter 8 waits (its clock), each where this
+    run has it on file."""
+    parts, clocks = [], []
     for m, a in ans["models"].items():
         left = a.get("left")
-        if not left:
-            continue
-        ops = ", ".join(f"{op} {b * 1e3:.0f} µs" for op, b, _ in left["top"])
-        parts.append(f"{_name(m)}'s *{left['rung']}* step spends "
-                     f"{left['beyond_ms']:.3f} ms beyond its bytes, most of it in "
-                     f"{ops}")
-    if not parts:
+        if left:
+            ops = ", ".join(f"{op} {b * 1e3:.0f} µs" for op, b, _ in left["top"])
+            parts.append(f"{_name(m)}'s *{left['rung']}* step spends "
+                         f"{left['beyond_ms']:.3f} ms beyond its bytes, most of it in "
+                         f"{ops}")
+        c = a.get("clock")
+        if c:
+            clocks.append(f"{_name(m)}'s clocked step takes {c['step_us']:.0f} µs, its "
+                          f"median SM waiting on counters {c['wait_share']:.0%} of it, "
+                          f"most before {c['most_waiting_op']}")
+    if not parts and not clocks:
         return "No step profile is on file for this run."
-    return ("; ".join(parts) + ". None of it is arithmetic: each op waits for the "
-            "one before it, then reads its vector, then streams its weights, and the "
-            "memory idles while it waits. The persistent kernel of chapter 8 removed "
-            "the launches but kept the waits at its barriers. What is left is to keep "
-            "the weights "
-            "streaming through those waits: a loader that never waits on a dependency, "
-            "as in Hazy Research's megakernel, which is the next step of this project.")
+    out = ("; ".join(parts) + ". None of it is arithmetic: each op waits for the one "
+           "before it, then reads its vector, then streams its weights, and the memory "
+           "idles while it waits. " if parts else "")
+    out += ("Chapter 8's one launch a step keeps the weights streaming through those "
+            "waits: a loader on every SM that never waits on a dependency, and counters "
+            "in place of barriers, as in Hazy Research's megakernel. ")
+    if clocks:
+        out += ("What is left is in its clock: " + "; ".join(clocks) + ". Each stage of "
+                "a layer that reads few bytes still costs a counter edge and a round trip "
+                "through memory.")
+    else:
+        out += "This run has no clock of it on file."
+    return out
