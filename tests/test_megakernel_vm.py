@@ -18,10 +18,9 @@ from onelaunch.megakernel import schedule as S
 from onelaunch.megakernel import vm as V
 from onelaunch.megakernel.step import plan_schedule
 from onelaunch.megakernel.isa import (LAYER, NONE, OP, OP_ARGMAX, OP_ATTN_FUSED,
-                                      OP_ATTN_MERGE,
-                                      OP_ATTN_PARTIAL, OP_EMBED, OP_GATE_UP, OP_LM_HEAD,
-                                      OP_O_PROJ,
-                                      SPLITS, TARGET0, WAIT0)
+                                      OP_ATTN_MERGE, OP_ATTN_PARTIAL, OP_EMBED, OP_GATE_UP,
+                                      OP_LM_HEAD, OP_O_PROJ, OP_ROPE_KV, SPLITS, TARGET0,
+                                      WAIT0)
 from onelaunch.oracle import Oracle
 from onelaunch.specs import get_spec
 from onelaunch.weights import _init_scale, hf_param_shapes, random_weights
@@ -323,21 +322,23 @@ def test_counters_reset_by_the_last_instruction_only(tiny):
         run_tiny(tiny, bad, 0)
 
 
-@pytest.mark.parametrize("P", [16])
-def test_fused_attention_gives_the_same_bits(tiny, P):
-    """``build(fused=True)`` (the one-launch kernel's lists: RoPE inside the partials,
-    the last of each kv head's splits merging its heads) over five steps and two
-    interleavings each (16 SMs: 7 splits a kv head): tokens and logits bit-identical to
-    the five-stage attention's,
-    and agreeing with the oracle; the split holding pos writes the new key."""
+@pytest.mark.parametrize("P, attention", [(16, "two"), (16, "three")])
+def test_fused_attention_gives_the_same_bits(tiny, P, attention):
+    """``build(attention="two")`` (the one-launch kernel's lists: RoPE inside the
+    partials, the last of each kv head's splits merging its heads) and "three" (the same
+    partials, merges as their own stage) over five steps and two interleavings each (16
+    SMs: 7 splits a kv head): tokens and logits bit-identical to the four-stage
+    attention's, and agreeing with the oracle; the split holding pos writes the new key."""
     spec, w = tiny
     start, steps = 92, 5
     cache, seq, ref = oracle_steps(spec, w, ids_for(spec, 100, P), start, steps, 128)
     plain = S.build(spec, P, start + steps, **TILES)
-    fused = S.build(spec, P, start + steps, fused=True, **TILES)
+    fused = S.build(spec, P, start + steps, attention=attention, **TILES)
     loads.check(fused)
     ops = {r[OP] for _, _, r in loads.all_rows(fused)}
-    assert OP_ATTN_FUSED in ops and not ops & {OP_ATTN_PARTIAL, OP_ATTN_MERGE}
+    merges = {OP_ATTN_MERGE} if attention == "three" else set()
+    assert OP_ATTN_FUSED in ops and ops & {OP_ATTN_PARTIAL, OP_ATTN_MERGE} == merges
+    assert OP_ROPE_KV not in ops
     want, want_lg, _ = vm_steps(spec, w, plain, cache, seq, start, steps, 2, 0)
     for seed in (1, 100):
         tokens, logits, m = vm_steps(spec, w, fused, cache, seq, start, steps, 2, seed)

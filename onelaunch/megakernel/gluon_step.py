@@ -231,39 +231,17 @@ def _attn_block(q, k, v, valid, m_i, l_i, o, scale, ql: gl.constexpr):
 
 
 @gluon.jit
-def _op_attn_partial(layer, kh, sp, splits, unit, pos_ptr, q_ptr, kc_ptr, vc_ptr, pm_ptr,
-                     pl_ptr, po_ptr, SPMAX, MAXCTX, scale, ctr_ptr, w0, target, timeout_ns,
-                     failed, err, instr, G: gl.constexpr, GP: gl.constexpr,
-                     D: gl.constexpr, HKV: gl.constexpr, BT: gl.constexpr,
-                     num_warps: gl.constexpr):
-    """Split ``sp`` of ``splits`` of kv head kh's keys [0, pos]: its G query heads'
-    running max, sum of exp and unnormalised output (fp32, online over blocks of BT
-    keys; bf16 probabilities into P @ V, as the split-K kernel). The first block's keys
-    before pos (earlier steps wrote them) are asked for before the counter wait, so
-    their memory latency runs under it; key pos (this step's RoPE) and the queries
-    after. Returns the wait's ``failed``."""
-    l3: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 1, 32], [num_warps, 1, 1], [2, 1, 0])
-    sl: gl.constexpr = gl.SliceLayout(2, l3)              # [GP, BT] scores
-    kl: gl.constexpr = gl.SliceLayout(0, l3)              # [BT, D] keys / values
-    ql: gl.constexpr = gl.SliceLayout(1, l3)              # [GP, D] queries / output
-    pos, start, end, per, tk, dk, ts, base = _split_at(pos_ptr, layer, kh, sp, splits,
-                                                       unit, MAXCTX, HKV, D, BT, kl, sl)
-    kv_off = base + (start + tk)[:, None] * D + dk[None, :]
-    old = ((start + tk < end) & (start + tk < pos))[:, None] & (dk[None, :] < D)
-    k_old = gl.load(kc_ptr + kv_off, mask=old, other=0.0)
-    v_old = gl.load(vc_ptr + kv_off, mask=old, other=0.0)
-    if w0 >= 0:
-        if failed == 0:
-            gl.store(err + 1, w0)
-        failed = _wait_counter(ctr_ptr + w0, target, timeout_ns, failed, err, instr)
-    hq = gl.arange(0, GP, gl.SliceLayout(1, ql))
-    dq = gl.arange(0, D, gl.SliceLayout(0, ql))
-    qmask = (hq[:, None] < G) & (dq[None, :] < D)
-    q = gl.load(q_ptr + (kh * G + hq[:, None]) * D + dq[None, :], mask=qmask, other=0.0,
-                cache_modifier=".cg").to(gl.float32)
+def _partial_blocks(q, k_old, v_old, pos, start, end, tk, dk, ts, base, kh, sp, kc_ptr, vc_ptr,
+                    pm_ptr, pl_ptr, po_ptr, SPMAX, scale, G: gl.constexpr, GP: gl.constexpr,
+                    D: gl.constexpr, BT: gl.constexpr, sl: gl.constexpr, ql: gl.constexpr):
+    """A split's partial after its wait: the first block from the keys asked for before
+    it (``k_old``, ``v_old``) with key pos from the cache (this step's, from L2), the
+    rest block by block; its G heads' running max, sum of exp and output into the
+    partials."""
     m_i = gl.full([GP], float("-inf"), gl.float32, gl.SliceLayout(1, sl))
     l_i = gl.zeros([GP], gl.float32, gl.SliceLayout(1, sl))
     o = gl.zeros([GP, D], gl.float32, ql)
+    kv_off = base + (start + tk)[:, None] * D + dk[None, :]
     if start < end:                                   # the first block: + key pos
         new = ((start + tk) == pos)[:, None] & (dk[None, :] < D)
         k = gl.where(new, gl.load(kc_ptr + kv_off, mask=new, other=0.0, cache_modifier=".cg"),
@@ -281,7 +259,51 @@ def _op_attn_partial(layer, kh, sp, splits, unit, pos_ptr, q_ptr, kc_ptr, vc_ptr
     row = (kh * G + hs) * SPMAX + sp
     gl.store(pm_ptr + row, m_i, mask=hs < G)
     gl.store(pl_ptr + row, l_i, mask=hs < G)
-    gl.store(po_ptr + ((kh * G + hq[:, None]) * SPMAX + sp) * D + dq[None, :], o, mask=qmask)
+    hq = gl.arange(0, GP, gl.SliceLayout(1, ql))
+    dq = gl.arange(0, D, gl.SliceLayout(0, ql))
+    gl.store(po_ptr + ((kh * G + hq[:, None]) * SPMAX + sp) * D + dq[None, :], o,
+             mask=(hq[:, None] < G) & (dq[None, :] < D))
+
+
+@gluon.jit
+def _old_keys(kc_ptr, vc_ptr, pos, start, end, tk, dk, base, D: gl.constexpr):
+    """The first block of a split's keys before pos (earlier steps wrote them): asked for
+    before its counter wait, so their memory latency runs under it."""
+    kv_off = base + (start + tk)[:, None] * D + dk[None, :]
+    old = ((start + tk < end) & (start + tk < pos))[:, None] & (dk[None, :] < D)
+    return (gl.load(kc_ptr + kv_off, mask=old, other=0.0),
+            gl.load(vc_ptr + kv_off, mask=old, other=0.0))
+
+
+@gluon.jit
+def _op_attn_partial(layer, kh, sp, splits, unit, pos_ptr, q_ptr, kc_ptr, vc_ptr, pm_ptr,
+                     pl_ptr, po_ptr, SPMAX, MAXCTX, scale, ctr_ptr, w0, target, timeout_ns,
+                     failed, err, instr, G: gl.constexpr, GP: gl.constexpr,
+                     D: gl.constexpr, HKV: gl.constexpr, BT: gl.constexpr,
+                     num_warps: gl.constexpr):
+    """Split ``sp`` of ``splits`` of kv head kh's keys [0, pos]: its G query heads'
+    running max, sum of exp and unnormalised output (fp32, online over blocks of BT
+    keys; bf16 probabilities into P @ V, as the split-K kernel). The first block's keys
+    before pos are asked for before the counter wait; key pos (this step's RoPE) and the
+    queries after. Returns the wait's ``failed``."""
+    l3: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 1, 32], [num_warps, 1, 1], [2, 1, 0])
+    sl: gl.constexpr = gl.SliceLayout(2, l3)              # [GP, BT] scores
+    kl: gl.constexpr = gl.SliceLayout(0, l3)              # [BT, D] keys / values
+    ql: gl.constexpr = gl.SliceLayout(1, l3)              # [GP, D] queries / output
+    pos, start, end, per, tk, dk, ts, base = _split_at(pos_ptr, layer, kh, sp, splits,
+                                                       unit, MAXCTX, HKV, D, BT, kl, sl)
+    k_old, v_old = _old_keys(kc_ptr, vc_ptr, pos, start, end, tk, dk, base, D)
+    if w0 >= 0:
+        if failed == 0:
+            gl.store(err + 1, w0)
+        failed = _wait_counter(ctr_ptr + w0, target, timeout_ns, failed, err, instr)
+    hq = gl.arange(0, GP, gl.SliceLayout(1, ql))
+    dq = gl.arange(0, D, gl.SliceLayout(0, ql))
+    qmask = (hq[:, None] < G) & (dq[None, :] < D)
+    q = gl.load(q_ptr + (kh * G + hq[:, None]) * D + dq[None, :], mask=qmask, other=0.0,
+                cache_modifier=".cg").to(gl.float32)
+    _partial_blocks(q, k_old, v_old, pos, start, end, tk, dk, ts, base, kh, sp, kc_ptr,
+                    vc_ptr, pm_ptr, pl_ptr, po_ptr, SPMAX, scale, G, GP, D, BT, sl, ql)
     return failed
 
 
@@ -327,13 +349,15 @@ def _op_attn_fused(layer, kh, sp, splits, unit, bump, bump2, pos_ptr, qkv_ptr, k
                    vc_ptr, cos_ptr, sin_ptr, pm_ptr, pl_ptr, po_ptr, attn_ptr, SPMAX, MAXCTX,
                    HQ, KVS, scale, ctr_ptr, w0, target, timeout_ns, failed, err, instr,
                    G: gl.constexpr, GP: gl.constexpr, D: gl.constexpr, HKV: gl.constexpr,
-                   BT: gl.constexpr, SBF: gl.constexpr, num_warps: gl.constexpr):
+                   BT: gl.constexpr, SBF: gl.constexpr, MERGE: gl.constexpr,
+                   num_warps: gl.constexpr):
     """ATTN_FUSED (isa.py): before the counter wait, the first block of this split's
-    earlier keys and pos's cos/sin are asked for; after it, RoPE on the G queries and the
-    new key from qkv (registers), the new k/v into the cache by the split that holds pos,
-    the partial (key pos from registers), its bump with acquire and release, and, by the
-    split whose bump completes the kv head, the merge of its G heads and a bump of
-    ``bump2``. Returns the wait's ``failed``."""
+    earlier keys and pos's cos/sin are asked for; after it, RoPE on the G queries from
+    qkv, the new key RoPEd and it and its value written into the cache by the split that
+    holds pos (read back from L2 by the blocks, as the partial's), the partial. ``MERGE`` (the "two" form): its bump with
+    acquire and release, and, by the split whose bump completes the kv head, the merge of
+    its G heads and a bump of ``bump2``; else the caller bumps (release) and merges merge.
+    Returns the wait's ``failed``."""
     l3: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 1, 32], [num_warps, 1, 1], [2, 1, 0])
     sl: gl.constexpr = gl.SliceLayout(2, l3)              # [GP, BT] scores
     kl: gl.constexpr = gl.SliceLayout(0, l3)              # [BT, D] keys / values
@@ -342,14 +366,9 @@ def _op_attn_fused(layer, kh, sp, splits, unit, bump, bump2, pos_ptr, qkv_ptr, k
                                                        unit, MAXCTX, HKV, D, BT, kl, sl)
     hq = gl.arange(0, GP, gl.SliceLayout(1, ql))
     dq = gl.arange(0, D, gl.SliceLayout(0, ql))
-    off = base + (start + tk)[:, None] * D + dk[None, :]
-    old = (start + tk < gl.minimum(end, pos))[:, None] & (dk[None, :] < D)
-    k_old = gl.load(kc_ptr + off, mask=old, other=0.0)
-    v_old = gl.load(vc_ptr + off, mask=old, other=0.0)
+    k_old, v_old = _old_keys(kc_ptr, vc_ptr, pos, start, end, tk, dk, base, D)
     cq = gl.load(cos_ptr + pos * D + dq).to(gl.float32)[None, :]
     sq = gl.load(sin_ptr + pos * D + dq).to(gl.float32)[None, :]
-    ck = gl.load(cos_ptr + pos * D + dk).to(gl.float32)
-    sk = gl.load(sin_ptr + pos * D + dk).to(gl.float32)
     if w0 >= 0:
         if failed == 0:
             gl.store(err + 1, w0)
@@ -357,40 +376,25 @@ def _op_attn_fused(layer, kh, sp, splits, unit, bump, bump2, pos_ptr, qkv_ptr, k
     qmask = (hq[:, None] < G) & (dq[None, :] < D)
     q = _rope(qkv_ptr + (kh * G + hq[:, None]) * D, dq[None, :], D, cq, sq,
               qmask).to(gl.float32)
-    k_new = _rope(qkv_ptr + HQ + kh * D, dk, D, ck, sk, dk < D)
-    v_new = gl.load(qkv_ptr + HQ + KVS + kh * D + dk, cache_modifier=".cg")
     if (start <= pos) & (pos < end):                  # this split holds pos: the cache
+        ck = gl.load(cos_ptr + pos * D + dk).to(gl.float32)
+        sk = gl.load(sin_ptr + pos * D + dk).to(gl.float32)
+        k_new = _rope(qkv_ptr + HQ + kh * D, dk, D, ck, sk, dk < D)
+        v_new = gl.load(qkv_ptr + HQ + KVS + kh * D + dk, cache_modifier=".cg")
         gl.store(kc_ptr + base + pos * D + dk, k_new)
         gl.store(vc_ptr + base + pos * D + dk, v_new)
-    m_i = gl.full([GP], float("-inf"), gl.float32, gl.SliceLayout(1, sl))
-    l_i = gl.zeros([GP], gl.float32, gl.SliceLayout(1, sl))
-    o = gl.zeros([GP, D], gl.float32, ql)
-    for t0 in range(start, end, BT):
-        if t0 == start:
-            k = k_old
-            v = v_old
-        else:
-            km = (t0 + tk < gl.minimum(end, pos))[:, None] & (dk[None, :] < D)
-            kv = base + (t0 + tk)[:, None] * D + dk[None, :]
-            k = gl.load(kc_ptr + kv, mask=km, other=0.0)
-            v = gl.load(vc_ptr + kv, mask=km, other=0.0)
-        new = ((t0 + tk) == pos)[:, None] & (dk[None, :] < D)     # key pos: registers
-        k = gl.where(new, k_new[None, :], k).to(gl.float32)
-        v = gl.where(new, v_new[None, :], v).to(gl.float32)
-        m_i, l_i, o = _attn_block(q, k, v, t0 + ts < end, m_i, l_i, o, scale, ql)
-    hs = gl.arange(0, GP, gl.SliceLayout(1, sl))
-    row = (kh * G + hs) * SPMAX + sp
-    gl.store(pm_ptr + row, m_i, mask=hs < G)
-    gl.store(pl_ptr + row, l_i, mask=hs < G)
-    gl.store(po_ptr + ((kh * G + hq[:, None]) * SPMAX + sp) * D + dq[None, :], o, mask=qmask)
-    gl.thread_barrier()
-    done = gl.atomic_add(ctr_ptr + bump, 1, sem="acq_rel", scope="gpu")
-    if done == splits - 1:                            # the last of the kv head: merge
-        live = gl.minimum(splits, (pos + per * unit) // (per * unit))
-        _merge_group(kh, live, pm_ptr, pl_ptr, po_ptr, attn_ptr, SPMAX, G, GP, D, SBF,
-                     num_warps)
+        gl.thread_barrier()                           # read back below, from L2
+    _partial_blocks(q, k_old, v_old, pos, start, end, tk, dk, ts, base, kh, sp, kc_ptr,
+                    vc_ptr, pm_ptr, pl_ptr, po_ptr, SPMAX, scale, G, GP, D, BT, sl, ql)
+    if MERGE:
         gl.thread_barrier()
-        gl.atomic_add(ctr_ptr + bump2, 1, sem="release", scope="gpu")
+        done = gl.atomic_add(ctr_ptr + bump, 1, sem="acq_rel", scope="gpu")
+        if done == splits - 1:                        # the last of the kv head: merge
+            live = gl.minimum(splits, (pos + per * unit) // (per * unit))
+            _merge_group(kh, live, pm_ptr, pl_ptr, po_ptr, attn_ptr, SPMAX, G, GP, D, SBF,
+                         num_warps)
+            gl.thread_barrier()
+            gl.atomic_add(ctr_ptr + bump2, 1, sem="release", scope="gpu")
     return failed
 
 
@@ -467,7 +471,7 @@ def _compute(prog_ptr, n_instr, ring, ring_dk, ring_tk, ready, empty, vec, x_ptr
              WIDTH: gl.constexpr, TN_: gl.constexpr, TK_: gl.constexpr, G: gl.constexpr,
              GP: gl.constexpr, D: gl.constexpr, HKV: gl.constexpr, BT: gl.constexpr,
              SB: gl.constexpr, SBF: gl.constexpr, NPB: gl.constexpr, EB: gl.constexpr,
-             BIAS: gl.constexpr, FUSED: gl.constexpr, CLOCK: gl.constexpr,
+             BIAS: gl.constexpr, ATT: gl.constexpr, CLOCK: gl.constexpr,
              num_warps: gl.constexpr):
     # a row box [TN, kb, TK]: rows over the warps, K tiles in each thread's registers,
     # columns over a warp's lanes, 8 a lane (16-byte shared loads)
@@ -499,7 +503,7 @@ def _compute(prog_ptr, n_instr, ring, ring_dk, ring_tk, ready, empty, vec, x_ptr
     v_full = vec._reinterpret(gl.bfloat16, [NF, NW, KD // NW, TK_], pl3)
     # an instruction's header (its first 16 fields) in every thread's registers, the
     # next one asked for while this one runs (the list is read once a step: DRAM)
-    HDR: gl.constexpr = 32 if FUSED else 16            # BUMP2 is field 18
+    HDR: gl.constexpr = 32 if ATT == 2 else 16         # BUMP2 is field 18
     hl: gl.constexpr = gl.BlockedLayout([HDR], [32], [num_warps], [0])
     f16 = gl.arange(0, HDR, hl)
     nxt = gl.load(base + f16)
@@ -651,15 +655,15 @@ def _compute(prog_ptr, n_instr, ring, ring_dk, ring_tk, ready, empty, vec, x_ptr
                        num_warps)
         elif op == 10:                                # EMBED
             _op_embed(row0, rows, pos_ptr, seq_ptr, emb_ptr, x_ptr, H, EB, num_warps)
-        elif op == 15:                                # ATTN_FUSED (bumps in its code)
-            if FUSED:                                 # compiled only for fused lists
+        elif op == 15:                                # ATTN_FUSED ("two": bumps in its code)
+            if ATT < 4:                               # compiled only for fused lists
                 failed = _op_attn_fused(layer, row0, arg, splits, unit, bump,
-                                        _field(hdr, f16, 18), pos_ptr, qkv_ptr, kc_ptr,
-                                        vc_ptr, cos_ptr, sin_ptr, pm_ptr, pl_ptr, po_ptr,
-                                        attn_ptr, SPMAX, MAXCTX, HQ, KVS, scale, ctr_ptr, w0,
-                                        t0, timeout_ns, failed, err, i, G, GP, D, HKV, BT,
-                                        SBF, num_warps)
-        if (bump >= 0) & (op != 15):                  # every thread's stores, then release
+                                        _field(hdr, f16, 18) if ATT == 2 else -1, pos_ptr,
+                                        qkv_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr, pm_ptr,
+                                        pl_ptr, po_ptr, attn_ptr, SPMAX, MAXCTX, HQ, KVS,
+                                        scale, ctr_ptr, w0, t0, timeout_ns, failed, err, i, G,
+                                        GP, D, HKV, BT, SBF, ATT == 2, num_warps)
+        if (bump >= 0) & ((op != 15) | (ATT != 2)):   # every thread's stores, then release
             gl.thread_barrier()
             gl.atomic_add(ctr_ptr + bump, 1, sem="release", scope="gpu")
         if CLOCK:
@@ -676,7 +680,7 @@ def step_kernel(prog_ptr, n_instr, d_qkv, d_o, d_gu, d_dn, d_dt, d_lm, x_ptr, qk
                 STAGES: gl.constexpr, WIDTH: gl.constexpr, G: gl.constexpr,
                 GP: gl.constexpr, D: gl.constexpr, HKV: gl.constexpr, BT: gl.constexpr,
                 SB: gl.constexpr, SBF: gl.constexpr, NPB: gl.constexpr, EB: gl.constexpr,
-                BIAS: gl.constexpr, FUSED: gl.constexpr, CTR_BLOCK: gl.constexpr,
+                BIAS: gl.constexpr, ATT: gl.constexpr, CTR_BLOCK: gl.constexpr,
                 CLOCK: gl.constexpr, num_warps: gl.constexpr):
     TN_: gl.constexpr = d_gu.block_type.shape[0]
     TK_: gl.constexpr = d_gu.block_type.shape[2]
@@ -693,7 +697,7 @@ def step_kernel(prog_ptr, n_instr, d_qkv, d_o, d_gu, d_dn, d_dt, d_lm, x_ptr, qk
                     emb_ptr, gin_ptr, gpost_ptr, gfin_ptr, bqkv_ptr, ctr_ptr, err_ptr, clk_ptr,
                     H, I, QKV, HQ, KVS, SPMAX, MAXCTX, eps, scale, timeout_ns, KG, GT, NF, KD,
                     TAIL, STAGES, WIDTH, TN_, TK_, G, GP, D, HKV, BT, SB, SBF, NPB, EB,
-                    BIAS, FUSED, CLOCK, num_warps)),
+                    BIAS, ATT, CLOCK, num_warps)),
         (_loader, (prog_ptr, n_instr, d_qkv, d_o, d_gu, d_dn, d_dt, d_lm, ring, ring_dn,
                    ring_dt, ready, empty, clk_ptr, L, H, I, QKV, V, NF, TAIL, STAGES, WIDTH,
                    CLOCK))],

@@ -42,13 +42,14 @@ What the row fields mean per op (``schedule.py`` builds them, ``vm.py`` runs the
     ARGMAX        the token from ROWS slots; then resets every counter to zero (the VM's
                   rule, checked there: every other SM's last bump ordered before it;
                   the Gluon kernels reset when their last CTA leaves, a later point)
-    ATTN_FUSED    RoPE, partial and merge in one (``schedule.build(fused=True)``, the
-                  one-launch kernel's lists): ROW0 = kv head, ROWS its G query heads, ARG
-                  = split of SPLITS; waits for all of QKV, RoPEs its queries and the new
-                  key itself, the split whose keys hold pos writes the new k/v into the
-                  cache, then the partial as ATTN_PARTIAL; it bumps BUMP (acquire and
-                  release), and the one that brings it to SPLITS merges the group's G
-                  heads into attn and bumps BUMP2
+    ATTN_FUSED    RoPE + partial (+ merge) in one (``schedule.build(attention="three" or
+                  "two")``, the one-launch kernel's lists): ROW0 = kv head, ROWS its G
+                  query heads, ARG = split of SPLITS; waits for all of QKV, RoPEs its
+                  queries and the new key itself, the split whose keys hold pos writes
+                  the new k/v into the cache, then the partial as ATTN_PARTIAL; it bumps
+                  BUMP. With a BUMP2 ("two"), that bump is an acquire and release, and the
+                  one that brings it to SPLITS merges the group's G heads into attn and
+                  bumps BUMP2; without ("three"), ATTN_MERGE instructions merge
 
 The mixture of experts (OLMoE) adds, per layer (RMS_QKV then also stores its rows' sums
 of squares of q and k, row IDX of a [blocks, 2] partial; ROPE_KV sums its SPLITS

@@ -21,8 +21,10 @@ instructions it reads from bump, with the count of them as its target:
     LM head row blocks           down.L-1 = all  -> "lm"
     ARGMAX                       lm = all        -> resets every counter to zero
 
-``build(fused=True)`` (the one-launch kernel's lists, dense models) makes the attention
-two stages, each ATTN_FUSED RoPE-ing its own queries and the new key:
+``build(attention=...)`` picks the attention's form (dense models): "four" above (RoPE,
+partials, merges, O); "three", each partial an ATTN_FUSED that RoPEs its own queries and
+the new key (no RoPE stage; the merges as above); "two", the fused partials' last split
+of each kv head also merging its heads:
 
       RMS+QKV row blocks      wait x's writers  -> "qkv.l"
       fused (kv head, split)  qkv.l = all       -> "part.l.kh"; the one that brings it
@@ -200,39 +202,49 @@ def gemv_stage(op, layer, n, K, P, tile_n, ctr, name, after) -> list[list[int]]:
             for i, (r0, rows) in enumerate(blocks(n, P, tile_n))]
 
 
-def attention_stages(s, l, P, ctx, tile_n, ctr, after, fused=False):
+ATTENTION = ("four", "three", "two")     # the attention's forms (``attention_stages``)
+
+
+def attention_stages(s, l, P, ctx, tile_n, ctr, after, attention="four"):
     """RMS+QKV, RoPE+KV, partials, merges, O (+ residual); and (O counter, count). With
     the q/k norm each RoPE sums the QKV blocks' partial squares (SPLITS of them).
-    ``fused``: RMS+QKV, the fused partials (RoPE inside, the last of each kv head's
-    splits merging its heads: ATTN_FUSED), O: two stages fewer."""
+    ``attention`` "three": RMS+QKV, partials that RoPE their own queries and key
+    (ATTN_FUSED without BUMP2), merges, O; "two": the fused partials' last split of each
+    kv head merges its heads (ATTN_FUSED with BUMP2), then O."""
+    if attention not in ATTENTION:
+        raise ScheduleError(f"attention form {attention!r}: one of {', '.join(ATTENTION)}")
     g = s.heads // s.kv_heads
     qkv = gemv_stage(OP_RMS_QKV, l, s.qkv_size, s.hidden, P, tile_n, ctr, f"qkv.{l}", after)
     done = (counter(ctr, f"qkv.{l}"), len(qkv))
-    if fused:
+    splits, unit = attention_split(ctx, P, s.kv_heads)
+    if attention != "four":
         if s.qk_norm:
             raise ScheduleError("the fused attention has no q/k norm")
-        splits, unit = attention_split(ctx, P, s.kv_heads)
-        merged = counter(ctr, f"merge.{l}")
+        merged = counter(ctr, f"merge.{l}") if attention == "two" else NONE
         part = [instr(OP_ATTN_FUSED, l, kh, g, waits=[done],
                       bump=counter(ctr, f"part.{l}.{kh}"), arg=sp, idx=kh * splits + sp,
                       splits=splits, unit=unit, bump2=merged)
                 for kh in range(s.kv_heads) for sp in range(splits)]
-        o = gemv_stage(OP_O_PROJ, l, s.hidden, s.q_size, P, tile_n, ctr, f"o.{l}",
-                       (merged, s.kv_heads))
-        return [qkv, part, o], (counter(ctr, f"o.{l}"), len(o))
-    rope = [instr(OP_ROPE_KV, l, kh, 1, waits=[done], bump=counter(ctr, f"rope.{l}.{kh}"),
-                  idx=kh, splits=len(qkv) if s.qk_norm else 0) for kh in range(s.kv_heads)]
-    splits, unit = attention_split(ctx, P, s.kv_heads)
-    part = [instr(OP_ATTN_PARTIAL, l, kh, g, waits=[(counter(ctr, f"rope.{l}.{kh}"), 1)],
-                  bump=counter(ctr, f"part.{l}.{kh}"), arg=sp, idx=kh * splits + sp,
-                  splits=splits, unit=unit)
-            for kh in range(s.kv_heads) for sp in range(splits)]
+        if attention == "two":
+            o = gemv_stage(OP_O_PROJ, l, s.hidden, s.q_size, P, tile_n, ctr, f"o.{l}",
+                           (merged, s.kv_heads))
+            return [qkv, part, o], (counter(ctr, f"o.{l}"), len(o))
+        rope = []
+    else:
+        rope = [instr(OP_ROPE_KV, l, kh, 1, waits=[done], bump=counter(ctr, f"rope.{l}.{kh}"),
+                      idx=kh, splits=len(qkv) if s.qk_norm else 0)
+                for kh in range(s.kv_heads)]
+        part = [instr(OP_ATTN_PARTIAL, l, kh, g, waits=[(counter(ctr, f"rope.{l}.{kh}"), 1)],
+                      bump=counter(ctr, f"part.{l}.{kh}"), arg=sp, idx=kh * splits + sp,
+                      splits=splits, unit=unit)
+                for kh in range(s.kv_heads) for sp in range(splits)]
     merge = [instr(OP_ATTN_MERGE, l, h, 1, waits=[(counter(ctr, f"part.{l}.{h // g}"), splits)],
                    bump=counter(ctr, f"merge.{l}"), idx=h, splits=splits, unit=unit)
              for h in range(s.heads)]
     o = gemv_stage(OP_O_PROJ, l, s.hidden, s.q_size, P, tile_n,
                    ctr, f"o.{l}", (counter(ctr, f"merge.{l}"), s.heads))
-    return [qkv, rope, part, merge, o], (counter(ctr, f"o.{l}"), len(o))
+    return [qkv] + ([rope] if rope else []) + [part, merge, o], (counter(ctr, f"o.{l}"),
+                                                                 len(o))
 
 
 def mlp_stages(s, l, P, tile_n, tile_k, ctr, after):
@@ -290,12 +302,12 @@ def head_stages(s, P, tile_n, ctr, after):
 
 
 def stages(spec, P: int, ctx: int, tile_n: int, tile_k: int, ctr: dict,
-           fused: bool = False) -> list[list]:
+           attention: str = "four") -> list[list]:
     """Every stage of the step in order, each a list of instruction rows."""
     out = [[instr(OP_EMBED, row0=0, rows=spec.hidden, bump=counter(ctr, "embed"))]]
     after = (counter(ctr, "embed"), 1)
     for l in range(spec.layers):
-        att, after = attention_stages(spec, l, P, ctx, tile_n, ctr, after, fused)
+        att, after = attention_stages(spec, l, P, ctx, tile_n, ctr, after, attention)
         mlp, after = (moe_stages if spec.is_moe else mlp_stages)(spec, l, P, tile_n, tile_k,
                                                                  ctr, after)
         out += att + mlp
@@ -303,16 +315,17 @@ def stages(spec, P: int, ctx: int, tile_n: int, tile_k: int, ctr: dict,
 
 
 def build(spec, P: int, ctx: int, tile_n: int = 16, tile_k: int = 256,
-          hold: int = HOLD, fused: bool = False) -> Schedule:
+          hold: int = HOLD, attention: str = "four") -> Schedule:
     """The schedule of one decode step of ``spec`` on P SMs, planned at ``ctx`` keys;
     ``hold``: the held stages a loader fills before the router's wait (MoE);
-    ``fused``: the attention as ATTN_FUSED (the one-launch kernel's lists). The
+    ``attention``: the attention's form (``ATTENTION``; "three" and "two" are ATTN_FUSED,
+    run by the one-launch kernel only). The
     balance needs each instruction's bytes and the hoists its tiles: both are ``loads``,
     which imports this module, so they are imported here."""
     from .loads import row_bytes, set_hoists
 
     ctr: dict[str, int] = {}
-    st = stages(spec, P, ctx, tile_n, tile_k, ctr, fused)
+    st = stages(spec, P, ctx, tile_n, tile_k, ctr, attention)
     sched = Schedule(spec, torch.zeros(0), list(ctr), ctx, tile_n, tile_k, hold)
     lists = assign(st, P, lambda r: row_bytes(sched, r))
     for rows in lists:

@@ -29,6 +29,7 @@ SB = 64                    # splits a merge takes a chunk
 SBF = 16                   # splits a fused merge takes a chunk (all G heads at once)
 EB = 1024                  # columns an embedding copy takes a block
 TIMEOUT_NS = 200_000_000   # a counter wait's bound: 0.2 s
+ATT_STAGES = {"four": 4, "three": 3, "two": 2}    # the kernel's ATT: stages after QKV
 
 
 def device_refusal(device) -> str | None:
@@ -68,14 +69,15 @@ def refusal(spec, max_ctx: int | None = None) -> str | None:
     return None
 
 
-def plan_schedule(spec, P: int, ctx: int, fused: bool = False) -> schedule.Schedule:
+def plan_schedule(spec, P: int, ctx: int, attention: str = "four") -> schedule.Schedule:
     """The lists the kernel runs (and the VM checks): ``schedule.build`` with the
     kernel's tiles (TN rows), planned at ``ctx`` or at least ``plan_ctx`` (every split SM
     pair gets MIN_UNIT keys, so a short context gives each split one block of keys); the
     kernel's down projection takes all of K an instruction, so it must not be split.
-    ``fused``: the attention as ATTN_FUSED (two stages a layer, not four)."""
+    ``attention``: the attention's form (``schedule.ATTENTION``: "four" stages a layer
+    after QKV, "three" with RoPE inside the partials, "two" with the merge too)."""
     sched = schedule.build(spec, P, max(ctx, plan_ctx(spec, P)), tile_n=TN, tile_k=TK,
-                           fused=fused)
+                           attention=attention)
     rows = sched.instr.view(-1, isa.WIDTH)
     down = rows[rows[:, isa.OP] == isa.OP_DOWN]
     if (down[:, isa.KLEN] != spec.intermediate).any():
@@ -101,7 +103,7 @@ class MegaStep:
 
     def __init__(self, engine, P: int | None = None, ctx: int = 512, stages: int = 4,
                  num_warps: int = 4, timeout_ns: int = TIMEOUT_NS, clock: bool = False,
-                 fused: bool = False):
+                 attention: str = "four"):
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
         e, s = engine, engine.spec
         why = refusal(s)
@@ -109,12 +111,12 @@ class MegaStep:
             raise ValueError(why)
         dev = e.device
         self.P = P or torch.cuda.get_device_properties(dev).multi_processor_count
-        self.sched = plan_schedule(s, self.P, ctx, fused)
+        self.sched = plan_schedule(s, self.P, ctx, attention)
         self.prog = self.sched.instr.to(dev)
         self.n_instr = self.prog.shape[1]
         self.n_ctr = len(self.sched.counters)
         self.e, self.stages, self.num_warps, self.timeout_ns = e, stages, num_warps, timeout_ns
-        self.clock, self.fused = clock, fused
+        self.clock, self.attention = clock, attention
         W = e.W
         self.w = {"qkv": stacked(W, "w_qkv"), "o": stacked(W, "w_o"),
                   "gu": stacked(W, "w_gate_up"), "dn": stacked(W, "w_down")}
@@ -165,7 +167,7 @@ class MegaStep:
     def constexprs(self) -> dict:
         s = self.e.spec
         return constexprs(s, self.P, self.n_ctr, self.stages, self.num_warps, self.clock,
-                          self.kg, self.gt, self.nf, self.tail, self.fused)
+                          self.kg, self.gt, self.nf, self.tail, self.attention)
 
     def launch(self):
         """This step as the engine plan's one entry."""
@@ -187,17 +189,17 @@ class MegaStep:
                                f"stalled")
 
 
-def constexprs(s, P, n_ctr, stages, num_warps, clock, kg, gt, nf, tail, fused) -> dict:
+def constexprs(s, P, n_ctr, stages, num_warps, clock, kg, gt, nf, tail, attention) -> dict:
     g = s.heads // s.kv_heads
     return dict(KB_=KB, KG=kg, GT=gt, NF=nf, TAIL=tail, STAGES=stages, WIDTH=isa.WIDTH, G=g,
                 GP=triton.next_power_of_2(g), D=s.head_dim, HKV=s.kv_heads, BT=BT, SB=SB, SBF=SBF,
-                NPB=triton.next_power_of_2(P), EB=EB, BIAS=int(s.qkv_bias), FUSED=int(fused),
+                NPB=triton.next_power_of_2(P), EB=EB, BIAS=int(s.qkv_bias), ATT=ATT_STAGES[attention],
                 CTR_BLOCK=triton.next_power_of_2(n_ctr + 1),
                 CLOCK=int(clock), num_warps=num_warps)
 
 
 def aot(spec_name: str = "qwen2.5-1.5b", P: int = 132, stages: int = 4,
-        num_warps: int = 4, fused: bool = False) -> dict:
+        num_warps: int = 4, attention: str = "four") -> dict:
     """Compile for sm_90 on any machine (no GPU): the layouts, TMA and barriers hold."""
     from ..specs import get_spec
     s = get_spec(spec_name)
@@ -219,8 +221,8 @@ def aot(spec_name: str = "qwen2.5-1.5b", P: int = 132, stages: int = 4,
     ptrs.update({k: "i32" for k in ("L", "H", "I", "QKV", "HQ", "KVS", "V", "SPMAX",
                                     "MAXCTX")})
     ptrs.update(eps="fp32", scale="fp32", timeout_ns="i64", n_ctr="i32")
-    n_ctr = len(plan_schedule(s, P, 512, fused).counters)
-    consts = constexprs(s, P, n_ctr, stages, num_warps, True, kg, gt, nf, tail, fused)
+    n_ctr = len(plan_schedule(s, P, 512, attention).counters)
+    consts = constexprs(s, P, n_ctr, stages, num_warps, True, kg, gt, nf, tail, attention)
     sig = dict(ptrs, **{k: "constexpr" for k in consts})
     aligned = [i for i, v in enumerate(ptrs.values()) if v.startswith("*")]
     return compile_sm90(step_kernel, sig, consts, aligned, num_warps)
@@ -231,12 +233,14 @@ def main(argv=None) -> int:
                                  description="compile the one-launch step for sm_90 (no GPU)")
     ap.add_argument("--aot", action="store_true", required=True)
     ap.add_argument("--stages", default="4")
-    ap.add_argument("--fused", default="0,1", help="the attention's forms: 0 four stages, "
-                    "1 fused (ATTN_FUSED)")
+    ap.add_argument("--attention", default=",".join(schedule.ATTENTION),
+                    help="the attention's forms (four: RoPE, partials, merges, O; three: "
+                    "RoPE inside the partials; two: and the merge)")
     a = ap.parse_args(argv)
     for st in (int(v) for v in a.stages.split(",")):
-        for f in (int(v) for v in a.fused.split(",")):
-            print(f"[gluon_step] sm_90 STAGES {st} fused {f}: {aot(stages=st, fused=bool(f))}")
+        for f in a.attention.split(","):
+            print(f"[gluon_step] sm_90 STAGES {st} attention {f}: "
+                  f"{aot(stages=st, attention=f)}")
     return 0
 
 

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from ..oracle import apply_rope, rms_norm
-from .isa import (ARG, BUMP, BUMP2, IDX, K0, KLEN, LAYER, OP_END, OPCODES, ROW0, ROWS,
+from .isa import (ARG, BUMP, BUMP2, IDX, K0, KLEN, LAYER, NONE, OP_END, OPCODES, ROW0, ROWS,
                   SPLITS, UNIT)
 from .loads import split_slot, tiles
 from .schedule import split_range
@@ -170,8 +170,8 @@ def op_attn_merge(m, c, row):
 
 def op_attn_fused(m, c, row):
     """RoPE, the partial (keys before pos from the cache, key pos its own), the new k/v
-    into the cache by the split that holds pos; then, if its bump completed the kv
-    head's splits, acquire and merge the group's heads, and bump BUMP2."""
+    into the cache by the split that holds pos; then, with a BUMP2, if its bump completed
+    the kv head's splits, acquire and merge the group's heads, and bump BUMP2."""
     s, l, kh, g, sp = m.spec, row[LAYER], row[ROW0], row[ROWS], row[ARG]
     D, n = s.head_dim, row[SPLITS]
     pos = int(m.read(c, "pos", (0,)))
@@ -188,8 +188,8 @@ def op_attn_fused(m, c, row):
     new = [("k_cache", (l, kh, pos), k), ("v_cache", (l, kh, pos), v)] if own else []
     yield from m.finish(c, row, ("part_m", heads, mx), ("part_l", heads, lsum),
                         ("part_o", heads, o), *new)
-    if int(m.counters[row[BUMP]]) != n:
-        return                                   # not the last of its kv head
+    if row[BUMP2] == NONE or int(m.counters[row[BUMP]]) != n:
+        return                                   # merges merge, or not the last split
     m.acquire(c, row[BUMP])
     outs = [("attn", (slice(h * D, h * D + D),),
              merged(*(m.read(c, key, (h, slice(0, n))) for key in ("part_m", "part_l",
