@@ -8,21 +8,22 @@ Per op: instructions, mean wait (start to counters in) and work (counters in to 
 the critical path reads off as the gaps between stages. ``--png``: the per-SM timeline
 (waits in grey, work in its op's colour, the loader's asks; with the loader's stamps the
 bytes in flight below) up to ``--until`` µs. The weight bytes come from the schedule
-replanned at the file's shape (``qwen2.5-1.5b`` at ctx 512 unless ``--model``/``--ctx``).
+replanned at the file's shape (``qwen2.5-1.5b`` at ctx 512, the engine's attention form,
+unless ``--model``/``--ctx``/``--attention``).
 """
 import argparse
 
 import torch
 
 from onelaunch.megakernel.loads import weight_bytes
-from onelaunch.megakernel.step import plan_schedule
+from onelaunch.megakernel.step import ATTENTION, plan_schedule
 from onelaunch.report import step_clock as sc
 from onelaunch.specs import get_spec
 
 
-def clock_of(path, model, ctx):
+def clock_of(path, model, ctx, attention):
     clk, prog = sc.load(path)
-    sched = plan_schedule(get_spec(model), clk.shape[0], ctx)
+    sched = plan_schedule(get_spec(model), clk.shape[0], ctx, attention)
     if sched.instr.shape[1] != prog.shape[1]:
         raise SystemExit(f"{path}: {prog.shape[1]} instructions an SM, the schedule of "
                          f"{model} at ctx {ctx} has {sched.instr.shape[1]}")
@@ -40,8 +41,10 @@ def main():
     ap.add_argument("--until", type=float, default=130.0)
     ap.add_argument("--model", default="qwen2.5-1.5b")
     ap.add_argument("--ctx", type=int, default=512)
+    ap.add_argument("--attention", default=ATTENTION,
+                    help="the attention's form the file's kernel ran (schedule.ATTENTION)")
     a = ap.parse_args()
-    c = clock_of(a.path, a.model, a.ctx)
+    c = clock_of(a.path, a.model, a.ctx, a.attention)
     print(f"step: {c.step_us:.1f} µs from the first start to the last end")
     print(f"{'op':<16}{'n':>6}{'wait µs':>10}{'work µs':>10}{'sum work/SM':>12}")
     for r in sc.op_rows(c):
