@@ -187,7 +187,8 @@ def table(sched: Schedule) -> list[dict]:
                r[OP])
         d = out.setdefault(key, {"op": OPCODES[r[OP]][3:].lower(), "layer": layer,
                                  "instructions": 0, "sms": set(), "rows": 0, "bytes": 0,
-                                 "waits": set()})
+                                 "waits": set(), "stage": 2 ** 31})
+        d["stage"] = min(d["stage"], r[BUMP] if r[BUMP] != NONE else 2 ** 31)
         d["instructions"] += 1
         d["sms"].add(sm)
         d["rows"] += r[ROWS]
@@ -195,9 +196,12 @@ def table(sched: Schedule) -> list[dict]:
         for w, t in ((r[WAIT0], r[TARGET0]), (r[WAIT1], r[TARGET1])):
             if w != NONE:
                 d["waits"].add(f"{sched.counters[w].split('.')[0]}>={t}")
-    rows = [out[k] for k in sorted(out)]
+    # counters are made stage by stage, so a layer's ops sort into step order by the
+    # first counter they bump (ARGMAX bumps none: last)
+    rows = [out[k] for k in sorted(out, key=lambda k: (k[0], out[k]["stage"], k[1]))]
     for d in rows:
         d["sms"], d["waits"] = len(d["sms"]), ", ".join(sorted(d["waits"]))
+        del d["stage"]
     return rows
 
 

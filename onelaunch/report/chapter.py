@@ -44,7 +44,7 @@ def glue(name: str, value, fmt: str | None = None):
     """Store ``value`` under ``name`` for ``{glue}`name``` in the prose (or
     ``{glue}`path/to/page.ipynb::name``` from another page), without showing it in the
     cell's output. ``fmt`` (e.g. ``".2f"``) stores the formatted text; strings are
-    stored as plain text. Returns ``value``."""
+    stored as plain text. Returns nothing, so a cell that ends with it shows nothing."""
     if fmt:
         shown = _Text(format(value, fmt))
     elif isinstance(value, str):
@@ -55,11 +55,10 @@ def glue(name: str, value, fmt: str | None = None):
         from IPython.core.formatters import format_display_data
         from IPython.display import display
     except ImportError:  # plain script: nothing to glue into
-        return value
+        return
     bundle, metadata = format_display_data(shown)
     metadata["scrapbook"] = {"name": name, "mime_prefix": GLUE_PREFIX}
     display({GLUE_PREFIX + k: v for k, v in bundle.items()}, raw=True, metadata=metadata)
-    return value
 
 
 def markdown(text: str):
