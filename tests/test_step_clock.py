@@ -79,7 +79,7 @@ def test_the_prose_reads_the_numbers():
     assert s["wait_share"] == pytest.approx(((2 / 12) + (2 / 12)) / 2)
     assert s["most_work"]["op"] == "lm_head" and s["bytes_us"] == pytest.approx(14.336)
     slow = sc.bound_text(s, mega_ms=1.3, chain_ms=1.2, chain_name="+ PDL")
-    assert "slower than + PDL (1.2 ms, 1.08x)" in slow and "in flight" in slow
+    assert "slower than + PDL (1.2 ms in the same process, 1.08x)" in slow and "in flight" in slow
     assert "faster than" in sc.bound_text(s, 1.1, 1.2)
     assert "no one-launch step" in sc.bound_text(s, None, 1.2)
     none = sc.bound_text(sc.summary(synthetic(asks=False)), 1.1, 1.2)

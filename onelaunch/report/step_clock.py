@@ -279,8 +279,9 @@ def bound_text(s: dict, mega_ms: float | None, chain_ms: float | None,
     if mega_ms and chain_ms:
         verdict = ("faster than" if mega_ms < chain_ms else "slower than"
                    if mega_ms > chain_ms else "as fast as")
-        out += (f" Timed in this run, the one launch takes {mega_ms:.4g} ms a token, "
-                f"{verdict} {chain_name} ({chain_ms:.4g} ms, {mega_ms / chain_ms:.2f}x).")
+        out += (f" Timed beside each other in this chapter, the one launch takes "
+                f"{mega_ms:.4g} ms a token, {verdict} {chain_name} ({chain_ms:.4g} ms in "
+                f"the same process, {mega_ms / chain_ms:.2f}x).")
     else:
         out += " This run timed no one-launch step beside the chain."
     return out
