@@ -117,3 +117,24 @@ def test_the_one_launch_clock_of_the_same_run_only(tmp_path):
     assert "clocked step takes 1300 µs, its median SM waiting on counters 19% of it, " \
            "most before o_proj" in left
     assert with_clock("r0") == "No step profile is on file for this run."
+
+
+@pytest.mark.parametrize("mega_ms, fastest", [(1.65, False), (1.3, True)])
+def test_the_one_launch_is_set_against_the_fastest_step(tmp_path, mega_ms, fastest):
+    """Chapter 8's rung has its own line in the table, and the page says whether it is
+    the book's fastest step, from the run's own rows (a failed one is never used)."""
+    bad = _row(answer.MEGA, 0.9, agree="3/12",
+               flips=[{"step": 1, "margin": 2.0, "near_tie_below": 0.1}])
+    _write(tmp_path, LADDER + [_row(answer.MEGA, mega_ms), bad])
+    ans = answer.answer(tmp_path)
+    a = ans["models"][M]
+    assert a["one_launch"]["ms_per_token"] == mega_ms
+    text = answer.left_text(ans)
+    table = answer.table_rows(ans)
+    if fastest:
+        assert a["best"]["rung"] == answer.MEGA and "this book's fastest step" in text
+        assert not any(r["what"] == f"ours, {answer.MEGA}" for r in table)
+    else:
+        assert "1.10 times the 1.5 ms of *+ PDL*" in text and "not yet" in text
+        assert [r["ms_per_token"] for r in table if r["what"] == f"ours, {answer.MEGA}"] \
+            == [mega_ms]

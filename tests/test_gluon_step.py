@@ -14,11 +14,9 @@ import torch
 from onelaunch.engine import Engine, EngineError, megakernel_refusal
 from onelaunch.megakernel import isa, loads
 from onelaunch.megakernel.step import TN, plan_ctx, plan_schedule, refusal
-from onelaunch.measure.rungs import BENCH, RUNGS
+from onelaunch.measure.rungs import BENCH, MEGA, RUNGS
 from onelaunch.specs import get_spec
 from onelaunch.weights import random_weights
-
-MEGA = "one launch (megakernel)"
 
 
 def test_the_kernels_lists_keep_the_schedules_invariants():

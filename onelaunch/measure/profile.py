@@ -25,7 +25,7 @@ from .. import plan
 from ..kernels import config
 from . import agree
 from .ladder import ladder_prompt
-from .rungs import RUNGS
+from .rungs import MEGA, RUNGS
 from .timing import read_bandwidth, time_ms
 from .trace import ProfileError, attribute, kernel_events
 
@@ -290,7 +290,6 @@ def _slug(s: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in s).strip("_") or "rung"
 
 
-MEGA_RUNG = "one launch (megakernel)"
 
 
 def step_clock(spec, weights, device="cuda", ctx: int = 512, tokens: int = 12,
@@ -311,9 +310,9 @@ def step_clock(spec, weights, device="cuda", ctx: int = 512, tokens: int = 12,
     prompt, _, max_ctx = ladder_prompt(spec, ctx, tokens, steps + 16, seed)
     if ref is None:
         ref = agree.oracle_tokens(spec, weights, prompt, tokens, max_ctx)
-    e = RUNGS[MEGA_RUNG].engine(spec, weights, max_ctx)
+    e = RUNGS[MEGA].engine(spec, weights, max_ctx)
     if e.mega is None:
-        raise ProfileError(f"{MEGA_RUNG} ran the chain on this GPU (no Hopper): no clock")
+        raise ProfileError(f"{MEGA} ran the chain on this GPU (no Hopper): no clock")
     e.mega = MegaStep(e, ctx=ctx, clock=True)
     e.plan, e.graph = [e.mega.launch()], None
     j = agree.judge(e, prompt, ref, graph=True)

@@ -76,6 +76,7 @@ def _rungs(*rs: Rung) -> dict[str, Rung]:
     return {r.name: r for r in rs}
 
 
+MEGA = "one launch (megakernel)"      # the whole step in one launch (the rung's name)
 RUNGS: dict[str, Rung] = _rungs(
     Rung("fused eager", attention="plain", graph=False, pdl=False),
     Rung("fused + graph", attention="plain", graph=True, pdl=False),
@@ -91,8 +92,7 @@ RUNGS: dict[str, Rung] = _rungs(
     Rung("+ persistent layer", attention="splitk", graph=True, pdl=True, persistent=True),
     # the whole step in one persistent Gluon launch (megakernel/step.py, issue 25): dense
     # models on Hopper
-    Rung("one launch (megakernel)", attention="splitk", graph=True, pdl=False,
-         megakernel=True),
+    Rung(MEGA, attention="splitk", graph=True, pdl=False, megakernel=True),
 )
 
 # The ladder: the rungs every chapter's table shows, in order. "+ RoPE in attention"
@@ -100,7 +100,7 @@ RUNGS: dict[str, Rung] = _rungs(
 # rung of the ladder: NOTES.md, entry 8
 LADDER = ("fused eager", "fused + graph", "+ split-K", "+ PDL")
 # bench's rungs: the ladder, then the one-launch step where it runs (dense, Hopper)
-BENCH = LADDER + ("one launch (megakernel)",)
+BENCH = LADDER + (MEGA,)
 
 
 def rung(name: str) -> Rung:
