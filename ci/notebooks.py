@@ -138,6 +138,11 @@ def execute(src: Path, out: Path, run: str, extra: dict, timeout: int) -> float:
     if str(ROOT) not in pp.split(os.pathsep):
         os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([pp] if pp else []))
     os.environ["IPYTHONDIR"] = str(kernel_startup())
+    if run == "cpu":
+        # the chapters on the CPU turn the interpreter on themselves; on before the kernel
+        # starts, the package's import at start-up sees it and spares the interpreter its
+        # repeated set-up (onelaunch/interpreter.py)
+        os.environ["TRITON_INTERPRET"] = "1"
     fd, peak_file = tempfile.mkstemp(prefix=f"{src.stem}-peak-", suffix=".json")
     os.close(fd)
     os.environ["ONELAUNCH_PEAK_FILE"] = peak_file

@@ -50,5 +50,8 @@ def interpreting() -> bool:
 
 def use_interpreter() -> None:
     """Turn Triton's interpreter on for this process (before the kernels are imported:
-    Triton reads the variable when a kernel is decorated)."""
+    Triton reads the variable when a kernel is decorated), without its repeated set-up
+    (:mod:`onelaunch.interpreter`)."""
     os.environ["TRITON_INTERPRET"] = "1"
+    from .interpreter import speed_up
+    speed_up()

@@ -1,7 +1,7 @@
 """The engine core imports nothing from the outer layers.
 
 The core (specs, weights, oracle, plan, engine, prefill, text, prompt, memcap, options,
-env, kernels, megakernel) is what a decode step needs; measurement (``measure/``), the peers
+env, interpreter, kernels, megakernel) is what a decode step needs; measurement (``measure/``), the peers
 (``peers/``), reporting (``report/``), tensor parallelism's launcher and benchmark, and
 the command line sit around it and may import it, never the other way. Read from each
 core module's import statements (``ast``: also the imports inside functions), so a lazy
@@ -14,7 +14,7 @@ import pytest
 
 PKG = Path(__file__).resolve().parent.parent / "onelaunch"
 CORE = ("specs", "weights", "oracle", "plan", "engine", "prefill", "text", "prompt",
-        "memcap", "options", "env", "kernels", "megakernel")
+        "memcap", "options", "env", "interpreter", "kernels", "megakernel")
 OUTER = ("measure", "peers", "report", "tp", "cli", "bench", "profile", "__main__")
 
 

@@ -126,8 +126,8 @@ def run_ctx(ctx: int, tokens: int, iters: int) -> int:
 def graph_time(launch, n_launch: int, device, iters: int, info: dict | None = None) -> float:
     """Median microseconds per launch, ``launch()`` recording ``n_launch`` launches;
     ``info`` (a dict) gets the spread per launch: ``us_min``, ``us_max``, ``timed``."""
-    if torch.device(device).type != "cuda":
-        t = time_ms(launch, iters=max(2, iters // 10), warmup=1, device=device)
+    if torch.device(device).type != "cuda":      # the interpreter: nothing to warm up
+        t = time_ms(launch, iters=max(2, iters // 10), warmup=0, device=device)
         _us_spread(t, n_launch, info)
         return t.median_ms * 1e3 / n_launch
     s = torch.cuda.Stream()
@@ -152,8 +152,11 @@ def _us_spread(t: Timing, n_launch: int, info: dict | None) -> None:
 
 def time_engine_timing(e, graph: bool, iters: int, device) -> Timing:
     """One step of engine ``e`` (its CUDA graph when ``graph``), timed ``iters`` times:
-    the median and the spread (:meth:`Timing.spread`)."""
-    return time_ms(lambda: e.step(graph), iters=iters, warmup=min(5, iters), device=device)
+    the median and the spread (:meth:`Timing.spread`). Warm-up steps on a GPU only: on
+    the CPU the kernels run in Triton's interpreter, with nothing to compile, cache or
+    clock up, so a warm-up step would only cost an interpreted step."""
+    warmup = min(5, iters) if torch.device(device).type == "cuda" else 0
+    return time_ms(lambda: e.step(graph), iters=iters, warmup=warmup, device=device)
 
 
 def time_engine_step(e, graph: bool, iters: int, device,
