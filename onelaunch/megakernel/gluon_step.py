@@ -68,11 +68,13 @@ def _fill_pair(desc, ring, ready, empty, t, r, n_rows, r_end, STAGES: gl.constex
 
 
 @gluon.jit
-def _loader(prog_ptr, n_instr, d_qkv, d_o, d_gu, d_dn, d_dt, d_lm, ring, ring_dn, ring_dt,
-            ready, empty, clk_ptr, L, H, I, QKV, V, NF: gl.constexpr, TAIL: gl.constexpr,
-            STAGES: gl.constexpr, WIDTH: gl.constexpr, CLOCK: gl.constexpr):
-    """Every weight row block of this SM's list, in the order the compute eats them; the
-    only wait is for a free stage. CLOCK: when it asked for an instruction's last tile."""
+def _loader(prog_ptr, n_instr, d_qkv, d_o, d_gu, d_dn, d_dt, d_lm, ring, ring_dn,
+            ring_dt, ready, empty, clk_ptr, L, H, I, QKV, V, NF: gl.constexpr,
+            TAIL: gl.constexpr, STAGES: gl.constexpr, WIDTH: gl.constexpr,
+            CLOCK: gl.constexpr):
+    """Every weight row block of this SM's list, in the order the compute eats them;
+    the only wait is for a free stage. CLOCK: when it asked for an instruction's last
+    tile."""
     TN_: gl.constexpr = d_gu.block_type.shape[0]
     KD: gl.constexpr = d_dn.block_type.shape[1]
     base = prog_ptr + gl.program_id(0) * n_instr * WIDTH
@@ -91,15 +93,17 @@ def _loader(prog_ptr, n_instr, d_qkv, d_o, d_gu, d_dn, d_dt, d_lm, ring, ring_dn
         if op == 1:                                   # RMS_QKV
             r = layer * QKV + row0
             for rb in range(0, rows, 2 * TN_):
-                t = _fill_pair(d_qkv, ring, ready, empty, t, r + rb, L * QKV, r + rows, STAGES)
+                t = _fill_pair(d_qkv, ring, ready, empty, t, r + rb, L * QKV, r + rows,
+                               STAGES)
         elif op == 5:                                 # O_PROJ
             r = layer * H + row0
             for rb in range(0, rows, 2 * TN_):
-                t = _fill_pair(d_o, ring, ready, empty, t, r + rb, L * H, r + rows, STAGES)
+                t = _fill_pair(d_o, ring, ready, empty, t, r + rb, L * H, r + rows,
+                               STAGES)
         elif op == 6:                                 # GATE_UP: gate rows, up rows
             for rb in range(0, rows, TN_):
-                t = _fill(d_gu, ring, ready, empty, t, layer * 2 * I + row0 + rb, 0, 2, I,
-                          STAGES)
+                t = _fill(d_gu, ring, ready, empty, t, layer * 2 * I + row0 + rb, 0, 2,
+                          I, STAGES)
         elif op == 7:                                 # DOWN: all of K a row block
             for rb in range(0, rows, TN_):
                 r = layer * H + row0 + rb
@@ -110,7 +114,8 @@ def _loader(prog_ptr, n_instr, d_qkv, d_o, d_gu, d_dn, d_dt, d_lm, ring, ring_dn
                                   KD // TAIL)
         elif op == 8:                                 # LM_HEAD
             for rb in range(0, rows, 2 * TN_):
-                t = _fill_pair(d_lm, ring, ready, empty, t, row0 + rb, V, row0 + rows, STAGES)
+                t = _fill_pair(d_lm, ring, ready, empty, t, row0 + rb, V, row0 + rows,
+                               STAGES)
         if CLOCK & ((op == 1) | (op == 5) | (op == 6) | (op == 7) | (op == 8)):
             gl.store(clk_ptr + (gl.program_id(0) * n_instr + i) * 4 + 3, _now())
 

@@ -248,8 +248,10 @@ def attention_stages(s, l, P, ctx, tile_n, ctr, after, attention="four"):
 
 
 def mlp_stages(s, l, P, tile_n, tile_k, ctr, after):
-    """gate/up (+ SwiGLU); down's earlier K splits, then its last splits (+ residual)."""
-    gu = gemv_stage(OP_GATE_UP, l, s.intermediate, s.hidden, P, tile_n, ctr, f"gu.{l}", after)
+    """gate/up (+ SwiGLU); down's earlier K splits, then its last splits (+
+    residual)."""
+    gu = gemv_stage(OP_GATE_UP, l, s.intermediate, s.hidden, P, tile_n, ctr, f"gu.{l}",
+                    after)
     done = (counter(ctr, f"gu.{l}"), len(gu))
     rb = blocks(s.hidden, P, tile_n)
     S = down_splits(len(rb), cdiv(rb[0][1], tile_n), cdiv(s.intermediate, tile_k), P)
@@ -259,9 +261,11 @@ def mlp_stages(s, l, P, tile_n, tile_k, ctr, after):
     for b, (r0, rows) in enumerate(rb):
         part = counter(ctr, f"dpart.{l}.{b}") if S > 1 else NONE
         for sp, (k0, kl) in enumerate(ks[:-1]):
-            early.append(instr(OP_DOWN, l, r0, rows, k0, kl, [done], part, sp, b * S + sp, S))
+            early.append(instr(OP_DOWN, l, r0, rows, k0, kl, [done], part, sp,
+                               b * S + sp, S))
         waits = [done] + ([(part, S - 1)] if S > 1 else [])
-        last.append(instr(OP_DOWN, l, r0, rows, *ks[-1], waits, counter(ctr, f"down.{l}"),
+        last.append(instr(OP_DOWN, l, r0, rows, *ks[-1], waits,
+                          counter(ctr, f"down.{l}"),
                           S - 1, b * S + S - 1, S))
     return [gu, early, last], (counter(ctr, f"down.{l}"), len(last))
 
