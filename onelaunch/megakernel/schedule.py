@@ -217,34 +217,32 @@ def attention_stages(s, l, P, ctx, tile_n, ctr, after, attention="four"):
     qkv = gemv_stage(OP_RMS_QKV, l, s.qkv_size, s.hidden, P, tile_n, ctr, f"qkv.{l}", after)
     done = (counter(ctr, f"qkv.{l}"), len(qkv))
     splits, unit = attention_split(ctx, P, s.kv_heads)
-    if attention != "four":
-        if s.qk_norm:
-            raise ScheduleError("the fused attention has no q/k norm")
-        merged = counter(ctr, f"merge.{l}") if attention == "two" else NONE
-        part = [instr(OP_ATTN_FUSED, l, kh, g, waits=[done],
-                      bump=counter(ctr, f"part.{l}.{kh}"), arg=sp, idx=kh * splits + sp,
-                      splits=splits, unit=unit, bump2=merged)
+    merged = lambda: counter(ctr, f"merge.{l}")     # made in stage order (``loads.table``)
+    split = lambda op, kh, sp, wait, **kw: instr(
+        op, l, kh, g, waits=[wait], bump=counter(ctr, f"part.{l}.{kh}"), arg=sp,
+        idx=kh * splits + sp, splits=splits, unit=unit, **kw)
+    if attention == "four":
+        rope = [[instr(OP_ROPE_KV, l, kh, 1, waits=[done], bump=counter(ctr, f"rope.{l}.{kh}"),
+                       idx=kh, splits=len(qkv) if s.qk_norm else 0)
+                 for kh in range(s.kv_heads)]]
+        part = [split(OP_ATTN_PARTIAL, kh, sp, (counter(ctr, f"rope.{l}.{kh}"), 1))
                 for kh in range(s.kv_heads) for sp in range(splits)]
-        if attention == "two":
-            o = gemv_stage(OP_O_PROJ, l, s.hidden, s.q_size, P, tile_n, ctr, f"o.{l}",
-                           (merged, s.kv_heads))
-            return [qkv, part, o], (counter(ctr, f"o.{l}"), len(o))
-        rope = []
+    elif s.qk_norm:
+        raise ScheduleError("the fused attention has no q/k norm")
     else:
-        rope = [instr(OP_ROPE_KV, l, kh, 1, waits=[done], bump=counter(ctr, f"rope.{l}.{kh}"),
-                      idx=kh, splits=len(qkv) if s.qk_norm else 0)
-                for kh in range(s.kv_heads)]
-        part = [instr(OP_ATTN_PARTIAL, l, kh, g, waits=[(counter(ctr, f"rope.{l}.{kh}"), 1)],
-                      bump=counter(ctr, f"part.{l}.{kh}"), arg=sp, idx=kh * splits + sp,
-                      splits=splits, unit=unit)
+        rope = []
+        part = [split(OP_ATTN_FUSED, kh, sp, done,
+                      bump2=merged() if attention == "two" else NONE)
                 for kh in range(s.kv_heads) for sp in range(splits)]
-    merge = [instr(OP_ATTN_MERGE, l, h, 1, waits=[(counter(ctr, f"part.{l}.{h // g}"), splits)],
-                   bump=counter(ctr, f"merge.{l}"), idx=h, splits=splits, unit=unit)
-             for h in range(s.heads)]
-    o = gemv_stage(OP_O_PROJ, l, s.hidden, s.q_size, P, tile_n,
-                   ctr, f"o.{l}", (counter(ctr, f"merge.{l}"), s.heads))
-    return [qkv] + ([rope] if rope else []) + [part, merge, o], (counter(ctr, f"o.{l}"),
-                                                                 len(o))
+    if attention == "two":                       # the last split of a kv head merges
+        merge, after_merge = [], (merged(), s.kv_heads)
+    else:
+        merge = [[instr(OP_ATTN_MERGE, l, h, 1,
+                        waits=[(counter(ctr, f"part.{l}.{h // g}"), splits)], bump=merged(),
+                        idx=h, splits=splits, unit=unit) for h in range(s.heads)]]
+        after_merge = (merged(), s.heads)
+    o = gemv_stage(OP_O_PROJ, l, s.hidden, s.q_size, P, tile_n, ctr, f"o.{l}", after_merge)
+    return [qkv, *rope, part, *merge, o], (counter(ctr, f"o.{l}"), len(o))
 
 
 def mlp_stages(s, l, P, tile_n, tile_k, ctr, after):
