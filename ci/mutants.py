@@ -142,8 +142,8 @@ MUTANTS = [
            "    for k0 in range(BLOCK_K, K - BLOCK_K, BLOCK_K):\n        k_next", GEN_CHECK),
     # the megakernel's schedule and the CPU VM that runs it (tests/test_megakernel_vm.py)
     Mutant("megakernel: a counter not waited for", "onelaunch/megakernel/schedule.py",
-           'ctr, f"o.{l}", (counter(ctr, f"merge.{l}"), s.heads))',
-           'ctr, f"o.{l}", (NONE, 0))', MEGA_VM),
+           "        after_merge = (merged(), s.heads)",
+           "        after_merge = (NONE, 0)", MEGA_VM),
     Mutant("megakernel: a counter bumped before its store", "onelaunch/megakernel/vm.py",
            "        self.store(c, writes)\n        yield STEP\n"
            "        (release or self.bump)(c, row)\n",
