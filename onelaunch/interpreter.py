@@ -11,13 +11,17 @@ swap would be a no-op), and does it otherwise. Nothing else changes: a kernel ru
 same statements on the same values.
 
 Applied when the interpreter is on (``env.interpreting()``, at import of the package, or
-``env.use_interpreter()``); a Triton whose interpreter lacks the parts named here is left
-as it is.
+``env.use_interpreter()``); a Triton whose interpreter lacks the parts named here, or
+whose helper call or language swap reads otherwise than the Triton 3.6 this replaces
+(``KNOWN``: hashes of their source), is left as it is.
 """
 from __future__ import annotations
 
+import hashlib
 import inspect
 
+# sha1 of the source of InterpretedFunction.__call__ and _patch_lang in Triton 3.6.0
+KNOWN = ("5036b72c59d6d2c4", "0786ec22d74ef314")
 _LAUNCHES: list[set] = []      # per running launch: ids of the language modules swapped
 _LANGS: dict = {}              # function -> ids of the language modules it sees
 
@@ -29,6 +33,10 @@ def _langs(fn, tl) -> frozenset:
     return _LANGS[fn]
 
 
+def _digest(fn) -> str:
+    return hashlib.sha1(inspect.getsource(fn).encode()).hexdigest()[:16]
+
+
 def speed_up() -> bool:
     """Patch Triton's interpreter once (module docstring). True when it is patched."""
     import triton.language as tl
@@ -38,6 +46,8 @@ def speed_up() -> bool:
         return False
     if getattr(grid, "_onelaunch", False):
         return True
+    if tuple(_digest(f) for f in (fn_cls.__call__, I._patch_lang)) != KNOWN:
+        return False                             # another Triton: its own code runs
     launch = grid.__call__
 
     def launch_call(self, *args, **kwargs):

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from onelaunch.engine import Engine, EngineError, megakernel_refusal
-from onelaunch.megakernel import isa, loads
+from onelaunch.megakernel import isa, loads, schedule
 from onelaunch.megakernel.step import TN, plan_ctx, plan_schedule, refusal
 from onelaunch.measure.rungs import BENCH, MEGA, RUNGS
 from onelaunch.specs import get_spec
@@ -64,14 +64,16 @@ def test_engine_off_hopper_says_why_in_one_line(monkeypatch):
 
 
 def test_compiles_for_hopper_without_a_gpu():
-    """The whole step's kernel at Qwen's shapes through ptxas for sm_90: layouts, TMA
-    boxes, barriers, the clock."""
+    """The whole step's kernel at Qwen's shapes through ptxas for sm_90, in each form of
+    the attention the host can pick (the engine's "three", and "four" and "two"):
+    layouts, TMA boxes, barriers, the clock."""
     r = subprocess.run([sys.executable, "-m", "onelaunch.megakernel.step", "--aot",
-                        "--attention", "three"],          # the lists the engine runs
+                        "--attention", ",".join(schedule.ATTENTION)],   # every form
                        capture_output=True, text=True, timeout=600,
                        env={**__import__("os").environ, "TRITON_INTERPRET": "0"})
     assert r.returncode == 0, r.stderr[-2000:]
     assert "sm_90 STAGES 4" in r.stdout and "'tma'" in r.stdout
+    assert all(f"attention {f}: {{'shared'" in r.stdout for f in schedule.ATTENTION)
 
 
 @pytest.mark.gpu

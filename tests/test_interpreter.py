@@ -39,3 +39,15 @@ def test_a_helper_that_sees_more_of_the_language_still_gets_it_swapped():
         out = torch.zeros(3)
         _scaled_sums[(3,)](x, out, 8)
         assert out.tolist() == [28.0, 56.0, 84.0]
+
+
+def test_another_triton_is_left_as_it_is(monkeypatch):
+    """A Triton whose helper call reads otherwise than the one the patch replaces keeps
+    its own code: the patch checks the source it replaces before it replaces it."""
+    from triton.runtime import interpreter as I
+
+    from onelaunch import interpreter
+    monkeypatch.setattr(I.GridExecutor, "_onelaunch", False, raising=False)
+    monkeypatch.setattr(interpreter, "KNOWN", ("0" * 16, "0" * 16))
+    call = I.InterpretedFunction.__call__
+    assert interpreter.speed_up() is False and I.InterpretedFunction.__call__ is call

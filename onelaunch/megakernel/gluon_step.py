@@ -359,9 +359,10 @@ def _op_attn_fused(layer, kh, sp, splits, unit, bump, bump2, pos_ptr, qkv_ptr, k
     """ATTN_FUSED (isa.py): before the counter wait, the first block of this split's
     earlier keys and pos's cos/sin are asked for; after it, RoPE on the G queries from
     qkv, the new key RoPEd and it and its value written into the cache by the split that
-    holds pos (read back from L2 by the blocks, as the partial's), the partial. ``MERGE`` (the "two" form): its bump with
-    acquire and release, and, by the split whose bump completes the kv head, the merge of
-    its G heads and a bump of ``bump2``; else the caller bumps (release) and merges merge.
+    holds pos (read back from L2 by the blocks, as the partial's), the partial.
+    ``MERGE`` (the "two" form): its bump with acquire and release, and, by the split whose
+    bump completes the kv head, the merge of its G heads and a bump of ``bump2``; else
+    the caller bumps (release) and the merges merge.
     Returns the wait's ``failed``."""
     l3: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 1, 32], [num_warps, 1, 1], [2, 1, 0])
     sl: gl.constexpr = gl.SliceLayout(2, l3)              # [GP, BT] scores

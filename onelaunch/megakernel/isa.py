@@ -88,5 +88,5 @@ OP_TOPK = 12          # softmax over the logits, the top-k ids and routing weigh
 OP_EXPERT_GATE_UP = 13  # (slot, rows) of h = silu(W_g[id] @ xn) * (W_u[id] @ xn)
 OP_EXPERT_DOWN = 14   # rows (x a group of slots) of x += sum_j w_j W_down[id_j] @ h_j
 # the one-launch kernel's attention: fewer stages a layer (entry 29 of NOTES.md)
-OP_ATTN_FUSED = 15    # RoPE + partial; the last of a kv head's splits merges its heads
+OP_ATTN_FUSED = 15    # RoPE + partial (the "two" form: the last split of a kv head merges)
 OPCODES = {v: k for k, v in dict(globals()).items() if k.startswith("OP_")}

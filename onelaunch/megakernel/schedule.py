@@ -228,7 +228,7 @@ def attention_stages(s, l, P, ctx, tile_n, ctr, after, attention="four"):
         part = [split(OP_ATTN_PARTIAL, kh, sp, (counter(ctr, f"rope.{l}.{kh}"), 1))
                 for kh in range(s.kv_heads) for sp in range(splits)]
     elif s.qk_norm:
-        raise ScheduleError("the fused attention has no q/k norm")
+        raise ScheduleError(f"the {attention}-stage attention (ATTN_FUSED) has no q/k norm")
     else:
         rope = []
         part = [split(OP_ATTN_FUSED, kh, sp, done,

@@ -30,7 +30,7 @@ SBF = 16                   # splits a fused merge takes a chunk (all G heads at 
 EB = 1024                  # columns an embedding copy takes a block
 TIMEOUT_NS = 200_000_000   # a counter wait's bound: 0.2 s
 ATT_STAGES = {"four": 4, "three": 3, "two": 2}    # the kernel's ATT: stages after QKV
-ATTENTION = "three"        # the engine's form: 1.301 ms against four's 1.327 (NOTES 31)
+ATTENTION = "three"        # the engine's form of the attention (measured: NOTES 31)
 
 
 def device_refusal(device) -> str | None:
@@ -193,8 +193,9 @@ class MegaStep:
 def constexprs(s, P, n_ctr, stages, num_warps, clock, kg, gt, nf, tail, attention) -> dict:
     g = s.heads // s.kv_heads
     return dict(KB_=KB, KG=kg, GT=gt, NF=nf, TAIL=tail, STAGES=stages, WIDTH=isa.WIDTH, G=g,
-                GP=triton.next_power_of_2(g), D=s.head_dim, HKV=s.kv_heads, BT=BT, SB=SB, SBF=SBF,
-                NPB=triton.next_power_of_2(P), EB=EB, BIAS=int(s.qkv_bias), ATT=ATT_STAGES[attention],
+                GP=triton.next_power_of_2(g), D=s.head_dim, HKV=s.kv_heads, BT=BT, SB=SB,
+                SBF=SBF, NPB=triton.next_power_of_2(P), EB=EB, BIAS=int(s.qkv_bias),
+                ATT=ATT_STAGES[attention],
                 CTR_BLOCK=triton.next_power_of_2(n_ctr + 1),
                 CLOCK=int(clock), num_warps=num_warps)
 

@@ -220,7 +220,7 @@ def tie_rows(rows: list[dict]) -> list[dict]:
             gap = f.get("gap", f.get("margin"))
             bound = f.get("threshold", f.get("near_tie_below"))
             verdict = f.get("verdict") or (None if gap is None or bound is None else
-                                           "near tie" if gap < bound else "flip")
+                                           "near tie" if gap <= bound else "flip")
             out.append({"model": r.get("model"), "rung": r.get("rung") or "oracle",
                         "step": f.get("step"), "ref_token": f.get("ref_token"),
                         "got_token": f.get("got_token"), "gap": gap,

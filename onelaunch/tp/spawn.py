@@ -50,7 +50,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank_main(rank, world, port, device, job, kwargs, q, timeout_s):
+def _rank_main(rank, world, port, device, job, kwargs, q, timeout_s, release):
     os.environ.update(SAFE_ENV)
     try:
         import torch.distributed as dist
@@ -77,6 +77,10 @@ def _rank_main(rank, world, port, device, job, kwargs, q, timeout_s):
         code = 1
     q.close()
     q.join_thread()
+    # rank 0 serves the rendezvous store: leaving before every rank has reported would
+    # cut off a rank still setting up (it then fails with "connection reset", not its own
+    # error), so every rank waits for the parent's word (or is killed)
+    release.wait(timeout_s)
     # No destroy_process_group: after a captured collective it hangs on these machines.
     os._exit(code)
 
@@ -92,10 +96,11 @@ def launch(job, world: int = 2, device: str = "cuda", timeout_s: float = 600, us
     check_hardware(world, uses, device)
     os.environ.update(SAFE_ENV)           # children inherit it
     ctx = mp.get_context("spawn")
-    q = ctx.Queue()
+    q, release = ctx.Queue(), ctx.Event()
     port = _free_port()
-    procs = [ctx.Process(target=_rank_main, args=(r, world, port, device, job, kwargs, q, timeout_s),
-                         daemon=True) for r in range(world)]
+    procs = [ctx.Process(target=_rank_main, args=(r, world, port, device, job, kwargs, q,
+                                                  timeout_s, release), daemon=True)
+             for r in range(world)]
     for p in procs:
         p.start()
     results, deadline = {}, time.monotonic() + timeout_s
@@ -124,6 +129,7 @@ def launch(job, world: int = 2, device: str = "cuda", timeout_s: float = 600, us
         if kind == "error":
             stop(f"rank {rank}: {payload}")
         results[rank] = pickle.loads(payload)
+    release.set()
     for p in procs:
         p.join(30)
         if p.is_alive():
