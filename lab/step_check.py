@@ -141,7 +141,7 @@ def main():
     ap.add_argument("--variants", default="four:0",
                     help="ATTENTION:PLAN_CTX,... each timed against the chain in this "
                     "process: ATTENTION the attention's form (four, three, two: "
-                    "schedule.ATTENTION); PLAN_CTX the schedule's planning context (its "
+                    "schedule.FORMS); PLAN_CTX the schedule's planning context (its "
                     "split unit; 0: the run's ctx)")
     ap.add_argument("--clock", default=None, help="save the clock stamps to CLOCK_<ctx>.pt")
     a = ap.parse_args()

@@ -15,7 +15,7 @@ import argparse
 
 import torch
 
-from onelaunch.megakernel.loads import weight_bytes
+from onelaunch.megakernel.loads import weight_bytes_grid
 from onelaunch.megakernel.step import ATTENTION, plan_schedule
 from onelaunch.report import step_clock as sc
 from onelaunch.specs import get_spec
@@ -24,14 +24,12 @@ from onelaunch.specs import get_spec
 def clock_of(path, model, ctx, attention):
     clk, prog = sc.load(path)
     sched = plan_schedule(get_spec(model), clk.shape[0], ctx, attention)
-    if sched.instr.shape[1] != prog.shape[1]:
-        raise SystemExit(f"{path}: {prog.shape[1]} instructions an SM, the schedule of "
-                         f"{model} at ctx {ctx} has {sched.instr.shape[1]}")
-    nbytes = torch.zeros(prog.shape[:2])
-    for p in range(sched.P):
-        for i, r in enumerate(sched.rows(p)):
-            nbytes[p, i] = weight_bytes(sched, r)
-    return sc.Clock.of(clk, prog, nbytes)
+    k = prog.shape[2]
+    if sched.instr.shape[:2] != prog.shape[:2] or not torch.equal(
+            sched.instr[..., :k], prog.to(sched.instr.dtype)):
+        raise SystemExit(f"{path}: its instructions are not the schedule of {model} at "
+                         f"ctx {ctx}, attention {attention!r} (give --ctx/--attention)")
+    return sc.Clock.of(clk, prog, weight_bytes_grid(sched))
 
 
 def main():
@@ -42,7 +40,7 @@ def main():
     ap.add_argument("--model", default="qwen2.5-1.5b")
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--attention", default=ATTENTION,
-                    help="the attention's form the file's kernel ran (schedule.ATTENTION)")
+                    help="the attention's form the file's kernel ran (schedule.FORMS)")
     a = ap.parse_args()
     c = clock_of(a.path, a.model, a.ctx, a.attention)
     print(f"step: {c.step_us:.1f} µs from the first start to the last end")

@@ -68,12 +68,12 @@ def test_compiles_for_hopper_without_a_gpu():
     the attention the host can pick (the engine's "three", and "four" and "two"):
     layouts, TMA boxes, barriers, the clock."""
     r = subprocess.run([sys.executable, "-m", "onelaunch.megakernel.step", "--aot",
-                        "--attention", ",".join(schedule.ATTENTION)],   # every form
+                        "--attention", ",".join(schedule.FORMS)],   # every form
                        capture_output=True, text=True, timeout=600,
                        env={**__import__("os").environ, "TRITON_INTERPRET": "0"})
     assert r.returncode == 0, r.stderr[-2000:]
     assert "sm_90 STAGES 4" in r.stdout and "'tma'" in r.stdout
-    assert all(f"attention {f}: {{'shared'" in r.stdout for f in schedule.ATTENTION)
+    assert all(f"attention {f}: {{'shared'" in r.stdout for f in schedule.FORMS)
 
 
 @pytest.mark.gpu

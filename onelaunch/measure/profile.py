@@ -300,10 +300,10 @@ def step_clock(spec, weights, device="cuda", ctx: int = 512, tokens: int = 12,
     instruction's last tile), checked against the oracle as the ladder checks it, then
     run ``steps`` times from position ``ctx`` (the first compiles nothing new: the check
     ran it). Returns ``{"clk": int64 [P, N, 4] of the last step, "prog": the schedule's
-    rows, "nbytes": [P, N] weight bytes (``loads.weight_bytes``), "counters"}``, or
+    rows, "nbytes": [P, N] weight bytes (``loads.weight_bytes_grid``), "counters"}``, or
     ``{"refused": why}`` when the check fails. ``ref``: the oracle's tokens for the
     ladder's prompt (``agree.oracle_tokens``), computed here when not given."""
-    from ..megakernel.loads import weight_bytes
+    from ..megakernel.loads import weight_bytes_grid
     from ..megakernel.step import MegaStep
     dev = torch.device(device)
     _require_cuda(dev)
@@ -325,11 +325,8 @@ def step_clock(spec, weights, device="cuda", ctx: int = 512, tokens: int = 12,
     torch.cuda.synchronize(dev)
     e.mega.check_stalls()
     sched = e.mega.sched
-    nbytes = torch.zeros(sched.instr.shape[:2], dtype=torch.float64)
-    for p in range(sched.P):
-        for i, r in enumerate(sched.rows(p)):
-            nbytes[p, i] = weight_bytes(sched, r)
-    out = {"clk": e.mega.clk.cpu().clone(), "prog": sched.instr.clone(), "nbytes": nbytes,
+    out = {"clk": e.mega.clk.cpu().clone(), "prog": sched.instr.clone(),
+           "nbytes": weight_bytes_grid(sched),
            "counters": list(sched.counters), "agree": j["agree"]}
     del e
     torch.cuda.empty_cache()

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+import torch
+
 from .isa import (ARG, BUMP, BUMP2, HOIST, IDX, K0, KLEN, LAYER, LTARGET, LWAIT, NONE,
                   OP, OP_ARGMAX, OP_ATTN_FUSED, OP_ATTN_PARTIAL, OP_DOWN, OP_EMBED,
                   OP_EXPERT_DOWN, OP_EXPERT_GATE_UP, OP_GATE_UP, OP_LM_HEAD, OP_O_PROJ,
@@ -113,6 +115,16 @@ def weight_bytes(sched: Schedule, row) -> int:
     else:
         tile_bytes = 0
     return tile_bytes + side_bytes(sched.spec, row)
+
+
+def weight_bytes_grid(sched: Schedule) -> torch.Tensor:
+    """Each instruction's weight bytes, [P, N] (zero past an SM's list): what its loader
+    streams for it."""
+    out = torch.zeros(sched.instr.shape[:2], dtype=torch.float64)
+    for p in range(sched.P):
+        for i, r in enumerate(sched.rows(p)):
+            out[p, i] = weight_bytes(sched, r)
+    return out
 
 
 def row_bytes(sched: Schedule, row) -> int:

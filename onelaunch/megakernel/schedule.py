@@ -202,7 +202,7 @@ def gemv_stage(op, layer, n, K, P, tile_n, ctr, name, after) -> list[list[int]]:
             for i, (r0, rows) in enumerate(blocks(n, P, tile_n))]
 
 
-ATTENTION = ("four", "three", "two")     # the attention's forms (``attention_stages``)
+FORMS = ("four", "three", "two")         # the attention's forms (``attention_stages``)
 
 
 def attention_stages(s, l, P, ctx, tile_n, ctr, after, attention="four"):
@@ -211,8 +211,8 @@ def attention_stages(s, l, P, ctx, tile_n, ctr, after, attention="four"):
     ``attention`` "three": RMS+QKV, partials that RoPE their own queries and key
     (ATTN_FUSED without BUMP2), merges, O; "two": the fused partials' last split of each
     kv head merges its heads (ATTN_FUSED with BUMP2), then O."""
-    if attention not in ATTENTION:
-        raise ScheduleError(f"attention form {attention!r}: one of {', '.join(ATTENTION)}")
+    if attention not in FORMS:
+        raise ScheduleError(f"attention form {attention!r}: one of {', '.join(FORMS)}")
     g = s.heads // s.kv_heads
     qkv = gemv_stage(OP_RMS_QKV, l, s.qkv_size, s.hidden, P, tile_n, ctr, f"qkv.{l}", after)
     done = (counter(ctr, f"qkv.{l}"), len(qkv))
@@ -320,7 +320,7 @@ def build(spec, P: int, ctx: int, tile_n: int = 16, tile_k: int = 256,
           hold: int = HOLD, attention: str = "four") -> Schedule:
     """The schedule of one decode step of ``spec`` on P SMs, planned at ``ctx`` keys;
     ``hold``: the held stages a loader fills before the router's wait (MoE);
-    ``attention``: the attention's form (``ATTENTION``; "three" and "two" are ATTN_FUSED,
+    ``attention``: the attention's form (``FORMS``; "three" and "two" are ATTN_FUSED,
     run by the one-launch kernel only). The
     balance needs each instruction's bytes and the hoists its tiles: both are ``loads``,
     which imports this module, so they are imported here."""

@@ -75,7 +75,7 @@ def plan_schedule(spec, P: int, ctx: int, attention: str = ATTENTION) -> schedul
     kernel's tiles (TN rows), planned at ``ctx`` or at least ``plan_ctx`` (every split SM
     pair gets MIN_UNIT keys, so a short context gives each split one block of keys); the
     kernel's down projection takes all of K an instruction, so it must not be split.
-    ``attention``: the attention's form (``schedule.ATTENTION``: "four" stages a layer
+    ``attention``: the attention's form (``schedule.FORMS``: "four" stages a layer
     after QKV, "three" with RoPE inside the partials, "two" with the merge too)."""
     sched = schedule.build(spec, P, max(ctx, plan_ctx(spec, P)), tile_n=TN, tile_k=TK,
                            attention=attention)
@@ -235,7 +235,7 @@ def main(argv=None) -> int:
                                  description="compile the one-launch step for sm_90 (no GPU)")
     ap.add_argument("--aot", action="store_true", required=True)
     ap.add_argument("--stages", default="4")
-    ap.add_argument("--attention", default=",".join(schedule.ATTENTION),
+    ap.add_argument("--attention", default=",".join(schedule.FORMS),
                     help="the attention's forms (four: RoPE, partials, merges, O; three: "
                     "RoPE inside the partials; two: and the merge)")
     a = ap.parse_args(argv)
