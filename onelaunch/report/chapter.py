@@ -265,13 +265,16 @@ def with_spread(rows: list[dict], fmt: str = ".3g", keys: tuple = MS_SPREAD) -> 
     return [{**r, "spread": spread_text(r, fmt, keys)} for r in rows]
 
 
-def within_spread(a: dict, b: dict) -> bool | None:
-    """Whether rows ``a`` and ``b`` differ by less than their spread: each one's median
+def within_spread(a: dict, b: dict, keys=("ms_per_token", "ms_min", "ms_max")) -> bool | None:
+    """Whether rows ``a`` and ``b`` differ by less than their spread: either one's median
     inside the other's min–max range (None when either recorded no spread). Prose draws
-    no conclusion from such a difference."""
+    no conclusion from such a difference. ``keys``: the median's, the min's and the max's
+    names in the rows."""
+    med, lo, hi = keys
+
     def inside(x, r):
-        return r["ms_min"] <= x["ms_per_token"] <= r["ms_max"]
-    if any(r.get(k) is None for r in (a, b) for k in ("ms_min", "ms_max", "ms_per_token")):
+        return r[lo] <= x[med] <= r[hi]
+    if any(r.get(k) is None for r in (a, b) for k in keys):
         return None
     return inside(a, b) or inside(b, a)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import statistics
 
+from . import chapter
 from .figures import DPI, FONT, PAGE_W
 
 
@@ -241,13 +242,9 @@ def caption(rows: list[dict], model: str | None = None) -> str:
 
 
 def _overlap(a: dict, b: dict) -> bool:
-    """Whether each of two profile rows' step span lies inside the other's replays'
-    range (False when either recorded no range): a difference prose must not claim."""
-    keys = ("span_ms", "span_min_ms", "span_max_ms")
-    if any(r.get(k) is None for r in (a, b) for k in keys):
-        return False
-    return (b["span_min_ms"] <= a["span_ms"] <= b["span_max_ms"]
-            or a["span_min_ms"] <= b["span_ms"] <= a["span_max_ms"])
+    """Whether two profile rows' step spans differ by less than their replays' range
+    (False when either recorded no range): a difference prose must not claim."""
+    return bool(chapter.within_spread(a, b, ("span_ms", "span_min_ms", "span_max_ms")))
 
 
 PHASE_PARTS = (("bytes_us", "its bytes at the read bandwidth"),
