@@ -155,13 +155,21 @@ class MLPStream:
 
     def check_stalls(self):
         """Raise, naming the SM and counter, if any wait timed out."""
-        e = self.err.cpu()
-        bad = (e[:, 0] > 0).nonzero().flatten().tolist()
-        if bad:
-            p = bad[0]
-            i, c, v, t = e[p].tolist()
-            raise RuntimeError(f"megakernel stalled: SM {p} instruction {i - 1} waited on "
-                               f"counter {c} (saw {v}, needs {t}); {len(bad)} SMs stalled")
+        raise_on_stall(self.err)
+
+
+def raise_on_stall(err: torch.Tensor, names=None) -> None:
+    """Raise in one line if a kernel's ``err`` ([P, 4]: instruction + 1, counter, value
+    seen, target) records a wait that timed out: the first stalled SM, its instruction
+    and counter (``names``: the counters' names), and how many SMs stalled."""
+    e = err.cpu()
+    bad = (e[:, 0] > 0).nonzero().flatten().tolist()
+    if bad:
+        p = bad[0]
+        i, c, v, t = e[p].tolist()
+        name = f"{names[c]}: " if names is not None and 0 <= c < len(names) else ""
+        raise RuntimeError(f"megakernel stalled: SM {p} instruction {i - 1} waited on "
+                           f"counter {c} ({name}saw {v}, needs {t}); {len(bad)} SMs stalled")
 
 
 def reference(w_gu, w_dn, g, x0, eps=1e-6):

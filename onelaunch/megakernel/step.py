@@ -21,7 +21,7 @@ import triton
 from . import isa, schedule
 from .gluon_step import step_kernel
 from .mlp_stream import (KB, TK, TN, box_view, compile_sm90, down_boxes, gate_up_boxes,
-                         smem_layout)
+                         raise_on_stall, smem_layout)
 
 ERR = 4                    # err[pid] = (instruction + 1, counter, value seen, target)
 BT = 16                    # keys an attention partial takes a block
@@ -179,15 +179,7 @@ class MegaStep:
 
     def check_stalls(self):
         """Raise, naming the SM and counter, if any wait timed out."""
-        e = self.err.cpu()
-        bad = (e[:, 0] > 0).nonzero().flatten().tolist()
-        if bad:
-            p = bad[0]
-            i, c, v, t = e[p].tolist()
-            name = self.sched.counters[c] if 0 <= c < self.n_ctr else "?"
-            raise RuntimeError(f"megakernel stalled: SM {p} instruction {i - 1} waited on "
-                               f"counter {c} ({name}: saw {v}, needs {t}); {len(bad)} SMs "
-                               f"stalled")
+        raise_on_stall(self.err, self.sched.counters)
 
 
 def constexprs(s, P, n_ctr, stages, num_warps, clock, kg, gt, nf, tail, attention) -> dict:
