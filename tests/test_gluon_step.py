@@ -65,15 +65,17 @@ def test_engine_off_hopper_says_why_in_one_line(monkeypatch):
 
 def test_compiles_for_hopper_without_a_gpu():
     """The whole step's kernel at Qwen's shapes through ptxas for sm_90, in each form of
-    the attention the host can pick (the engine's "three", and "four" and "two"):
-    layouts, TMA boxes, barriers, the clock."""
+    the attention the host can pick (the engine's "three", and "four" and "two") and
+    both ways of polling a counter: layouts, TMA boxes, barriers, the clock."""
     r = subprocess.run([sys.executable, "-m", "onelaunch.megakernel.step", "--aot",
-                        "--attention", ",".join(schedule.FORMS)],   # every form
+                        "--attention", ",".join(schedule.FORMS),    # every form
+                        "--poll", "0,1"],                           # both polls
                        capture_output=True, text=True, timeout=600,
                        env={**__import__("os").environ, "TRITON_INTERPRET": "0"})
     assert r.returncode == 0, r.stderr[-2000:]
     assert "sm_90 STAGES 4" in r.stdout and "'tma'" in r.stdout
-    assert all(f"attention {f}: {{'shared'" in r.stdout for f in schedule.FORMS)
+    assert all(f"attention {f} poll {p}: {{'shared'" in r.stdout
+               for f in schedule.FORMS for p in (0, 1))
 
 
 @pytest.mark.gpu

@@ -42,10 +42,28 @@ def _now():
 
 
 @gluon.jit
-def _wait_counter(ctr_ptr, target, timeout_ns, failed, err_ptr, instr):
+def _load_acquire(ptr):
+    """ctr at ``ptr`` by a plain load with acquire semantics at GPU scope (no
+    read-modify-write at the L2's atomic unit)."""
+    return gl.inline_asm_elementwise("ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [ptr],
+                                     dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _poll(ctr_ptr, POLL: gl.constexpr):
+    if POLL == 1:
+        v = _load_acquire(ctr_ptr)
+    else:
+        v = gl.atomic_add(ctr_ptr, 0, sem="acquire", scope="gpu")
+    return v
+
+
+@gluon.jit
+def _wait_counter(ctr_ptr, target, timeout_ns, failed, err_ptr, instr, POLL: gl.constexpr = 0):
     """Spin until ctr >= target (acquire, GPU scope), at most ``timeout_ns``; on timeout
-    record the stall in err and return failed = 1 (later waits are skipped)."""
-    v = gl.atomic_add(ctr_ptr, 0, sem="acquire", scope="gpu")
+    record the stall in err and return failed = 1 (later waits are skipped). ``POLL``:
+    0 polls with an atomic add of 0, 1 with an acquire load."""
+    v = _poll(ctr_ptr, POLL)
     t0 = _now()
     while (v < target) & (failed == 0):
         if _now() - t0 > timeout_ns:
@@ -53,7 +71,7 @@ def _wait_counter(ctr_ptr, target, timeout_ns, failed, err_ptr, instr):
             gl.store(err_ptr + 2, v)
             gl.store(err_ptr + 3, target)
             failed = 1
-        v = gl.atomic_add(ctr_ptr, 0, sem="acquire", scope="gpu")
+        v = _poll(ctr_ptr, POLL)
     return failed
 
 

@@ -190,7 +190,7 @@ def _rope(ptr, d, D: gl.constexpr, c, s, mask):
 def _op_rope_kv(layer, kh, pos_ptr, qkv_ptr, q_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr, HQ, KVS,
                 MAXCTX, ctr_ptr, w0, target, timeout_ns, failed, err, instr,
                 G: gl.constexpr, GP: gl.constexpr, D: gl.constexpr, HKV: gl.constexpr,
-                num_warps: gl.constexpr):
+                POLL: gl.constexpr, num_warps: gl.constexpr):
     """RoPE on kv head kh's G query heads (into q) and its key; the key and value into the
     cache at slot pos. The position's cos/sin are asked for before the counter wait.
     Returns the wait's ``failed``."""
@@ -204,7 +204,7 @@ def _op_rope_kv(layer, kh, pos_ptr, qkv_ptr, q_ptr, kc_ptr, vc_ptr, cos_ptr, sin
     if w0 >= 0:
         if failed == 0:
             gl.store(err + 1, w0)
-        failed = _wait_counter(ctr_ptr + w0, target, timeout_ns, failed, err, instr)
+        failed = _wait_counter(ctr_ptr + w0, target, timeout_ns, failed, err, instr, POLL)
     qm = (hh[:, None] < G) & (dd[None, :] < D)
     qoff = (kh * G + hh[:, None]) * D
     q = _rope(qkv_ptr + qoff, dd[None, :], D, c, s, qm)
@@ -236,23 +236,22 @@ def _attn_block(q, k, v, valid, m_i, l_i, o, scale, ql: gl.constexpr):
 
 
 @gluon.jit
-def _partial_blocks(q, k_old, v_old, pos, start, end, tk, dk, ts, base, kh, sp, kc_ptr, vc_ptr,
-                    pm_ptr, pl_ptr, po_ptr, SPMAX, scale, G: gl.constexpr, GP: gl.constexpr,
-                    D: gl.constexpr, BT: gl.constexpr, sl: gl.constexpr, ql: gl.constexpr):
+def _partial_blocks(q, k_old, v_old, k_pos, v_pos, pos, start, end, tk, dk, ts, base, kh, sp,
+                    kc_ptr, vc_ptr, pm_ptr, pl_ptr, po_ptr, SPMAX, scale, G: gl.constexpr,
+                    GP: gl.constexpr, D: gl.constexpr, BT: gl.constexpr, sl: gl.constexpr,
+                    ql: gl.constexpr):
     """A split's partial after its wait: the first block from the keys asked for before
-    it (``k_old``, ``v_old``) with key pos from the cache (this step's, from L2), the
-    rest block by block; its G heads' running max, sum of exp and output into the
-    partials."""
+    it (``k_old``, ``v_old``) with key pos (this step's, ``k_pos``, ``v_pos``: [D]) where
+    the block holds it, the rest block by block from the cache; its G heads' running
+    max, sum of exp and output into the partials."""
     m_i = gl.full([GP], float("-inf"), gl.float32, gl.SliceLayout(1, sl))
     l_i = gl.zeros([GP], gl.float32, gl.SliceLayout(1, sl))
     o = gl.zeros([GP, D], gl.float32, ql)
     kv_off = base + (start + tk)[:, None] * D + dk[None, :]
     if start < end:                                   # the first block: + key pos
         new = ((start + tk) == pos)[:, None] & (dk[None, :] < D)
-        k = gl.where(new, gl.load(kc_ptr + kv_off, mask=new, other=0.0, cache_modifier=".cg"),
-                     k_old).to(gl.float32)
-        v = gl.where(new, gl.load(vc_ptr + kv_off, mask=new, other=0.0, cache_modifier=".cg"),
-                     v_old).to(gl.float32)
+        k = gl.where(new, k_pos[None, :], k_old).to(gl.float32)
+        v = gl.where(new, v_pos[None, :], v_old).to(gl.float32)
         m_i, l_i, o = _attn_block(q, k, v, start + ts < end, m_i, l_i, o, scale, ql)
     for t0 in range(start + BT, end, BT):
         km = ((t0 + tk) < end)[:, None] & (dk[None, :] < D)
@@ -285,7 +284,7 @@ def _op_attn_partial(layer, kh, sp, splits, unit, pos_ptr, q_ptr, kc_ptr, vc_ptr
                      pl_ptr, po_ptr, SPMAX, MAXCTX, scale, ctr_ptr, w0, target, timeout_ns,
                      failed, err, instr, G: gl.constexpr, GP: gl.constexpr,
                      D: gl.constexpr, HKV: gl.constexpr, BT: gl.constexpr,
-                     num_warps: gl.constexpr):
+                     POLL: gl.constexpr, num_warps: gl.constexpr):
     """Split ``sp`` of ``splits`` of kv head kh's keys [0, pos]: its G query heads'
     running max, sum of exp and unnormalised output (fp32, online over blocks of BT
     keys; bf16 probabilities into P @ V, as the split-K kernel). The first block's keys
@@ -301,14 +300,18 @@ def _op_attn_partial(layer, kh, sp, splits, unit, pos_ptr, q_ptr, kc_ptr, vc_ptr
     if w0 >= 0:
         if failed == 0:
             gl.store(err + 1, w0)
-        failed = _wait_counter(ctr_ptr + w0, target, timeout_ns, failed, err, instr)
+        failed = _wait_counter(ctr_ptr + w0, target, timeout_ns, failed, err, instr, POLL)
     hq = gl.arange(0, GP, gl.SliceLayout(1, ql))
     dq = gl.arange(0, D, gl.SliceLayout(0, ql))
     qmask = (hq[:, None] < G) & (dq[None, :] < D)
     q = gl.load(q_ptr + (kh * G + hq[:, None]) * D + dq[None, :], mask=qmask, other=0.0,
                 cache_modifier=".cg").to(gl.float32)
-    _partial_blocks(q, k_old, v_old, pos, start, end, tk, dk, ts, base, kh, sp, kc_ptr,
-                    vc_ptr, pm_ptr, pl_ptr, po_ptr, SPMAX, scale, G, GP, D, BT, sl, ql)
+    pm = (dk < D) & (start <= pos) & (pos < end)      # key pos: the RoPE stage's, from L2
+    k_pos = gl.load(kc_ptr + base + pos * D + dk, mask=pm, other=0.0, cache_modifier=".cg")
+    v_pos = gl.load(vc_ptr + base + pos * D + dk, mask=pm, other=0.0, cache_modifier=".cg")
+    _partial_blocks(q, k_old, v_old, k_pos, v_pos, pos, start, end, tk, dk, ts, base, kh, sp,
+                    kc_ptr, vc_ptr, pm_ptr, pl_ptr, po_ptr, SPMAX, scale, G, GP, D, BT, sl,
+                    ql)
     return failed
 
 
@@ -355,7 +358,7 @@ def _op_attn_fused(layer, kh, sp, splits, unit, bump, bump2, pos_ptr, qkv_ptr, k
                    HQ, KVS, scale, ctr_ptr, w0, target, timeout_ns, failed, err, instr,
                    G: gl.constexpr, GP: gl.constexpr, D: gl.constexpr, HKV: gl.constexpr,
                    BT: gl.constexpr, SBF: gl.constexpr, MERGE: gl.constexpr,
-                   num_warps: gl.constexpr):
+                   POLL: gl.constexpr, num_warps: gl.constexpr):
     """ATTN_FUSED (isa.py): before the counter wait, the first block of this split's
     earlier keys and pos's cos/sin are asked for; after it, RoPE on the G queries from
     qkv, the new key RoPEd and it and its value written into the cache by the split that
@@ -375,23 +378,26 @@ def _op_attn_fused(layer, kh, sp, splits, unit, bump, bump2, pos_ptr, qkv_ptr, k
     k_old, v_old = _old_keys(kc_ptr, vc_ptr, pos, start, end, tk, dk, base, D)
     cq = gl.load(cos_ptr + pos * D + dq).to(gl.float32)[None, :]
     sq = gl.load(sin_ptr + pos * D + dq).to(gl.float32)[None, :]
+    ck = gl.load(cos_ptr + pos * D + dk).to(gl.float32)
+    sk = gl.load(sin_ptr + pos * D + dk).to(gl.float32)
     if w0 >= 0:
         if failed == 0:
             gl.store(err + 1, w0)
-        failed = _wait_counter(ctr_ptr + w0, target, timeout_ns, failed, err, instr)
+        failed = _wait_counter(ctr_ptr + w0, target, timeout_ns, failed, err, instr, POLL)
     qmask = (hq[:, None] < G) & (dq[None, :] < D)
     q = _rope(qkv_ptr + (kh * G + hq[:, None]) * D, dq[None, :], D, cq, sq,
               qmask).to(gl.float32)
-    if (start <= pos) & (pos < end):                  # this split holds pos: the cache
-        ck = gl.load(cos_ptr + pos * D + dk).to(gl.float32)
-        sk = gl.load(sin_ptr + pos * D + dk).to(gl.float32)
-        k_new = _rope(qkv_ptr + HQ + kh * D, dk, D, ck, sk, dk < D)
-        v_new = gl.load(qkv_ptr + HQ + KVS + kh * D + dk, cache_modifier=".cg")
+    holds = (start <= pos) & (pos < end)              # this split holds pos: the cache
+    km = (dk < D) & holds
+    k_new = _rope(qkv_ptr + HQ + kh * D, dk, D, ck, sk, km)
+    v_new = gl.load(qkv_ptr + HQ + KVS + kh * D + dk, mask=km, other=0.0, cache_modifier=".cg")
+    if holds:
         gl.store(kc_ptr + base + pos * D + dk, k_new)
         gl.store(vc_ptr + base + pos * D + dk, v_new)
-        gl.thread_barrier()                           # read back below, from L2
-    _partial_blocks(q, k_old, v_old, pos, start, end, tk, dk, ts, base, kh, sp, kc_ptr,
-                    vc_ptr, pm_ptr, pl_ptr, po_ptr, SPMAX, scale, G, GP, D, BT, sl, ql)
+        gl.thread_barrier()                           # a later block reads it back
+    _partial_blocks(q, k_old, v_old, k_new, v_new, pos, start, end, tk, dk, ts, base, kh, sp,
+                    kc_ptr, vc_ptr, pm_ptr, pl_ptr, po_ptr, SPMAX, scale, G, GP, D, BT, sl,
+                    ql)
     if MERGE:
         gl.thread_barrier()
         done = gl.atomic_add(ctr_ptr + bump, 1, sem="acq_rel", scope="gpu")
@@ -405,13 +411,14 @@ def _op_attn_fused(layer, kh, sp, splits, unit, bump, bump2, pos_ptr, qkv_ptr, k
 
 
 @gluon.jit
-def _op_attn_merge(h, splits, unit, pos_ptr, pm_ptr, pl_ptr, po_ptr, attn_ptr, SPMAX,
+def _op_attn_merge(h, splits, unit, pos, pm_ptr, pl_ptr, po_ptr, attn_ptr, SPMAX,
                    D: gl.constexpr, SB: gl.constexpr, num_warps: gl.constexpr):
     """Query head h's live partials merged in one pass of chunks of SB splits (one
     memory round trip a chunk): attn[h] = sum_s w_s o_s / sum_s w_s l_s, w_s = exp(m_s -
-    max m), the running max rescaling the sums chunk to chunk."""
+    max m), the running max rescaling the sums chunk to chunk. ``pos``: this step's,
+    read once when the CTA starts (no round trip after the wait)."""
     l2: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [num_warps, 1], [1, 0])
-    length = gl.load(pos_ptr, cache_modifier=".cg") + 1
+    length = pos + 1
     _, _, per = _split_keys(length, 0, splits, unit)
     live = gl.minimum(splits, (length + per * unit - 1) // (per * unit))
     ss = gl.arange(0, SB, gl.SliceLayout(1, l2))
@@ -478,7 +485,7 @@ def _compute(prog_ptr, n_instr, ring, ring_dk, ring_tk, ready, empty, vec, x_ptr
              GP: gl.constexpr, D: gl.constexpr, HKV: gl.constexpr, BT: gl.constexpr,
              SB: gl.constexpr, SBF: gl.constexpr, NPB: gl.constexpr, EB: gl.constexpr,
              BIAS: gl.constexpr, ATT: gl.constexpr, CLOCK: gl.constexpr,
-             num_warps: gl.constexpr):
+             POLL: gl.constexpr, num_warps: gl.constexpr):
     # a row box [TN, kb, TK]: rows over the warps, K tiles in each thread's registers,
     # columns over a warp's lanes, 8 a lane (16-byte shared loads)
     l3: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 1, 32], [num_warps, 1, 1], [2, 1, 0])
@@ -513,6 +520,7 @@ def _compute(prog_ptr, n_instr, ring, ring_dk, ring_tk, ready, empty, vec, x_ptr
     hl: gl.constexpr = gl.BlockedLayout([HDR], [32], [num_warps], [0])
     f16 = gl.arange(0, HDR, hl)
     nxt = gl.load(base + f16)
+    pos_now = gl.load(pos_ptr, cache_modifier=".cg")    # ARGMAX, the last, moves it
     t = 0
     failed = 0
     for i in range(n_instr):
@@ -534,45 +542,55 @@ def _compute(prog_ptr, n_instr, ring, ring_dk, ring_tk, ready, empty, vec, x_ptr
         unit = _field(hdr, f16, 14)
         if CLOCK:
             gl.store(clk + i * 4, _now())
+        if BIAS:                                      # QKV's first bias rows, before its wait
+            qb = op == 1
+            bo = bqkv_ptr + layer * QKV + row0
+            ba = gl.load(bo + rows_, mask=qb & (rows_ < rows), other=0.0)
+            bb = gl.load(bo + TN_ + rows_, mask=qb & (TN_ + rows_ < rows), other=0.0)
         if (w0 >= 0) & (op != 2) & (op != 3) & (op != 15):   # these wait in their code
             if failed == 0:
                 gl.store(err + 1, w0)
-            failed = _wait_counter(ctr_ptr + w0, t0, timeout_ns, failed, err, i)
+            failed = _wait_counter(ctr_ptr + w0, t0, timeout_ns, failed, err, i, POLL)
         if w1 >= 0:
             if failed == 0:
                 gl.store(err + 1, w1)
-            failed = _wait_counter(ctr_ptr + w1, t1, timeout_ns, failed, err, i)
+            failed = _wait_counter(ctr_ptr + w1, t1, timeout_ns, failed, err, i, POLL)
         if CLOCK:
             gl.store(clk + i * 4 + 1, _now())
         if op == 1:                                   # RMS_QKV (+ bias)
             xn, xnt = _rms_vec(x_ptr, gin_ptr + layer * H, H, eps, offs, offs_t, GT)
             for rb in range(0, rows, 2 * TN_):
+                ra = row0 + rb + rows_
+                rbb = ra + TN_
+                if BIAS:                              # the next pair's, before these tiles
+                    nr = ra + 2 * TN_
+                    na = gl.load(bqkv_ptr + layer * QKV + nr, mask=nr < row0 + rows,
+                                 other=0.0)
+                    nb = gl.load(bqkv_ptr + layer * QKV + nr + TN_,
+                                 mask=nr + TN_ < row0 + rows, other=0.0)
                 s = _stage_ready(ready, t, STAGES)
                 ya = _row_dot(ring, 2 * s, xn, xnt, KG, GT, TN_, TK_, l3, al)
                 yb = _row_dot(ring, 2 * s + 1, xn, xnt, KG, GT, TN_, TK_, l3, al)
                 _stage_free(empty, s)
                 t += 1
-                ra = row0 + rb + rows_
-                rbb = ra + TN_
                 if BIAS:
-                    ya = ya.to(gl.bfloat16).to(gl.float32) + gl.load(
-                        bqkv_ptr + layer * QKV + ra).to(gl.float32)
-                    yb = yb.to(gl.bfloat16).to(gl.float32) + gl.load(
-                        bqkv_ptr + layer * QKV + rbb, mask=rbb < row0 + rows,
-                        other=0.0).to(gl.float32)
+                    ya = ya.to(gl.bfloat16).to(gl.float32) + ba.to(gl.float32)
+                    yb = yb.to(gl.bfloat16).to(gl.float32) + bb.to(gl.float32)
+                    ba = na
+                    bb = nb
                 gl.store(qkv_ptr + ra, ya.to(gl.bfloat16))
                 gl.store(qkv_ptr + rbb, yb.to(gl.bfloat16), mask=rbb < row0 + rows)
         elif op == 2:                                 # ROPE_KV
             failed = _op_rope_kv(layer, row0, pos_ptr, qkv_ptr, q_ptr, kc_ptr, vc_ptr, cos_ptr,
                                  sin_ptr, HQ, KVS, MAXCTX, ctr_ptr, w0, t0, timeout_ns, failed,
-                                 err, i, G, GP, D, HKV, num_warps)
+                                 err, i, G, GP, D, HKV, POLL, num_warps)
         elif op == 3:                                 # ATTN_PARTIAL
             failed = _op_attn_partial(layer, row0, arg, splits, unit, pos_ptr, q_ptr, kc_ptr,
                                       vc_ptr, pm_ptr, pl_ptr, po_ptr, SPMAX, MAXCTX, scale,
                                       ctr_ptr, w0, t0, timeout_ns, failed, err, i, G, GP, D,
-                                      HKV, BT, num_warps)
+                                      HKV, BT, POLL, num_warps)
         elif op == 4:                                 # ATTN_MERGE
-            _op_attn_merge(row0, splits, unit, pos_ptr, pm_ptr, pl_ptr, po_ptr, attn_ptr, SPMAX,
+            _op_attn_merge(row0, splits, unit, pos_now, pm_ptr, pl_ptr, po_ptr, attn_ptr, SPMAX,
                            D, SB, num_warps)
         elif op == 5:                                 # O_PROJ (+ residual)
             av = gl.load(attn_ptr + offs, mask=offs < HQ, other=0.0,
@@ -668,7 +686,7 @@ def _compute(prog_ptr, n_instr, ring, ring_dk, ring_tk, ready, empty, vec, x_ptr
                                         qkv_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr, pm_ptr,
                                         pl_ptr, po_ptr, attn_ptr, SPMAX, MAXCTX, HQ, KVS,
                                         scale, ctr_ptr, w0, t0, timeout_ns, failed, err, i, G,
-                                        GP, D, HKV, BT, SBF, ATT == 2, num_warps)
+                                        GP, D, HKV, BT, SBF, ATT == 2, POLL, num_warps)
         if (bump >= 0) & ((op != 15) | (ATT != 2)):   # every thread's stores, then release
             gl.thread_barrier()
             gl.atomic_add(ctr_ptr + bump, 1, sem="release", scope="gpu")
@@ -687,7 +705,7 @@ def step_kernel(prog_ptr, n_instr, d_qkv, d_o, d_gu, d_dn, d_dt, d_lm, x_ptr, qk
                 GP: gl.constexpr, D: gl.constexpr, HKV: gl.constexpr, BT: gl.constexpr,
                 SB: gl.constexpr, SBF: gl.constexpr, NPB: gl.constexpr, EB: gl.constexpr,
                 BIAS: gl.constexpr, ATT: gl.constexpr, CTR_BLOCK: gl.constexpr,
-                CLOCK: gl.constexpr, num_warps: gl.constexpr):
+                CLOCK: gl.constexpr, POLL: gl.constexpr, num_warps: gl.constexpr):
     TN_: gl.constexpr = d_gu.block_type.shape[0]
     TK_: gl.constexpr = d_gu.block_type.shape[2]
     # a stage: two slots of [TN, KB_, TK] (two row blocks, or gate and up), or the same
@@ -703,7 +721,7 @@ def step_kernel(prog_ptr, n_instr, d_qkv, d_o, d_gu, d_dn, d_dt, d_lm, x_ptr, qk
                     emb_ptr, gin_ptr, gpost_ptr, gfin_ptr, bqkv_ptr, ctr_ptr, err_ptr, clk_ptr,
                     H, I, QKV, HQ, KVS, SPMAX, MAXCTX, eps, scale, timeout_ns, KG, GT, NF, KD,
                     TAIL, STAGES, WIDTH, TN_, TK_, G, GP, D, HKV, BT, SB, SBF, NPB, EB,
-                    BIAS, ATT, CLOCK, num_warps)),
+                    BIAS, ATT, CLOCK, POLL, num_warps)),
         (_loader, (prog_ptr, n_instr, d_qkv, d_o, d_gu, d_dn, d_dt, d_lm, ring, ring_dn,
                    ring_dt, ready, empty, clk_ptr, L, H, I, QKV, V, NF, TAIL, STAGES, WIDTH,
                    CLOCK))],

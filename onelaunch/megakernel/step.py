@@ -31,6 +31,8 @@ EB = 1024                  # columns an embedding copy takes a block
 TIMEOUT_NS = 200_000_000   # a counter wait's bound: 0.2 s
 ATT_STAGES = {"four": 4, "three": 3, "two": 2}    # the kernel's ATT: stages after QKV
 ATTENTION = "three"        # the engine's form of the attention (measured: NOTES 31)
+POLL = 0                   # a counter wait polls: 0 with an atomic add of 0, 1 with an
+                           # acquire load (NOTES 34)
 
 
 def device_refusal(device) -> str | None:
@@ -104,7 +106,7 @@ class MegaStep:
 
     def __init__(self, engine, P: int | None = None, ctx: int = 512, stages: int = 4,
                  num_warps: int = 4, timeout_ns: int = TIMEOUT_NS, clock: bool = False,
-                 attention: str = ATTENTION):
+                 attention: str = ATTENTION, poll: int = POLL):
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
         e, s = engine, engine.spec
         why = refusal(s)
@@ -117,7 +119,7 @@ class MegaStep:
         self.n_instr = self.prog.shape[1]
         self.n_ctr = len(self.sched.counters)
         self.e, self.stages, self.num_warps, self.timeout_ns = e, stages, num_warps, timeout_ns
-        self.clock, self.attention = clock, attention
+        self.clock, self.attention, self.poll = clock, attention, poll
         W = e.W
         self.w = {"qkv": stacked(W, "w_qkv"), "o": stacked(W, "w_o"),
                   "gu": stacked(W, "w_gate_up"), "dn": stacked(W, "w_down")}
@@ -168,7 +170,7 @@ class MegaStep:
     def constexprs(self) -> dict:
         s = self.e.spec
         return constexprs(s, self.P, self.n_ctr, self.stages, self.num_warps, self.clock,
-                          self.kg, self.gt, self.nf, self.tail, self.attention)
+                          self.kg, self.gt, self.nf, self.tail, self.attention, self.poll)
 
     def launch(self):
         """This step as the engine plan's one entry."""
@@ -182,18 +184,19 @@ class MegaStep:
         raise_on_stall(self.err, self.sched.counters)
 
 
-def constexprs(s, P, n_ctr, stages, num_warps, clock, kg, gt, nf, tail, attention) -> dict:
+def constexprs(s, P, n_ctr, stages, num_warps, clock, kg, gt, nf, tail, attention,
+               poll=POLL) -> dict:
     g = s.heads // s.kv_heads
     return dict(KB_=KB, KG=kg, GT=gt, NF=nf, TAIL=tail, STAGES=stages, WIDTH=isa.WIDTH, G=g,
                 GP=triton.next_power_of_2(g), D=s.head_dim, HKV=s.kv_heads, BT=BT, SB=SB,
                 SBF=SBF, NPB=triton.next_power_of_2(P), EB=EB, BIAS=int(s.qkv_bias),
                 ATT=ATT_STAGES[attention],
                 CTR_BLOCK=triton.next_power_of_2(n_ctr + 1),
-                CLOCK=int(clock), num_warps=num_warps)
+                CLOCK=int(clock), POLL=int(poll), num_warps=num_warps)
 
 
 def aot(spec_name: str = "qwen2.5-1.5b", P: int = 132, stages: int = 4,
-        num_warps: int = 4, attention: str = ATTENTION) -> dict:
+        num_warps: int = 4, attention: str = ATTENTION, poll: int = POLL) -> dict:
     """Compile for sm_90 on any machine (no GPU): the layouts, TMA and barriers hold."""
     from ..specs import get_spec
     s = get_spec(spec_name)
@@ -216,7 +219,8 @@ def aot(spec_name: str = "qwen2.5-1.5b", P: int = 132, stages: int = 4,
                                     "MAXCTX")})
     ptrs.update(eps="fp32", scale="fp32", timeout_ns="i64", n_ctr="i32")
     n_ctr = len(plan_schedule(s, P, 512, attention).counters)
-    consts = constexprs(s, P, n_ctr, stages, num_warps, True, kg, gt, nf, tail, attention)
+    consts = constexprs(s, P, n_ctr, stages, num_warps, True, kg, gt, nf, tail, attention,
+                        poll)
     sig = dict(ptrs, **{k: "constexpr" for k in consts})
     aligned = [i for i, v in enumerate(ptrs.values()) if v.startswith("*")]
     return compile_sm90(step_kernel, sig, consts, aligned, num_warps)
@@ -227,14 +231,17 @@ def main(argv=None) -> int:
                                  description="compile the one-launch step for sm_90 (no GPU)")
     ap.add_argument("--aot", action="store_true", required=True)
     ap.add_argument("--stages", default="4")
+    ap.add_argument("--poll", default=str(POLL), help="counter polls: 0 atomic, 1 acquire "
+                    "load (comma-separated: each)")
     ap.add_argument("--attention", default=",".join(schedule.FORMS),
                     help="the attention's forms (four: RoPE, partials, merges, O; three: "
                     "RoPE inside the partials; two: and the merge)")
     a = ap.parse_args(argv)
     for st in (int(v) for v in a.stages.split(",")):
         for f in a.attention.split(","):
-            print(f"[gluon_step] sm_90 STAGES {st} attention {f}: "
-                  f"{aot(stages=st, attention=f)}")
+            for pl in (int(v) for v in a.poll.split(",")):
+                print(f"[gluon_step] sm_90 STAGES {st} attention {f} poll {pl}: "
+                      f"{aot(stages=st, attention=f, poll=pl)}")
     return 0
 
 
