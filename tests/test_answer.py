@@ -138,3 +138,41 @@ def test_the_one_launch_is_set_against_the_fastest_step(tmp_path, mega_ms, faste
         assert "1.10 times the 1.5 ms of *+ PDL*" in text and "not yet" in text
         assert [r["ms_per_token"] for r in table if r["what"] == f"ours, {answer.MEGA}"] \
             == [mega_ms]
+
+
+def test_llama_of_both_models_each_from_its_chapter(tmp_path):
+    """Chapter 6 measures llama.cpp for OLMoE and chapter 8 for Qwen, in the same run:
+    the closing page reads each model's row from the ladder (never measures again), and a
+    row that gave no time is said so, not taken for a missing one."""
+    moe = "olmoe-1b-7b"
+    olmoe = [dict(_row("+ PDL", 1.0), model=moe, floor_ms=0.8),
+             dict(_row("llama.cpp", 1.6, peer=True, agree=None, unchecked=True,
+                       ms_min=1.5, ms_max=1.7, chapter="06_mixture_of_experts"),
+                  model=moe, floor_ms=0.8)]
+    qwen = _row("llama.cpp", 2.5, peer=True, agree=None, unchecked=True,
+                chapter="08_one_launch")
+    _write(tmp_path, LADDER + olmoe + [qwen])
+    ans = answer.answer(tmp_path)
+    assert ans["models"][moe]["llama"]["chapter"] == "06_mixture_of_experts"
+    assert ans["models"][M]["llama"]["chapter"] == "08_one_launch"
+    text = answer.model_text(moe, ans["models"][moe], ans["gpu_name"])
+    assert "llama.cpp takes 1.600 ms, 1.500-1.700 over its repeats (2.00x;" in text
+    assert "ours is 1.60x faster" in text                           # 1.6 / 1.0
+    assert "llama.cpp takes 2.500 ms" in answer.model_text(M, ans["models"][M], "H200")
+    llama = {r["model"]: r for r in answer.table_rows(ans)
+             if r["what"] == "llama.cpp (llama-bench)"}
+    assert llama["OLMoE-1B-7B"]["ms_per_token"] == 1.6
+    assert llama["OLMoE-1B-7B"]["x_floor"] == pytest.approx(2.0)
+    assert llama["Qwen2.5-1.5B"]["ms_per_token"] == 2.5
+
+
+def test_a_llama_row_without_a_time_is_said_so(tmp_path):
+    failed = _row("llama.cpp", None, peer=True, agree=None, unchecked=True,
+                  error="llama-bench exited 1: out of memory\nmore")
+    _write(tmp_path, LADDER + [failed])
+    ans = answer.answer(tmp_path)
+    text = answer.model_text(M, ans["models"][M], ans["gpu_name"])
+    assert "llama.cpp gave no time in this run: llama-bench exited 1: out of memory." \
+        in text and "no row" not in text
+    row = next(r for r in answer.table_rows(ans) if r["what"].startswith("llama"))
+    assert row["ms_per_token"] is None and row["note"] == "no time in this run"

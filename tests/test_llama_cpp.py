@@ -73,6 +73,16 @@ def test_shapes_types_and_values(written):
             got = torch.from_numpy(t[f"blk.1.{name}.weight"].data.copy())
             assert torch.equal(got.view(torch.bfloat16).view(E, I, H), half), name
         assert not torch.equal(gu[:, :I], gu[:, I:])     # the halves differ
+        got = torch.from_numpy(t["blk.1.ffn_down_exps.weight"].data.copy())
+        want = w["model.layers.1.mlp.experts.down_proj"]            # [E, H, I]
+        assert torch.equal(got.view(torch.bfloat16).view(E, H, I), want)
+        # OLMoE's q/k norm is over all heads: one f32 weight of q_size and of kv_size
+        for name, key, n in (("attn_q_norm", "q_norm", spec.q_size),
+                             ("attn_k_norm", "k_norm", spec.kv_size)):
+            x = t[f"blk.1.{name}.weight"]
+            assert list(x.shape) == [n] and x.tensor_type == gguf.GGMLQuantizationType.F32
+            ref = w[f"model.layers.1.self_attn.{key}.weight"].float()
+            assert torch.equal(torch.from_numpy(x.data.copy()), ref), name
     else:
         assert list(t["blk.0.ffn_down.weight"].shape) == [I, H]
         assert list(t["blk.0.attn_q.bias"].shape) == [spec.q_size]
@@ -109,6 +119,42 @@ def test_bytes_are_the_floors_plus_the_f32_tensors(written):
     assert info["bytes_per_token"] == spec.weight_bytes_per_token + f32_extra
     if spec.is_moe:
         assert info["file_tensor_bytes"] > info["bytes_per_token"]      # idle experts
+
+
+def _known_names(arch: str) -> set[str]:
+    """The tensor names gguf-py lists for llama.cpp's architecture ``arch``."""
+    a = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[arch]
+    return {gguf.TENSOR_NAMES[t] for t in gguf.MODEL_TENSORS[a]}
+
+
+@pytest.mark.parametrize("name", ["qwen2.5-1.5b", "olmoe-1b-7b"])
+def test_the_book_models_layout(name):
+    """The GGUF of the book's own models, laid out as the writer would (meta tensors: no
+    bytes, no 14 GB file): every tensor a name llama.cpp's architecture knows, at the
+    shape its loader asks for, and a vocabulary of the embedding's rows."""
+    from onelaunch.weights import hf_param_shapes
+    spec = get_spec(name)
+    w = {n: torch.empty(s, dtype=torch.bfloat16, device="meta")
+         for n, s in hf_param_shapes(spec).items()}
+    got = dict(llama_cpp_gguf.gguf_tensors(spec, w))
+    known = _known_names(llama_cpp_gguf.arch(spec))
+    base = lambda n: n.rsplit(".", 1)[0].replace("blk.0.", "blk.{bid}.")
+    assert {base(n) for n in got if not n.startswith("blk.") or n.startswith("blk.0.")} \
+        <= known
+    assert sorted(got) == _expected_names(spec)
+    H, I = spec.hidden, spec.intermediate
+    assert tuple(got["token_embd.weight"].shape) == (spec.vocab, H)
+    if spec.is_moe:
+        E, last = spec.experts, f"blk.{spec.layers - 1}."
+        assert tuple(got[last + "ffn_gate_exps.weight"].shape) == (E, I, H)
+        assert tuple(got[last + "ffn_up_exps.weight"].shape) == (E, I, H)
+        assert tuple(got[last + "ffn_down_exps.weight"].shape) == (E, H, I)
+        assert tuple(got[last + "ffn_gate_inp.weight"].shape) == (E, H)
+        assert tuple(got[last + "attn_q_norm.weight"].shape) == (spec.q_size,)
+        assert tuple(got[last + "attn_k_norm.weight"].shape) == (spec.kv_size,)
+        assert tuple(got["output.weight"].shape) == (spec.vocab, H)
+    pieces, _, types = llama_cpp_gguf.vocabulary(spec.vocab)
+    assert len(pieces) == len(set(pieces)) == len(types) == spec.vocab
 
 
 def test_weights_digest_tells_weights_apart():
@@ -186,3 +232,21 @@ def test_a_run_through_a_stand_in_binary(tmp_path, capsys):
     mtime = gguf_file.stat().st_mtime_ns
     peer.measure(run, 128)                        # same weights: the same file, reused
     assert gguf_file.stat().st_mtime_ns == mtime
+
+
+def test_the_chapters_sentence(tmp_path):
+    """Chapters 6 and 8 say the same of their llama.cpp row: its time, that the time is
+    llama-bench's own and that no oracle check is possible; else why it has none."""
+    row = {"rung": llama_cpp.NAME, "ms_per_token": 1.234, "ms_min": 1.2, "ms_max": 1.3,
+           "timed": 5, "x_floor": 1.5, "agree": None}
+    s = llama_cpp.sentence(row, "cuda")
+    assert s.startswith("llama.cpp's llama-bench takes 1.234 ms a token (1.2–1.3 over "
+                        "its 5 repeats; 1.50 times the floor) on a GGUF of the same "
+                        "weights, by its own timing")
+    assert "no oracle check of its text is possible" in s and ". " not in s
+    assert not s.endswith(".")                       # the prose puts the period
+    assert "GPU only" in llama_cpp.sentence(None, "cpu")
+    assert "not built" in llama_cpp.sentence(None, "cuda", binary=tmp_path / "none")
+    failed = dict(row, ms_per_token=None, error="llama-bench exited 1: oom\nmore")
+    assert llama_cpp.sentence(failed, "cuda") == \
+        "llama.cpp gave no time in this run: llama-bench exited 1: oom"

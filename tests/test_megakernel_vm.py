@@ -322,6 +322,17 @@ def test_counters_reset_by_the_last_instruction_only(tiny):
         run_tiny(tiny, bad, 0)
 
 
+@pytest.mark.parametrize("attention", S.FORMS)
+def test_each_forms_stage_count_is_the_kernels(tiny, attention):
+    """The kernel's ATT (``step.ATT_STAGES``, a constexpr) counts the stages the schedule
+    builds after RMS+QKV, and each form has the words chapter 8 prints
+    (``schedule.FORM_TEXT``), the engine's form among them."""
+    from onelaunch.megakernel import step
+    att, _ = S.attention_stages(tiny[0], 0, 8, 16, 16, {}, (0, 1), attention)
+    assert len(att) - 1 == step.ATT_STAGES[attention]
+    assert tuple(S.FORM_TEXT) == S.FORMS and step.ATTENTION in S.FORMS
+
+
 @pytest.mark.parametrize("P, attention", [(16, "two"), (16, "three")])
 def test_fused_attention_gives_the_same_bits(tiny, P, attention):
     """``build(attention="two")`` (the one-launch kernel's lists: RoPE inside the

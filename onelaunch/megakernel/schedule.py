@@ -203,6 +203,11 @@ def gemv_stage(op, layer, n, K, P, tile_n, ctr, name, after) -> list[list[int]]:
 
 
 FORMS = ("four", "three", "two")         # the attention's forms (``attention_stages``)
+FORM_TEXT = {                            # each form's stages after RMS+QKV, in words
+    "four": "RoPE and the KV write, partials, merges, O",
+    "three": "partials that RoPE their own queries and key, merges, O",
+    "two": "partials that RoPE their own queries and key, the last of a kv head's "
+           "splits merging its heads, O"}
 
 
 def attention_stages(s, l, P, ctx, tile_n, ctr, after, attention="four"):

@@ -33,6 +33,7 @@ ATT_STAGES = {"four": 4, "three": 3, "two": 2}    # the kernel's ATT: stages aft
 ATTENTION = "three"        # the engine's form of the attention (measured: NOTES 31)
 POLL = 0                   # a counter wait polls: 0 with an atomic add of 0, 1 with an
                            # acquire load (NOTES 34)
+STAGES = 4                 # the ring's shared-memory stages, each two [TN, KB, TK] boxes
 
 
 def device_refusal(device) -> str | None:
@@ -88,6 +89,12 @@ def plan_schedule(spec, P: int, ctx: int, attention: str = ATTENTION) -> schedul
     return sched
 
 
+def ring_bytes(stages: int = STAGES) -> int:
+    """An SM's ring of weight tiles in shared memory (``gluon_step``'s ``ring``):
+    ``stages`` stages of two [TN, KB, TK] bf16 boxes."""
+    return 2 * stages * TN * KB * TK * 2
+
+
 def plan_ctx(spec, P: int) -> int:
     """The shortest context the schedule is planned at: every (kv head, split) pair of
     the P SMs gets a split of MIN_UNIT keys."""
@@ -104,7 +111,7 @@ class MegaStep:
     buffers; ``run()`` launches it (it reads seq/pos and writes argmax/seq/pos as the
     chain's last kernel does)."""
 
-    def __init__(self, engine, P: int | None = None, ctx: int = 512, stages: int = 4,
+    def __init__(self, engine, P: int | None = None, ctx: int = 512, stages: int = STAGES,
                  num_warps: int = 4, timeout_ns: int = TIMEOUT_NS, clock: bool = False,
                  attention: str = ATTENTION, poll: int = POLL):
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -195,7 +202,7 @@ def constexprs(s, P, n_ctr, stages, num_warps, clock, kg, gt, nf, tail, attentio
                 CLOCK=int(clock), POLL=int(poll), num_warps=num_warps)
 
 
-def aot(spec_name: str = "qwen2.5-1.5b", P: int = 132, stages: int = 4,
+def aot(spec_name: str = "qwen2.5-1.5b", P: int = 132, stages: int = STAGES,
         num_warps: int = 4, attention: str = ATTENTION, poll: int = POLL) -> dict:
     """Compile for sm_90 on any machine (no GPU): the layouts, TMA and barriers hold."""
     from ..specs import get_spec
@@ -230,12 +237,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m onelaunch.megakernel.step",
                                  description="compile the one-launch step for sm_90 (no GPU)")
     ap.add_argument("--aot", action="store_true", required=True)
-    ap.add_argument("--stages", default="4")
+    ap.add_argument("--stages", default=str(STAGES))
     ap.add_argument("--poll", default=str(POLL), help="counter polls: 0 atomic, 1 acquire "
                     "load (comma-separated: each)")
     ap.add_argument("--attention", default=",".join(schedule.FORMS),
-                    help="the attention's forms (four: RoPE, partials, merges, O; three: "
-                    "RoPE inside the partials; two: and the merge)")
+                    help="the attention's forms (" + "; ".join(
+                        f"{f}: {t}" for f, t in schedule.FORM_TEXT.items()) + ")")
     a = ap.parse_args(argv)
     for st in (int(v) for v in a.stages.split(",")):
         for f in a.attention.split(","):

@@ -20,6 +20,9 @@ Row: ``ms_per_token`` the median over llama-bench's repeats of (repeat time / to
 ``llama_std_ms`` what llama-bench itself reports (mean and standard deviation), the
 GGUF's bytes (``gguf_bytes_per_token``, counted from its tensors: f32 norms, biases and
 router make it slightly more than the bf16 floor's bytes) and llama.cpp's build commit.
+
+Chapter 6 measures it for OLMoE and chapter 8 for Qwen, each in its ladder cell; both say
+what it took in the words of :func:`sentence`, and the closing page reads their rows.
 """
 from __future__ import annotations
 
@@ -38,6 +41,7 @@ LLAMA_DIR = ROOT / ".llama"                     # ci/llama_build.sh's folder (ig
 BINARY = LLAMA_DIR / "build" / "bin" / "llama-bench"
 GGUF_DIR = LLAMA_DIR / "gguf"
 N_GEN = 128                                     # -n: the tokens llama-bench times
+NAME = "llama.cpp"                              # the peer's rung name in every row
 LABEL = ("llama-bench's own timing, no oracle check possible on random-weight text "
          "(it feeds random token ids and shows no logits)")
 
@@ -97,15 +101,42 @@ def gguf_for(spec, weights, seed=None, folder=GGUF_DIR) -> dict:
     return write_gguf(spec, weights, path, seed=seed)
 
 
-def missing(binary=BINARY) -> str | None:
-    """Why the peer cannot run here (one line), or None."""
+def why_no_row(device, binary=BINARY) -> str | None:
+    """Why the peer makes no row on ``device``, in words a page can print (None: it
+    runs): it is timed on a GPU only, with the binary ``ci/llama_build.sh`` builds and
+    gguf-py."""
+    if torch.device(device).type != "cuda":
+        return "llama-bench is timed on a GPU only (-ngl 99)"
     if not Path(binary).exists():
-        return f"llama.cpp: no {binary} (build it with `bash ci/llama_build.sh build`)"
+        return "llama-bench was not built on this machine (ci/llama_build.sh builds it)"
     try:
         import gguf  # noqa: F401
     except ImportError:
-        return "llama.cpp: the gguf package is missing (requirements.txt)"
+        return "the gguf package is missing (requirements.txt)"
     return None
+
+
+def sentence(row: dict | None, device, binary=BINARY) -> str:
+    """What a chapter says of llama.cpp's row of its run (``row``: the ladder's, or None
+    where it has none), without a final period: the time, its spread and its ratio to the
+    floor, that the time is llama-bench's own and that no oracle check of random-weight
+    text is possible through it; else why there is no time (:func:`why_no_row`)."""
+    if row is not None and row.get("ms_per_token") is not None:
+        ms, lo, hi = row["ms_per_token"], row.get("ms_min"), row.get("ms_max")
+        how = [f"{lo:.4g}–{hi:.4g} over its {row.get('timed')} repeats"
+               if lo is not None and hi is not None else "",
+               f"{row['x_floor']:.2f} times the floor"
+               if row.get("x_floor") is not None else ""]
+        how = "; ".join(h for h in how if h)
+        return (f"llama.cpp's llama-bench takes {ms:.4g} ms a token"
+                + (f" ({how})" if how else "") + " on a GGUF of the same weights, by "
+                "its own timing; no oracle check of its text is possible, since it feeds "
+                "random token ids and prints no logits")
+    if row is not None:
+        why = str(row.get("error") or row.get("refused") or "no time").splitlines()[0]
+        return f"llama.cpp gave no time in this run: {why[:200]}"
+    return (f"llama.cpp has no row in this run: "
+            f"{why_no_row(device, binary) or 'it made none'}")
 
 
 @dataclass
@@ -114,7 +145,7 @@ class LlamaBench:
     the run's weights timed by llama-bench at depth ``run.ctx``. Where the binary or
     gguf-py is missing, or on the CPU, it prints one line and makes no row (None), so
     no table, figure or results file shows a peer that did not run."""
-    name: str = "llama.cpp"
+    name: str = NAME
     binary: str | Path = BINARY
     gguf_dir: str | Path = GGUF_DIR
     n_gen: int = N_GEN
@@ -125,11 +156,9 @@ class LlamaBench:
         return self.n_gen
 
     def measure(self, run, n: int) -> dict | None:
-        why = missing(self.binary)
-        if why is None and torch.device(run.device).type != "cuda":
-            why = "llama.cpp: timed on a GPU only (-ngl 99)"
+        why = why_no_row(run.device, self.binary)
         if why:
-            print(why, file=sys.stderr)
+            print(f"{self.name}: {why}", file=sys.stderr)
             return None
         r = run.row(self.name, n, None, LABEL)
         r["unchecked"] = True               # no reference: not the oracle's own row

@@ -15,10 +15,10 @@ from pathlib import Path
 
 from . import ladder_file
 from ..measure.rungs import MEGA
+from ..peers.llama_cpp import NAME as LLAMA
 from .results import RESULTS, row_passes
 
 H200_DATASHEET_TBPS = 4.8          # NVIDIA H200 datasheet, HBM3e
-LLAMA = "llama.cpp"
 COMPILED = ("gpt-fast compiled", "oracle compiled", "HF static")   # strongest first
 
 # Figures others report: cited, with their source, never measured here.
@@ -55,7 +55,9 @@ def _fastest(rows: list[dict]) -> dict | None:
 
 def one_gpu(rows: list[dict], model: str) -> dict:
     """One model's one-GPU numbers from the ladder's rows (one run): the floor, our
-    fastest rung that passed its check, the strongest compiled peer, llama.cpp."""
+    fastest rung that passed its check, the strongest compiled peer, llama.cpp (the row
+    of the chapter that measured it for this model: 6 for OLMoE, 8 for Qwen; one that
+    gave no time is kept, so the page can say why)."""
     mine = [r for r in rows if r["model"] == model]
     floor = ladder_file.summary(rows, model)["floor_ms"]
     compiled = [r for r in mine if r["rung"] in COMPILED]
@@ -63,7 +65,8 @@ def one_gpu(rows: list[dict], model: str) -> dict:
     bw = next((r["read_tbps"] for r in mine if r.get("read_tbps")), None)
     return {"floor_ms": floor, "best": _fastest(_ours(mine)),
             "one_launch": _fastest([r for r in mine if r["rung"] == MEGA]),
-            "compiled": _fastest(compiled), "llama": llama[0] if llama else None,
+            "compiled": _fastest(compiled),
+            "llama": _fastest(llama) or (llama[0] if llama else None),
             "read_tbps": bw}
 
 
@@ -162,7 +165,8 @@ def table_rows(ans: dict) -> list[dict]:
             add("llama.cpp (llama-bench)", lm["ms_per_token"], row=lm,
                 note="its own timing, no oracle check")
         else:
-            add("llama.cpp (llama-bench)", None, note="not measured in this run")
+            add("llama.cpp (llama-bench)", None,
+                note="no time in this run" if lm else "not measured in this run")
     return out
 
 
@@ -215,6 +219,9 @@ def model_text(m: str, a: dict, gpu_name: str) -> str:
         s += (f" llama.cpp takes {lm['ms_per_token']:.3f} ms{spread} "
               f"({lm['ms_per_token'] / f:.2f}x; llama-bench's own timing, no oracle "
               f"check possible): {_faster(ms, lm['ms_per_token'], 'llama.cpp')}.")
+    elif lm:
+        why = str(lm.get("error") or lm.get("refused") or "no time").splitlines()[0]
+        s += f" llama.cpp gave no time in this run: {why[:200]}."
     else:
         s += (" llama.cpp has no row in this run's ladder: the chapters measure it "
               "where llama-bench was built before the book ran (`bash ci/gpu_run.sh "
