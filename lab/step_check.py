@@ -22,6 +22,9 @@ from onelaunch.specs import get_spec
 from onelaunch.weights import random_weights
 
 
+TIMEOUT_NS = None     # --timeout-ms: a counter wait's bound in this run
+
+
 def graph_of(e, plan):
     """A CUDA graph of one step of ``plan`` on engine e's buffers (warmed up first)."""
     e.plan = plan
@@ -61,7 +64,8 @@ def one_ctx(spec, w, ctx, tokens, iters, stages, bw, out, clock_to=None, variant
         r = out[name] = {}
         try:
             one_variant(e, chain, prompt, ref, ctx, iters, st or stages, fl, r, attention,
-                        plan or ctx, clock_to and f"{clock_to}_{name}", poll, ll)
+                        plan or ctx, clock_to and f"{clock_to}_{name}", poll, ll,
+                        TIMEOUT_NS)
         except Exception as ex:                   # keep what was measured
             r["error"] = f"{type(ex).__name__}: {ex}"
         e.plan, e.graph = chain, None
@@ -70,9 +74,10 @@ def one_ctx(spec, w, ctx, tokens, iters, stages, bw, out, clock_to=None, variant
 
 
 def one_variant(e, chain, prompt, ref, ctx, iters, stages, fl, out, attention, plan,
-                clock_to, poll=0, ll=0):
+                clock_to, poll=0, ll=0, timeout_ns=None):
     t0 = time.time()
-    mk = MegaStep(e, ctx=plan, stages=stages, attention=attention, poll=poll, ll=ll)
+    mk = MegaStep(e, ctx=plan, stages=stages, attention=attention, poll=poll, ll=ll,
+                  **({"timeout_ns": timeout_ns} if timeout_ns else {}))
     mega = [mk.launch()]
     out["mk_build_s"] = time.time() - t0
     out["schedule"] = {"P": mk.P, "instr_per_sm": mk.n_instr, "counters": mk.n_ctr,
@@ -147,8 +152,12 @@ def main():
                     "split unit; 0: the run's ctx); STAGES the ring's (0: --stages); "
                     "POLL 0 atomic polls, 1 acquire loads; LL 1 flagged words into "
                     "the GEMVs")
+    ap.add_argument("--timeout-ms", type=float, default=None,
+                    help="a wait's bound (default: the step's)")
     ap.add_argument("--clock", default=None, help="save the clock stamps to CLOCK_<ctx>.pt")
     a = ap.parse_args()
+    global TIMEOUT_NS
+    TIMEOUT_NS = int(a.timeout_ms * 1e6) if a.timeout_ms else None
     spec = get_spec(a.model)
     w = random_weights(a.model, 0, device="cuda")
     bw = run_bandwidth("cuda")

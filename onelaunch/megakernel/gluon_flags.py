@@ -60,8 +60,10 @@ def _stale1(w, m, want):
 
 
 @gluon.jit
-def _timed_out(t0, timeout_ns, failed, err, instr, ctr, seen, want):
-    if _now() - t0 > timeout_ns:
+def _timed_out(late, timeout_ns, failed, err, instr, ctr, seen, want):
+    """``late``: the CTA's longest wait so far (the same in every thread: a reduction),
+    so every thread of the CTA leaves the spin together (its reductions are barriers)."""
+    if late > timeout_ns:
         gl.store(err + 0, instr + 1)
         gl.store(err + 1, ctr)
         gl.store(err + 2, seen)
@@ -78,7 +80,8 @@ def wait_two(ptr, offs, m, offs_t, mt, want, timeout_ns, failed, err, instr, ctr
     b = gl.load(ptr + offs_t, mask=mt, other=0, cache_modifier=".cg")
     t0 = _now()
     while (_stale2(a, m, want) + _stale2(b, mt, want) > 0) & (failed == 0):
-        failed = _timed_out(t0, timeout_ns, failed, err, instr, ctr,
+        late = gl.max(gl.max(gl.where(m, _now() - t0, 0), axis=1), axis=0)
+        failed = _timed_out(late, timeout_ns, failed, err, instr, ctr,
                             gl.max(gl.max((a >> 16) & 0xFFFF, axis=1), axis=0), want)
         a = gl.load(ptr + offs, mask=m, other=0, cache_modifier=".cg")
         b = gl.load(ptr + offs_t, mask=mt, other=0, cache_modifier=".cg")
@@ -92,7 +95,8 @@ def wait_h(ptr, offs, m, offs_t, mt, want, timeout_ns, failed, err, instr, ctr):
     b = gl.load(ptr + offs_t, mask=mt, other=0, cache_modifier=".cg")
     t0 = _now()
     while (_stale3(a, m, want) + _stale2(b, mt, want) > 0) & (failed == 0):
-        failed = _timed_out(t0, timeout_ns, failed, err, instr, ctr,
+        late = gl.max(gl.max(gl.max(gl.where(m, _now() - t0, 0), axis=2), axis=1), axis=0)
+        failed = _timed_out(late, timeout_ns, failed, err, instr, ctr,
                             gl.max(gl.max(gl.max((a >> 16) & 0xFFFF, axis=2), axis=1),
                                    axis=0), want)
         a = gl.load(ptr + offs, mask=m, other=0, cache_modifier=".cg")
@@ -107,7 +111,8 @@ def wait_rows(ptr, ra, ma, rb, mb, want, timeout_ns, failed, err, instr, ctr):
     b = gl.load(ptr + rb, mask=mb, other=0, cache_modifier=".cg")
     t0 = _now()
     while (_stale1(a, ma, want) + _stale1(b, mb, want) > 0) & (failed == 0):
-        failed = _timed_out(t0, timeout_ns, failed, err, instr, ctr,
+        late = gl.max(gl.where(ma, _now() - t0, 0), axis=0)
+        failed = _timed_out(late, timeout_ns, failed, err, instr, ctr,
                             gl.max((a >> 16) & 0xFFFF, axis=0), want)
         a = gl.load(ptr + ra, mask=ma, other=0, cache_modifier=".cg")
         b = gl.load(ptr + rb, mask=mb, other=0, cache_modifier=".cg")
