@@ -5,7 +5,7 @@ replays bit-identical, and both steps timed alternately against the floor measur
 
     python lab/step_check.py OUT.json [--ctx 512,4000] [--tokens 32] [--iters 200]
                              [--stages 4] [--model qwen2.5-1.5b] [--clock PREFIX]
-                             [--variants ATTENTION:PLAN_CTX[:STAGES[:POLL[:LL]]],...]
+                             [--variants ATTENTION:PLAN_CTX[:STAGES[:POLL]],...]
     python lab/step_clock.py PREFIX_512.pt       # where the time goes, per layer and op
 """
 import argparse
@@ -17,12 +17,9 @@ import torch
 from onelaunch.engine import Engine
 from onelaunch.measure.agree import judge, oracle_tokens
 from onelaunch.measure.timing import floor_ms, run_bandwidth, run_ctx, time_ms
-from onelaunch.megakernel.step import MegaStep
+from onelaunch.megakernel.step import POLL, STAGES, MegaStep
 from onelaunch.specs import get_spec
 from onelaunch.weights import random_weights
-
-
-TIMEOUT_NS = None     # --timeout-ms: a counter wait's bound in this run
 
 
 def graph_of(e, plan):
@@ -48,7 +45,7 @@ def buffers_after_step(e, plan, pos, names):
     return {n: t.float().clone() for n, t in names().items()}
 
 
-def one_ctx(spec, w, ctx, tokens, iters, stages, bw, out, clock_to=None, variants=(("four", 0, 0, 0, 0),)):
+def one_ctx(spec, w, ctx, tokens, iters, stages, bw, out, clock_to=None, variants=(("four", 0, 0, 0),)):
     g = torch.Generator().manual_seed(ctx)
     prompt = torch.randint(0, spec.vocab, (ctx,), generator=g)
     max_ctx = run_ctx(ctx, tokens, iters)
@@ -59,13 +56,12 @@ def one_ctx(spec, w, ctx, tokens, iters, stages, bw, out, clock_to=None, variant
     chain = e.plan
     out["chain"] = {k: v for k, v in judge(e, prompt, ref, True).items() if k != "tokens"}
     fl = out["floor_ms"] = floor_ms(spec, bw, ctx)
-    for attention, plan, st, poll, ll in variants:
-        name = f"{attention}_plan{plan or ctx}_st{st or stages}_poll{poll}_ll{ll}"
+    for attention, plan, st, poll in variants:
+        name = f"{attention}_plan{plan or ctx}_st{st or stages}_poll{poll}"
         r = out[name] = {}
         try:
             one_variant(e, chain, prompt, ref, ctx, iters, st or stages, fl, r, attention,
-                        plan or ctx, clock_to and f"{clock_to}_{name}", poll, ll,
-                        TIMEOUT_NS)
+                        plan or ctx, clock_to and f"{clock_to}_{name}", poll)
         except Exception as ex:                   # keep what was measured
             r["error"] = f"{type(ex).__name__}: {ex}"
         e.plan, e.graph = chain, None
@@ -74,10 +70,9 @@ def one_ctx(spec, w, ctx, tokens, iters, stages, bw, out, clock_to=None, variant
 
 
 def one_variant(e, chain, prompt, ref, ctx, iters, stages, fl, out, attention, plan,
-                clock_to, poll=0, ll=0, timeout_ns=None):
+                clock_to, poll=0):
     t0 = time.time()
-    mk = MegaStep(e, ctx=plan, stages=stages, attention=attention, poll=poll, ll=ll,
-                  **({"timeout_ns": timeout_ns} if timeout_ns else {}))
+    mk = MegaStep(e, ctx=plan, stages=stages, attention=attention, poll=poll)
     mega = [mk.launch()]
     out["mk_build_s"] = time.time() - t0
     out["schedule"] = {"P": mk.P, "instr_per_sm": mk.n_instr, "counters": mk.n_ctr,
@@ -118,12 +113,12 @@ def one_variant(e, chain, prompt, ref, ctx, iters, stages, fl, out, attention, p
         out[k]["x_floor"] = med[1] / fl
     out["mega_vs_chain"] = out["mega"]["median_ms"] / out["chain"]["median_ms"]
     print(f"[step_check] ctx {ctx} attention {attention} plan {plan} stages {stages} "
-          f"poll {poll} ll {ll}: mega "
+          f"poll {poll}: mega "
           f"{out['mega']['median_ms']:.4f} ms ({out['mega']['x_floor']:.3f}x, agree "
           f"{out['mega'].get('agree')}), chain {out['chain']['median_ms']:.4f}", flush=True)
     if clock_to:                              # per-instruction stamps of a few steps
         mkc = MegaStep(e, ctx=plan, stages=stages, clock=True, attention=attention,
-                       poll=poll, ll=ll)
+                       poll=poll)
         e.plan = [mkc.launch()]
         stamps = []
         for _ in range(3):
@@ -144,24 +139,19 @@ def main():
     ap.add_argument("--ctx", default="512")
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--iters", type=int, default=200)
-    ap.add_argument("--stages", type=int, default=4)
+    ap.add_argument("--stages", type=int, default=STAGES)
     ap.add_argument("--variants", default="four:0",
-                    help="ATTENTION:PLAN_CTX[:STAGES[:POLL[:LL]]],... each timed against the "
+                    help="ATTENTION:PLAN_CTX[:STAGES[:POLL]],... each timed against the "
                     "chain in this process: ATTENTION the attention's form (four, three, "
                     "two: schedule.FORMS); PLAN_CTX the schedule's planning context (its "
                     "split unit; 0: the run's ctx); STAGES the ring's (0: --stages); "
-                    "POLL 0 atomic polls, 1 acquire loads; LL 1 flagged words into "
-                    "the GEMVs")
-    ap.add_argument("--timeout-ms", type=float, default=None,
-                    help="a wait's bound (default: the step's)")
+                    "POLL 0 atomic polls, 1 acquire loads")
     ap.add_argument("--clock", default=None, help="save the clock stamps to CLOCK_<ctx>.pt")
     a = ap.parse_args()
-    global TIMEOUT_NS
-    TIMEOUT_NS = int(a.timeout_ms * 1e6) if a.timeout_ms else None
     spec = get_spec(a.model)
     w = random_weights(a.model, 0, device="cuda")
     bw = run_bandwidth("cuda")
-    variants = [(f[0], *(int(x) for x in (f[1:] + ["0"] * 4)[:4]))
+    variants = [(f[0], *(int(x) for x in (f[1:] + ["0", "0", str(POLL)])[:3]))
                 for f in (v.split(":") for v in a.variants.split(","))]
     res = {"model": a.model, "read_tbps": bw, "stages": a.stages, "variants": variants,
            "runs": {}}

@@ -369,7 +369,7 @@ def _h_and_barriers(NF: gl.constexpr, KD: gl.constexpr, TAIL: gl.constexpr,
 @gluon.jit
 def _reset_on_exit(ctr_ptr, n_ctr, CTR_BLOCK: gl.constexpr, num_warps: gl.constexpr):
     """The last CTA out sets the counters (and the exit count, ``ctr[n_ctr]``) back to
-    zero for the next launch; returns whether this CTA was it."""
+    zero for the next launch."""
     gl.thread_barrier()
     n_ctas = gl.num_programs(0)
     old = gl.atomic_add(ctr_ptr + n_ctr, 1, sem="acq_rel", scope="gpu")
@@ -377,7 +377,6 @@ def _reset_on_exit(ctr_ptr, n_ctr, CTR_BLOCK: gl.constexpr, num_warps: gl.conste
         zl: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
         offs = gl.arange(0, CTR_BLOCK, zl)
         gl.store(ctr_ptr + offs, gl.zeros([CTR_BLOCK], gl.int32, zl), mask=offs <= n_ctr)
-    return old == n_ctas - 1
 
 
 @gluon.jit

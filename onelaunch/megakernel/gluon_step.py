@@ -35,7 +35,6 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
-from . import gluon_flags as fl
 from .gluon_mlp import (_dot_box_k, _dot_slice, _down_views, _fill, _fill_one,
                         _h_and_barriers, _now, _reset_on_exit, _stage_free, _stage_ready,
                         _wait_counter)
@@ -126,31 +125,11 @@ def _loader(prog_ptr, n_instr, d_qkv, d_o, d_gu, d_dn, d_dt, d_lm, ring, ring_dn
 def _rms_vec(x_ptr, g_ptr, H, eps, offs, offs_t, GT: gl.constexpr):
     """rmsnorm(x) * g as HF rounds it (bf16(g * bf16(x * rstd))), fp32, as the [KG, TK]
     and [GT, TK] pieces a GEMV's row boxes multiply."""
-    xv = gl.load(x_ptr + offs, mask=offs < H, other=0.0, cache_modifier=".cg").to(gl.float32)
-    xt = gl.load(x_ptr + offs_t, mask=offs_t < H, other=0.0,
-                 cache_modifier=".cg").to(gl.float32)
-    return _rms_of(xv, xt, g_ptr, H, eps, offs, offs_t, GT)
-
-
-@gluon.jit
-def _x_vec(x_ptr, fw_ptr, g_ptr, H, eps, offs, offs_t, want, timeout_ns, failed, err, instr,
-           ctr, GT: gl.constexpr, LL: gl.constexpr):
-    """``_rms_vec`` of x as the counter wait left it, or (``LL``) of x's flagged words
-    once each carries ``want``; and ``failed``."""
-    if LL:
-        xv, xt, failed = fl.wait_two(fw_ptr, offs, offs < H, offs_t, offs_t < H, want,
-                                     timeout_ns, failed, err, instr, ctr)
-        xn, xnt = _rms_of(xv, xt, g_ptr, H, eps, offs, offs_t, GT)
-    else:
-        xn, xnt = _rms_vec(x_ptr, g_ptr, H, eps, offs, offs_t, GT)
-    return xn, xnt, failed
-
-
-@gluon.jit
-def _rms_of(xv, xt, g_ptr, H, eps, offs, offs_t, GT: gl.constexpr):
     m = offs < H
-    mt = offs_t < H
+    xv = gl.load(x_ptr + offs, mask=m, other=0.0, cache_modifier=".cg").to(gl.float32)
     ss = gl.sum(gl.sum(xv * xv, axis=1), axis=0)
+    mt = offs_t < H
+    xt = gl.load(x_ptr + offs_t, mask=mt, other=0.0, cache_modifier=".cg").to(gl.float32)
     if GT > 0:
         ss += gl.sum(gl.sum(xt * xt, axis=1), axis=0)
     rstd = 1.0 / gl.sqrt(ss / H + eps)
@@ -432,9 +411,8 @@ def _op_attn_fused(layer, kh, sp, splits, unit, bump, bump2, pos_ptr, qkv_ptr, k
 
 
 @gluon.jit
-def _op_attn_merge(h, splits, unit, pos, pm_ptr, pl_ptr, po_ptr, attn_ptr, aw_ptr, want,
-                   SPMAX, D: gl.constexpr, SB: gl.constexpr, LL: gl.constexpr,
-                   num_warps: gl.constexpr):
+def _op_attn_merge(h, splits, unit, pos, pm_ptr, pl_ptr, po_ptr, attn_ptr, SPMAX,
+                   D: gl.constexpr, SB: gl.constexpr, num_warps: gl.constexpr):
     """Query head h's live partials merged in one pass of chunks of SB splits (one
     memory round trip a chunk): attn[h] = sum_s w_s o_s / sum_s w_s l_s, w_s = exp(m_s -
     max m), the running max rescaling the sums chunk to chunk. ``pos``: this step's,
@@ -461,15 +439,12 @@ def _op_attn_merge(h, splits, unit, pos, pm_ptr, pl_ptr, po_ptr, attn_ptr, aw_pt
         num = num * a + gl.sum(w[:, None] * oo, axis=0)
         den = den * a + gl.sum(w * ll, axis=0)
         m_run = m_new
-    out = (num / den).to(gl.bfloat16)
-    gl.store(attn_ptr + h * D + dd, out)
-    if LL:                                            # O waits in these words
-        gl.store(aw_ptr + h * D + dd, fl.pack(out, want))
+    gl.store(attn_ptr + h * D + dd, (num / den).to(gl.bfloat16))
 
 
 @gluon.jit
-def _op_embed(row0, rows, pos_ptr, seq_ptr, emb_ptr, x_ptr, fw_ptr, want, H,
-              EB: gl.constexpr, LL: gl.constexpr, num_warps: gl.constexpr):
+def _op_embed(row0, rows, pos_ptr, seq_ptr, emb_ptr, x_ptr, H, EB: gl.constexpr,
+              num_warps: gl.constexpr):
     """x[row0:row0 + rows] = E[seq[pos], row0:row0 + rows]."""
     l1: gl.constexpr = gl.BlockedLayout([8], [32], [num_warps], [0])
     pos = gl.load(pos_ptr, cache_modifier=".cg")
@@ -477,10 +452,7 @@ def _op_embed(row0, rows, pos_ptr, seq_ptr, emb_ptr, x_ptr, fw_ptr, want, H,
     for c0 in range(row0, row0 + rows, EB):
         cc = c0 + gl.arange(0, EB, l1)
         m = cc < row0 + rows
-        e = gl.load(emb_ptr + tok * H + cc, mask=m, other=0.0)
-        gl.store(x_ptr + cc, e, mask=m)
-        if LL:
-            gl.store(fw_ptr + cc, fl.pack(e, want), mask=m)
+        gl.store(x_ptr + cc, gl.load(emb_ptr + tok * H + cc, mask=m, other=0.0), mask=m)
 
 
 @gluon.jit
@@ -506,14 +478,14 @@ def _op_argmax(n, pos_ptr, plen_ptr, seq_ptr, amax_ptr, val_ptr, idx_ptr,
 def _compute(prog_ptr, n_instr, ring, ring_dk, ring_tk, ready, empty, vec, x_ptr, qkv_ptr,
              q_ptr, attn_ptr, h_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr, pm_ptr, pl_ptr, po_ptr,
              val_ptr, idx_ptr, seq_ptr, amax_ptr, pos_ptr, plen_ptr, emb_ptr, gin_ptr, gpost_ptr,
-             gfin_ptr, bqkv_ptr, ctr_ptr, err_ptr, clk_ptr, fw_ptr, L, H, I, QKV, HQ, KVS,
-             SPMAX, MAXCTX, eps, scale, timeout_ns, KG: gl.constexpr, GT: gl.constexpr, NF: gl.constexpr,
+             gfin_ptr, bqkv_ptr, ctr_ptr, err_ptr, clk_ptr, H, I, QKV, HQ, KVS, SPMAX, MAXCTX,
+             eps, scale, timeout_ns, KG: gl.constexpr, GT: gl.constexpr, NF: gl.constexpr,
              KD: gl.constexpr, TAIL: gl.constexpr, STAGES: gl.constexpr,
              WIDTH: gl.constexpr, TN_: gl.constexpr, TK_: gl.constexpr, G: gl.constexpr,
              GP: gl.constexpr, D: gl.constexpr, HKV: gl.constexpr, BT: gl.constexpr,
              SB: gl.constexpr, SBF: gl.constexpr, NPB: gl.constexpr, EB: gl.constexpr,
              BIAS: gl.constexpr, ATT: gl.constexpr, CLOCK: gl.constexpr,
-             POLL: gl.constexpr, LL: gl.constexpr, num_warps: gl.constexpr):
+             POLL: gl.constexpr, num_warps: gl.constexpr):
     # a row box [TN, kb, TK]: rows over the warps, K tiles in each thread's registers,
     # columns over a warp's lanes, 8 a lane (16-byte shared loads)
     l3: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 1, 32], [num_warps, 1, 1], [2, 1, 0])
@@ -549,24 +521,6 @@ def _compute(prog_ptr, n_instr, ring, ring_dk, ring_tk, ready, empty, vec, x_ptr
     f16 = gl.arange(0, HDR, hl)
     nxt = gl.load(base + f16)
     pos_now = gl.load(pos_ptr, cache_modifier=".cg")    # ARGMAX, the last, moves it
-    # LL: the flagged words (gluon_flags.py) of x [H], attn [HQ], h [I], then the launch
-    # count; x's states: 2l after layer l - 1 (0: the embedding), 2l + 1 after its O
-    aw_ptr = fw_ptr + H
-    hw_ptr = aw_ptr + HQ
-    epoch = gl.load(hw_ptr + I, cache_modifier=".cg")
-    NS = 2 * L + 1
-    # LL: h's words as vec's chunks of 4 K tiles: the first CA chunks as one piece, the
-    # one after it (the step's refusal: no more) as another
-    hl3: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 1, 32], [num_warps, 1, 1],
-                                         [2, 1, 0])
-    NCH: gl.constexpr = KTV // 4
-    CA: gl.constexpr = 8 if NCH > 8 else NCH
-    h4 = gl.arange(0, 4, gl.SliceLayout(0, gl.SliceLayout(2, hl3)))[None, :, None] * TK_
-    hc = gl.arange(0, TK_, gl.SliceLayout(0, gl.SliceLayout(1, hl3)))[None, None, :]
-    ha_o = gl.arange(0, CA, gl.SliceLayout(1, gl.SliceLayout(2, hl3)))[:, None, None] * (
-        4 * TK_) + h4 + hc
-    hr_o = CA * 4 * TK_ + offs4                          # [4, TK]
-    v_a = vec._reinterpret(gl.bfloat16, [CA, 4, TK_], pl3)
     t = 0
     failed = 0
     for i in range(n_instr):
@@ -593,22 +547,18 @@ def _compute(prog_ptr, n_instr, ring, ring_dk, ring_tk, ready, empty, vec, x_ptr
             bo = bqkv_ptr + layer * QKV + row0
             ba = gl.load(bo + rows_, mask=qb & (rows_ < rows), other=0.0)
             bb = gl.load(bo + TN_ + rows_, mask=qb & (TN_ + rows_ < rows), other=0.0)
-        # these wait in their code; with LL every GEMV waits in its flagged words
-        gemv = (op == 1) | (op == 5) | (op == 6) | (op == 7) | (op == 8)
-        if (w0 >= 0) & (op != 2) & (op != 3) & (op != 15) & ((LL == 0) | (gemv == 0)):
+        if (w0 >= 0) & (op != 2) & (op != 3) & (op != 15):   # these wait in their code
             if failed == 0:
                 gl.store(err + 1, w0)
             failed = _wait_counter(ctr_ptr + w0, t0, timeout_ns, failed, err, i, POLL)
-        if (w1 >= 0) & ((LL == 0) | (gemv == 0)):
+        if w1 >= 0:
             if failed == 0:
                 gl.store(err + 1, w1)
             failed = _wait_counter(ctr_ptr + w1, t1, timeout_ns, failed, err, i, POLL)
         if CLOCK:
             gl.store(clk + i * 4 + 1, _now())
         if op == 1:                                   # RMS_QKV (+ bias)
-            xn, xnt, failed = _x_vec(x_ptr, fw_ptr, gin_ptr + layer * H, H, eps, offs,
-                                     offs_t, fl.flag(epoch, 2 * layer, NS), timeout_ns,
-                                     failed, err, i, w0, GT, LL)
+            xn, xnt = _rms_vec(x_ptr, gin_ptr + layer * H, H, eps, offs, offs_t, GT)
             for rb in range(0, rows, 2 * TN_):
                 ra = row0 + rb + rows_
                 rbb = ra + TN_
@@ -640,20 +590,13 @@ def _compute(prog_ptr, n_instr, ring, ring_dk, ring_tk, ready, empty, vec, x_ptr
                                       ctr_ptr, w0, t0, timeout_ns, failed, err, i, G, GP, D,
                                       HKV, BT, POLL, num_warps)
         elif op == 4:                                 # ATTN_MERGE
-            _op_attn_merge(row0, splits, unit, pos_now, pm_ptr, pl_ptr, po_ptr, attn_ptr,
-                           aw_ptr, fl.flag(epoch, layer, NS), SPMAX, D, SB, LL, num_warps)
+            _op_attn_merge(row0, splits, unit, pos_now, pm_ptr, pl_ptr, po_ptr, attn_ptr, SPMAX,
+                           D, SB, num_warps)
         elif op == 5:                                 # O_PROJ (+ residual)
-            if LL:    # attn's words; x's rows after the wait as before (written earlier
-                      # in the chain that led to these words)
-                av, avt, failed = fl.wait_two(aw_ptr, offs, offs < HQ, offs_t, offs_t < HQ,
-                                              fl.flag(epoch, layer, NS), timeout_ns, failed,
-                                              err, i, w0)
-            else:
-                av = gl.load(attn_ptr + offs, mask=offs < HQ, other=0.0,
-                             cache_modifier=".cg").to(gl.float32)
-                avt = gl.load(attn_ptr + offs_t, mask=offs_t < HQ, other=0.0,
-                              cache_modifier=".cg").to(gl.float32)
-            fo = fl.flag(epoch, 2 * layer + 1, NS)
+            av = gl.load(attn_ptr + offs, mask=offs < HQ, other=0.0,
+                         cache_modifier=".cg").to(gl.float32)
+            avt = gl.load(attn_ptr + offs_t, mask=offs_t < HQ, other=0.0,
+                          cache_modifier=".cg").to(gl.float32)
             for rb in range(0, rows, 2 * TN_):
                 ra = row0 + rb + rows_
                 rbb = ra + TN_
@@ -665,18 +608,11 @@ def _compute(prog_ptr, n_instr, ring, ring_dk, ring_tk, ready, empty, vec, x_ptr
                 yb = _row_dot(ring, 2 * s + 1, av, avt, KG, GT, TN_, TK_, l3, al)
                 _stage_free(empty, s)
                 t += 1
-                oa = (xa + ya.to(gl.bfloat16).to(gl.float32)).to(gl.bfloat16)
-                ob = (xb + yb.to(gl.bfloat16).to(gl.float32)).to(gl.bfloat16)
-                gl.store(x_ptr + ra, oa)
-                gl.store(x_ptr + rbb, ob, mask=rbb < row0 + rows)
-                if LL:
-                    gl.store(fw_ptr + ra, fl.pack(oa, fo))
-                    gl.store(fw_ptr + rbb, fl.pack(ob, fo), mask=rbb < row0 + rows)
+                gl.store(x_ptr + ra, (xa + ya.to(gl.bfloat16).to(gl.float32)).to(gl.bfloat16))
+                gl.store(x_ptr + rbb, (xb + yb.to(gl.bfloat16).to(gl.float32)).to(gl.bfloat16),
+                         mask=rbb < row0 + rows)
         elif op == 6:                                 # GATE_UP (+ SwiGLU)
-            xn, xnt, failed = _x_vec(x_ptr, fw_ptr, gpost_ptr + layer * H, H, eps, offs,
-                                     offs_t, fl.flag(epoch, 2 * layer + 1, NS), timeout_ns,
-                                     failed, err, i, w0, GT, LL)
-            fh = fl.flag(epoch, layer, NS)
+            xn, xnt = _rms_vec(x_ptr, gpost_ptr + layer * H, H, eps, offs, offs_t, GT)
             for rb in range(0, rows, TN_):
                 s = _stage_ready(ready, t, STAGES)
                 g = _row_dot(ring, 2 * s, xn, xnt, KG, GT, TN_, TK_, l3, al)
@@ -687,23 +623,11 @@ def _compute(prog_ptr, n_instr, ring, ring_dk, ring_tk, ready, empty, vec, x_ptr
                 sg = (gb / (1.0 + gl.exp(-gb))).to(gl.bfloat16).to(gl.float32)
                 hv = sg * u.to(gl.bfloat16).to(gl.float32)
                 gl.store(h_ptr + row0 + rb + rows_, hv.to(gl.bfloat16))
-                if LL:
-                    gl.store(hw_ptr + row0 + rb + rows_, fl.pack(hv, fh))
         elif op == 7:                                 # DOWN (+ residual), all of K
-            if LL:                                    # h's words, in two pieces
-                ha, hr, failed = fl.wait_h(hw_ptr, ha_o, ha_o < I, hr_o,
-                                           (hr_o < I) & (NCH > CA),
-                                           fl.flag(epoch, layer, NS), timeout_ns,
-                                           failed, err, i, w0)
-                v_a.store(ha.to(gl.bfloat16))
-                if NCH > CA:
-                    vec.index(CA).store(hr.to(gl.bfloat16))
-            else:
-                for c in gl.static_range(KTV // 4):
-                    hv = gl.load(h_ptr + c * 4 * TK_ + offs4, mask=c * 4 * TK_ + offs4 < I,
-                                 other=0.0, cache_modifier=".cg")
-                    vec.index(c).store(hv)
-            fd = fl.flag(epoch, 2 * layer + 2, NS)
+            for c in gl.static_range(KTV // 4):
+                hv = gl.load(h_ptr + c * 4 * TK_ + offs4, mask=c * 4 * TK_ + offs4 < I,
+                             other=0.0, cache_modifier=".cg")
+                vec.index(c).store(hv)
             gl.thread_barrier()
             for rb in range(0, rows, TN_):
                 r = row0 + rb + rows_d
@@ -724,15 +648,10 @@ def _compute(prog_ptr, n_instr, ring, ring_dk, ring_tk, ready, empty, vec, x_ptr
                     _stage_free(empty, s)
                     t += 1
                 y = gl.sum(gl.sum(acc, axis=2), axis=1).to(gl.bfloat16).to(gl.float32)
-                od = (xr + y).to(gl.bfloat16)
-                gl.store(x_ptr + r, od)
-                if LL:
-                    gl.store(fw_ptr + r, fl.pack(od, fd))
+                gl.store(x_ptr + r, (xr + y).to(gl.bfloat16))
             gl.thread_barrier()                       # vec is rewritten by the next DOWN
         elif op == 8:                                 # LM_HEAD: this instruction's best
-            xn, xnt, failed = _x_vec(x_ptr, fw_ptr, gfin_ptr, H, eps, offs, offs_t,
-                                     fl.flag(epoch, 2 * L, NS), timeout_ns, failed, err, i,
-                                     w0, GT, LL)
+            xn, xnt = _rms_vec(x_ptr, gfin_ptr, H, eps, offs, offs_t, GT)
             best_v = gl.full([TN_], float("-inf"), gl.float32, rl)
             best_i = gl.full([TN_], 2147483647, gl.int32, rl)
             for rb in range(0, rows, 2 * TN_):
@@ -759,8 +678,7 @@ def _compute(prog_ptr, n_instr, ring, ring_dk, ring_tk, ready, empty, vec, x_ptr
             _op_argmax(rows, pos_ptr, plen_ptr, seq_ptr, amax_ptr, val_ptr, idx_ptr, NPB,
                        num_warps)
         elif op == 10:                                # EMBED
-            _op_embed(row0, rows, pos_ptr, seq_ptr, emb_ptr, x_ptr, fw_ptr,
-                      fl.flag(epoch, 0, NS), H, EB, LL, num_warps)
+            _op_embed(row0, rows, pos_ptr, seq_ptr, emb_ptr, x_ptr, H, EB, num_warps)
         elif op == 15:                                # ATTN_FUSED ("two": bumps in its code)
             if ATT < 4:                               # compiled only for fused lists
                 failed = _op_attn_fused(layer, row0, arg, splits, unit, bump,
@@ -769,10 +687,7 @@ def _compute(prog_ptr, n_instr, ring, ring_dk, ring_tk, ready, empty, vec, x_ptr
                                         pl_ptr, po_ptr, attn_ptr, SPMAX, MAXCTX, HQ, KVS,
                                         scale, ctr_ptr, w0, t0, timeout_ns, failed, err, i, G,
                                         GP, D, HKV, BT, SBF, ATT == 2, POLL, num_warps)
-        # every thread's stores, then release; with LL the edges into the GEMVs are the
-        # flagged words, and these counters have no waiter
-        flagged = (op == 4) | (op == 5) | (op == 6) | (op == 7) | (op == 10)
-        if (bump >= 0) & ((op != 15) | (ATT != 2)) & ((LL == 0) | (flagged == 0)):
+        if (bump >= 0) & ((op != 15) | (ATT != 2)):   # every thread's stores, then release
             gl.thread_barrier()
             gl.atomic_add(ctr_ptr + bump, 1, sem="release", scope="gpu")
         if CLOCK:
@@ -783,15 +698,14 @@ def _compute(prog_ptr, n_instr, ring, ring_dk, ring_tk, ready, empty, vec, x_ptr
 def step_kernel(prog_ptr, n_instr, d_qkv, d_o, d_gu, d_dn, d_dt, d_lm, x_ptr, qkv_ptr, q_ptr,
                 attn_ptr, h_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr, pm_ptr, pl_ptr, po_ptr,
                 val_ptr, idx_ptr, seq_ptr, amax_ptr, pos_ptr, plen_ptr, emb_ptr, gin_ptr,
-                gpost_ptr, gfin_ptr, bqkv_ptr, ctr_ptr, err_ptr, clk_ptr, fw_ptr, L, H, I, QKV, HQ,
+                gpost_ptr, gfin_ptr, bqkv_ptr, ctr_ptr, err_ptr, clk_ptr, L, H, I, QKV, HQ,
                 KVS, V, SPMAX, MAXCTX, eps, scale, timeout_ns, n_ctr, KB_: gl.constexpr,
                 KG: gl.constexpr, GT: gl.constexpr, NF: gl.constexpr, TAIL: gl.constexpr,
                 STAGES: gl.constexpr, WIDTH: gl.constexpr, G: gl.constexpr,
                 GP: gl.constexpr, D: gl.constexpr, HKV: gl.constexpr, BT: gl.constexpr,
                 SB: gl.constexpr, SBF: gl.constexpr, NPB: gl.constexpr, EB: gl.constexpr,
                 BIAS: gl.constexpr, ATT: gl.constexpr, CTR_BLOCK: gl.constexpr,
-                CLOCK: gl.constexpr, POLL: gl.constexpr, LL: gl.constexpr,
-                num_warps: gl.constexpr):
+                CLOCK: gl.constexpr, POLL: gl.constexpr, num_warps: gl.constexpr):
     TN_: gl.constexpr = d_gu.block_type.shape[0]
     TK_: gl.constexpr = d_gu.block_type.shape[2]
     # a stage: two slots of [TN, KB_, TK] (two row blocks, or gate and up), or the same
@@ -805,13 +719,11 @@ def step_kernel(prog_ptr, n_instr, d_qkv, d_o, d_gu, d_dn, d_dt, d_lm, x_ptr, qk
                     qkv_ptr, q_ptr, attn_ptr, h_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr, pm_ptr,
                     pl_ptr, po_ptr, val_ptr, idx_ptr, seq_ptr, amax_ptr, pos_ptr, plen_ptr,
                     emb_ptr, gin_ptr, gpost_ptr, gfin_ptr, bqkv_ptr, ctr_ptr, err_ptr, clk_ptr,
-                    fw_ptr, L, H, I, QKV, HQ, KVS, SPMAX, MAXCTX, eps, scale, timeout_ns, KG,
-                    GT, NF, KD, TAIL, STAGES, WIDTH, TN_, TK_, G, GP, D, HKV, BT, SB, SBF, NPB,
-                    EB, BIAS, ATT, CLOCK, POLL, LL, num_warps)),
+                    H, I, QKV, HQ, KVS, SPMAX, MAXCTX, eps, scale, timeout_ns, KG, GT, NF, KD,
+                    TAIL, STAGES, WIDTH, TN_, TK_, G, GP, D, HKV, BT, SB, SBF, NPB, EB,
+                    BIAS, ATT, CLOCK, POLL, num_warps)),
         (_loader, (prog_ptr, n_instr, d_qkv, d_o, d_gu, d_dn, d_dt, d_lm, ring, ring_dn,
                    ring_dt, ready, empty, clk_ptr, L, H, I, QKV, V, NF, TAIL, STAGES, WIDTH,
                    CLOCK))],
         [1], [48])
-    if _reset_on_exit(ctr_ptr, n_ctr, CTR_BLOCK, num_warps):      # the last CTA out:
-        ep = fw_ptr + H + HQ + I                                  # the next launch's
-        gl.store(ep, gl.load(ep, cache_modifier=".cg") + 1)      # flags are new
+    _reset_on_exit(ctr_ptr, n_ctr, CTR_BLOCK, num_warps)

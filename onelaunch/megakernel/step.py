@@ -31,11 +31,9 @@ EB = 1024                  # columns an embedding copy takes a block
 TIMEOUT_NS = 200_000_000   # a counter wait's bound: 0.2 s
 ATT_STAGES = {"four": 4, "three": 3, "two": 2}    # the kernel's ATT: stages after QKV
 ATTENTION = "three"        # the engine's form of the attention (measured: NOTES 31)
-POLL = 0                   # a counter wait polls: 0 with an atomic add of 0, 1 with an
+POLL = 1                   # a counter wait polls: 0 with an atomic add of 0, 1 with an
                            # acquire load (NOTES 34)
-STAGES = 4                 # the ring's shared-memory stages, each two [TN, KB, TK] boxes
-LL = 0                     # 1: the GEMVs wait in flagged words of x, attn and h, not on
-                           # counters (gluon_flags.py, NOTES 35)
+STAGES = 6                 # the ring's shared-memory stages, each two [TN, KB, TK] boxes
 
 
 def device_refusal(device) -> str | None:
@@ -115,7 +113,7 @@ class MegaStep:
 
     def __init__(self, engine, P: int | None = None, ctx: int = 512, stages: int = STAGES,
                  num_warps: int = 4, timeout_ns: int = TIMEOUT_NS, clock: bool = False,
-                 attention: str = ATTENTION, poll: int = POLL, ll: int = LL):
+                 attention: str = ATTENTION, poll: int = POLL):
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
         e, s = engine, engine.spec
         why = refusal(s)
@@ -128,10 +126,7 @@ class MegaStep:
         self.n_instr = self.prog.shape[1]
         self.n_ctr = len(self.sched.counters)
         self.e, self.stages, self.num_warps, self.timeout_ns = e, stages, num_warps, timeout_ns
-        self.clock, self.attention, self.poll, self.ll = clock, attention, poll, ll
-        if ll and (s.intermediate // TK + 3) // 4 > 9:
-            raise ValueError("the flagged words' down takes h as at most 9 chunks of 4 "
-                             f"K tiles ({9 * 4 * TK} columns): ll=0 for this model")
+        self.clock, self.attention, self.poll = clock, attention, poll
         W = e.W
         self.w = {"qkv": stacked(W, "w_qkv"), "o": stacked(W, "w_o"),
                   "gu": stacked(W, "w_gate_up"), "dn": stacked(W, "w_down")}
@@ -162,8 +157,6 @@ class MegaStep:
         # per instruction: start, counters in, end (globaltimer ns), and when the loader
         # asked for its last weight tile (0: an instruction with no tiles)
         self.clk = z(self.P, self.n_instr, 4, dt=torch.int64)
-        # LL's flagged words of x, attn and h, then the launch count (gluon_flags.py)
-        self.fw = z(s.hidden + s.q_size + s.intermediate + 1, dt=torch.int32)
 
     def weight_bytes(self) -> int:
         W = self.e.W
@@ -177,7 +170,6 @@ class MegaStep:
             e.k_cache, e.v_cache, e.cos, e.sin, self.part_m, self.part_l, self.part_o,
             self.lm_val, self.lm_idx, e.seq, e.argmax, e.pos, e.prompt_len, e.W["embed"],
             self.g_in, self.g_post, e.W["norm"], self.b_qkv, self.ctr, self.err, self.clk,
-            self.fw,
             s.layers, s.hidden, s.intermediate, s.qkv_size, s.q_size, s.kv_size, s.vocab,
             self.spmax, e.max_ctx, s.rms_eps, s.head_dim ** -0.5, self.timeout_ns, self.n_ctr,
             **self.constexprs())
@@ -185,8 +177,7 @@ class MegaStep:
     def constexprs(self) -> dict:
         s = self.e.spec
         return constexprs(s, self.P, self.n_ctr, self.stages, self.num_warps, self.clock,
-                          self.kg, self.gt, self.nf, self.tail, self.attention, self.poll,
-                          self.ll)
+                          self.kg, self.gt, self.nf, self.tail, self.attention, self.poll)
 
     def launch(self):
         """This step as the engine plan's one entry."""
@@ -201,19 +192,18 @@ class MegaStep:
 
 
 def constexprs(s, P, n_ctr, stages, num_warps, clock, kg, gt, nf, tail, attention,
-               poll=POLL, ll=LL) -> dict:
+               poll=POLL) -> dict:
     g = s.heads // s.kv_heads
     return dict(KB_=KB, KG=kg, GT=gt, NF=nf, TAIL=tail, STAGES=stages, WIDTH=isa.WIDTH, G=g,
                 GP=triton.next_power_of_2(g), D=s.head_dim, HKV=s.kv_heads, BT=BT, SB=SB,
                 SBF=SBF, NPB=triton.next_power_of_2(P), EB=EB, BIAS=int(s.qkv_bias),
                 ATT=ATT_STAGES[attention],
                 CTR_BLOCK=triton.next_power_of_2(n_ctr + 1),
-                CLOCK=int(clock), POLL=int(poll), LL=int(ll), num_warps=num_warps)
+                CLOCK=int(clock), POLL=int(poll), num_warps=num_warps)
 
 
 def aot(spec_name: str = "qwen2.5-1.5b", P: int = 132, stages: int = STAGES,
-        num_warps: int = 4, attention: str = ATTENTION, poll: int = POLL,
-        ll: int = LL) -> dict:
+        num_warps: int = 4, attention: str = ATTENTION, poll: int = POLL) -> dict:
     """Compile for sm_90 on any machine (no GPU): the layouts, TMA and barriers hold."""
     from ..specs import get_spec
     s = get_spec(spec_name)
@@ -231,13 +221,13 @@ def aot(spec_name: str = "qwen2.5-1.5b", P: int = 132, stages: int = STAGES,
         ptrs[f"{name}_ptr"] = "*i32"
     for name in ("emb", "gin", "gpost", "gfin", "bqkv"):
         ptrs[f"{name}_ptr"] = "*bf16"
-    ptrs.update(ctr_ptr="*i32", err_ptr="*i32", clk_ptr="*i64", fw_ptr="*i32")
+    ptrs.update(ctr_ptr="*i32", err_ptr="*i32", clk_ptr="*i64")
     ptrs.update({k: "i32" for k in ("L", "H", "I", "QKV", "HQ", "KVS", "V", "SPMAX",
                                     "MAXCTX")})
     ptrs.update(eps="fp32", scale="fp32", timeout_ns="i64", n_ctr="i32")
     n_ctr = len(plan_schedule(s, P, 512, attention).counters)
     consts = constexprs(s, P, n_ctr, stages, num_warps, True, kg, gt, nf, tail, attention,
-                        poll, ll)
+                        poll)
     sig = dict(ptrs, **{k: "constexpr" for k in consts})
     aligned = [i for i, v in enumerate(ptrs.values()) if v.startswith("*")]
     return compile_sm90(step_kernel, sig, consts, aligned, num_warps)
@@ -250,8 +240,6 @@ def main(argv=None) -> int:
     ap.add_argument("--stages", default=str(STAGES))
     ap.add_argument("--poll", default=str(POLL), help="counter polls: 0 atomic, 1 acquire "
                     "load (comma-separated: each)")
-    ap.add_argument("--ll", default=str(LL), help="0 counters, 1 flagged words into the "
-                    "GEMVs (comma-separated: each)")
     ap.add_argument("--attention", default=",".join(schedule.FORMS),
                     help="the attention's forms (" + "; ".join(
                         f"{f}: {t}" for f, t in schedule.FORM_TEXT.items()) + ")")
@@ -259,9 +247,8 @@ def main(argv=None) -> int:
     for st in (int(v) for v in a.stages.split(",")):
         for f in a.attention.split(","):
             for pl in (int(v) for v in a.poll.split(",")):
-                for ll in (int(v) for v in a.ll.split(",")):
-                    print(f"[gluon_step] sm_90 STAGES {st} attention {f} poll {pl} ll {ll}: "
-                          f"{aot(stages=st, attention=f, poll=pl, ll=ll)}")
+                print(f"[gluon_step] sm_90 STAGES {st} attention {f} poll {pl}: "
+                      f"{aot(stages=st, attention=f, poll=pl)}")
     return 0
 
 
