@@ -555,6 +555,9 @@ def _compute(prog_ptr, n_instr, ring, ring_dk, ring_tk, ready, empty, vec, x_ptr
     hw_ptr = aw_ptr + HQ
     epoch = gl.load(hw_ptr + I, cache_modifier=".cg")
     NS = 2 * L + 1
+    LX: gl.constexpr = LL & 1                            # LL's bits: x's edges,
+    LA: gl.constexpr = (LL >> 1) & 1                     # attn's, h's
+    LH: gl.constexpr = (LL >> 2) & 1
     # LL: h's words as vec's chunks of 4 K tiles: the first CA chunks as one piece, the
     # one after it (the step's refusal: no more) as another
     hl3: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 1, 32], [num_warps, 1, 1],
@@ -594,12 +597,13 @@ def _compute(prog_ptr, n_instr, ring, ring_dk, ring_tk, ready, empty, vec, x_ptr
             ba = gl.load(bo + rows_, mask=qb & (rows_ < rows), other=0.0)
             bb = gl.load(bo + TN_ + rows_, mask=qb & (TN_ + rows_ < rows), other=0.0)
         # these wait in their code; with LL every GEMV waits in its flagged words
-        gemv = (op == 1) | (op == 5) | (op == 6) | (op == 7) | (op == 8)
-        if (w0 >= 0) & (op != 2) & (op != 3) & (op != 15) & ((LL == 0) | (gemv == 0)):
+        skipw = (((op == 1) | (op == 6) | (op == 8)) & (LX == 1)) | (
+            (op == 5) & (LA == 1)) | ((op == 7) & (LH == 1))
+        if (w0 >= 0) & (op != 2) & (op != 3) & (op != 15) & (skipw == 0):
             if failed == 0:
                 gl.store(err + 1, w0)
             failed = _wait_counter(ctr_ptr + w0, t0, timeout_ns, failed, err, i, POLL)
-        if (w1 >= 0) & ((LL == 0) | (gemv == 0)):
+        if (w1 >= 0) & (skipw == 0):
             if failed == 0:
                 gl.store(err + 1, w1)
             failed = _wait_counter(ctr_ptr + w1, t1, timeout_ns, failed, err, i, POLL)
@@ -608,7 +612,7 @@ def _compute(prog_ptr, n_instr, ring, ring_dk, ring_tk, ready, empty, vec, x_ptr
         if op == 1:                                   # RMS_QKV (+ bias)
             xn, xnt, failed = _x_vec(x_ptr, fw_ptr, gin_ptr + layer * H, H, eps, offs,
                                      offs_t, fl.flag(epoch, 2 * layer, NS), timeout_ns,
-                                     failed, err, i, w0, GT, LL)
+                                     failed, err, i, w0, GT, LX)
             for rb in range(0, rows, 2 * TN_):
                 ra = row0 + rb + rows_
                 rbb = ra + TN_
@@ -641,9 +645,9 @@ def _compute(prog_ptr, n_instr, ring, ring_dk, ring_tk, ready, empty, vec, x_ptr
                                       HKV, BT, POLL, num_warps)
         elif op == 4:                                 # ATTN_MERGE
             _op_attn_merge(row0, splits, unit, pos_now, pm_ptr, pl_ptr, po_ptr, attn_ptr,
-                           aw_ptr, fl.flag(epoch, layer, NS), SPMAX, D, SB, LL, num_warps)
+                           aw_ptr, fl.flag(epoch, layer, NS), SPMAX, D, SB, LA, num_warps)
         elif op == 5:                                 # O_PROJ (+ residual)
-            if LL:    # attn's words; x's rows after the wait as before (written earlier
+            if LA:    # attn's words; x's rows after the wait as before (written earlier
                       # in the chain that led to these words)
                 av, avt, failed = fl.wait_two(aw_ptr, offs, offs < HQ, offs_t, offs_t < HQ,
                                               fl.flag(epoch, layer, NS), timeout_ns, failed,
@@ -669,13 +673,13 @@ def _compute(prog_ptr, n_instr, ring, ring_dk, ring_tk, ready, empty, vec, x_ptr
                 ob = (xb + yb.to(gl.bfloat16).to(gl.float32)).to(gl.bfloat16)
                 gl.store(x_ptr + ra, oa)
                 gl.store(x_ptr + rbb, ob, mask=rbb < row0 + rows)
-                if LL:
+                if LX:
                     gl.store(fw_ptr + ra, fl.pack(oa, fo))
                     gl.store(fw_ptr + rbb, fl.pack(ob, fo), mask=rbb < row0 + rows)
         elif op == 6:                                 # GATE_UP (+ SwiGLU)
             xn, xnt, failed = _x_vec(x_ptr, fw_ptr, gpost_ptr + layer * H, H, eps, offs,
                                      offs_t, fl.flag(epoch, 2 * layer + 1, NS), timeout_ns,
-                                     failed, err, i, w0, GT, LL)
+                                     failed, err, i, w0, GT, LX)
             fh = fl.flag(epoch, layer, NS)
             for rb in range(0, rows, TN_):
                 s = _stage_ready(ready, t, STAGES)
@@ -687,10 +691,10 @@ def _compute(prog_ptr, n_instr, ring, ring_dk, ring_tk, ready, empty, vec, x_ptr
                 sg = (gb / (1.0 + gl.exp(-gb))).to(gl.bfloat16).to(gl.float32)
                 hv = sg * u.to(gl.bfloat16).to(gl.float32)
                 gl.store(h_ptr + row0 + rb + rows_, hv.to(gl.bfloat16))
-                if LL:
+                if LH:
                     gl.store(hw_ptr + row0 + rb + rows_, fl.pack(hv, fh))
         elif op == 7:                                 # DOWN (+ residual), all of K
-            if LL:                                    # h's words, in two pieces
+            if LH:                                    # h's words, in two pieces
                 ha, hr, failed = fl.wait_h(hw_ptr, ha_o, ha_o < I, hr_o,
                                            (hr_o < I) & (NCH > CA),
                                            fl.flag(epoch, layer, NS), timeout_ns,
@@ -726,13 +730,13 @@ def _compute(prog_ptr, n_instr, ring, ring_dk, ring_tk, ready, empty, vec, x_ptr
                 y = gl.sum(gl.sum(acc, axis=2), axis=1).to(gl.bfloat16).to(gl.float32)
                 od = (xr + y).to(gl.bfloat16)
                 gl.store(x_ptr + r, od)
-                if LL:
+                if LX:
                     gl.store(fw_ptr + r, fl.pack(od, fd))
             gl.thread_barrier()                       # vec is rewritten by the next DOWN
         elif op == 8:                                 # LM_HEAD: this instruction's best
             xn, xnt, failed = _x_vec(x_ptr, fw_ptr, gfin_ptr, H, eps, offs, offs_t,
                                      fl.flag(epoch, 2 * L, NS), timeout_ns, failed, err, i,
-                                     w0, GT, LL)
+                                     w0, GT, LX)
             best_v = gl.full([TN_], float("-inf"), gl.float32, rl)
             best_i = gl.full([TN_], 2147483647, gl.int32, rl)
             for rb in range(0, rows, 2 * TN_):
@@ -760,7 +764,7 @@ def _compute(prog_ptr, n_instr, ring, ring_dk, ring_tk, ready, empty, vec, x_ptr
                        num_warps)
         elif op == 10:                                # EMBED
             _op_embed(row0, rows, pos_ptr, seq_ptr, emb_ptr, x_ptr, fw_ptr,
-                      fl.flag(epoch, 0, NS), H, EB, LL, num_warps)
+                      fl.flag(epoch, 0, NS), H, EB, LX, num_warps)
         elif op == 15:                                # ATTN_FUSED ("two": bumps in its code)
             if ATT < 4:                               # compiled only for fused lists
                 failed = _op_attn_fused(layer, row0, arg, splits, unit, bump,
@@ -771,8 +775,9 @@ def _compute(prog_ptr, n_instr, ring, ring_dk, ring_tk, ready, empty, vec, x_ptr
                                         GP, D, HKV, BT, SBF, ATT == 2, POLL, num_warps)
         # every thread's stores, then release; with LL the edges into the GEMVs are the
         # flagged words, and these counters have no waiter
-        flagged = (op == 4) | (op == 5) | (op == 6) | (op == 7) | (op == 10)
-        if (bump >= 0) & ((op != 15) | (ATT != 2)) & ((LL == 0) | (flagged == 0)):
+        flagged = (((op == 10) | (op == 7) | (op == 5)) & (LX == 1)) | (
+            (op == 4) & (LA == 1)) | ((op == 6) & (LH == 1))
+        if (bump >= 0) & ((op != 15) | (ATT != 2)) & (flagged == 0):
             gl.thread_barrier()
             gl.atomic_add(ctr_ptr + bump, 1, sem="release", scope="gpu")
         if CLOCK:
