@@ -59,11 +59,43 @@ def _stale1(w, m, want):
     return gl.sum(gl.where(m & (((w >> 16) & 0xFFFF) != want), 1, 0), axis=0)
 
 
+# One thread's spin on one word, in PTX: reload until the word's flag is ``want`` or the
+# clock passes ``deadline`` (then the stale word is returned and the caller records the
+# stall), a pause between tries. Each thread spins on its own words alone: no barrier
+# inside a spin (a spin whose condition was a reduction over the CTA hung, NOTES 35).
+_SPIN = gl.constexpr("""{
+.reg .pred %p<3>;
+.reg .b32 %f;
+.reg .b64 %t;
+mov.b32 $0, 0;
+setp.eq.s32 %p0, $2, 0;
+@%p0 bra DONE${:uid};
+SPIN${:uid}:
+ld.global.cg.b32 $0, [$1];
+shr.u32 %f, $0, 16;
+setp.eq.s32 %p1, %f, $3;
+@%p1 bra DONE${:uid};
+mov.u64 %t, %globaltimer;
+setp.gt.s64 %p2, %t, $4;
+@%p2 bra DONE${:uid};
+nanosleep.u32 64;
+bra.uni SPIN${:uid};
+DONE${:uid}:
+}""")
+
+
 @gluon.jit
-def _timed_out(late, timeout_ns, failed, err, instr, ctr, seen, want):
-    """``late``: the CTA's longest wait so far (the same in every thread: a reduction),
-    so every thread of the CTA leaves the spin together (its reductions are barriers)."""
-    if late > timeout_ns:
+def _spin(ptrs, active, want, deadline):
+    """The words at ``ptrs`` (where ``active`` is nonzero; 0 elsewhere) once each carries
+    flag ``want``, or as they are at ``deadline``."""
+    return gl.inline_asm_elementwise(_SPIN, "=r,l,r,r,l", [ptrs, active, want, deadline],
+                                     dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _record(stale, timeout_ns, failed, err, instr, ctr, seen, want):
+    """After the spins: if any word is stale (they met their deadline), the stall."""
+    if (stale > 0) & (failed == 0):
         gl.store(err + 0, instr + 1)
         gl.store(err + 1, ctr)
         gl.store(err + 2, seen)
@@ -74,46 +106,25 @@ def _timed_out(late, timeout_ns, failed, err, instr, ctr, seen, want):
 
 @gluon.jit
 def wait_two(ptr, offs, m, offs_t, mt, want, timeout_ns, failed, err, instr, ctr):
-    """Words [offs] and [offs_t] (two 2-D pieces, loaded together each try) once every
-    one carries ``want``: their fp32 values, and ``failed``."""
-    a = gl.load(ptr + offs, mask=m, other=0, cache_modifier=".cg")
-    b = gl.load(ptr + offs_t, mask=mt, other=0, cache_modifier=".cg")
-    t0 = _now()
-    while (_stale2(a, m, want) + _stale2(b, mt, want) > 0) & (failed == 0):
-        late = gl.max(gl.max(gl.where(m, _now() - t0, 0), axis=1), axis=0)
-        failed = _timed_out(late, timeout_ns, failed, err, instr, ctr,
-                            gl.max(gl.max((a >> 16) & 0xFFFF, axis=1), axis=0), want)
-        a = gl.load(ptr + offs, mask=m, other=0, cache_modifier=".cg")
-        b = gl.load(ptr + offs_t, mask=mt, other=0, cache_modifier=".cg")
+    """Words [offs] and [offs_t] (two 2-D pieces) once every one carries ``want``: their
+    fp32 values, and ``failed``."""
+    deadline = _now() + timeout_ns
+    on = (failed == 0).to(gl.int32)
+    a = _spin(ptr + offs, m.to(gl.int32) * on, want + offs * 0, deadline + offs * 0)
+    b = _spin(ptr + offs_t, mt.to(gl.int32) * on, want + offs_t * 0, deadline + offs_t * 0)
+    failed = _record(_stale2(a, m, want) + _stale2(b, mt, want), timeout_ns, failed, err,
+                     instr, ctr, gl.max(gl.max((a >> 16) & 0xFFFF, axis=1), axis=0), want)
     return unpack(a), unpack(b), failed
 
 
 @gluon.jit
 def wait_h(ptr, offs, m, offs_t, mt, want, timeout_ns, failed, err, instr, ctr):
     """``wait_two`` for a 3-D piece and a 2-D one."""
-    a = gl.load(ptr + offs, mask=m, other=0, cache_modifier=".cg")
-    b = gl.load(ptr + offs_t, mask=mt, other=0, cache_modifier=".cg")
-    t0 = _now()
-    while (_stale3(a, m, want) + _stale2(b, mt, want) > 0) & (failed == 0):
-        late = gl.max(gl.max(gl.max(gl.where(m, _now() - t0, 0), axis=2), axis=1), axis=0)
-        failed = _timed_out(late, timeout_ns, failed, err, instr, ctr,
-                            gl.max(gl.max(gl.max((a >> 16) & 0xFFFF, axis=2), axis=1),
-                                   axis=0), want)
-        a = gl.load(ptr + offs, mask=m, other=0, cache_modifier=".cg")
-        b = gl.load(ptr + offs_t, mask=mt, other=0, cache_modifier=".cg")
-    return unpack(a), unpack(b), failed
-
-
-@gluon.jit
-def wait_rows(ptr, ra, ma, rb, mb, want, timeout_ns, failed, err, instr, ctr):
-    """Words [ra] and [rb] (two 1-D pieces) once every one carries ``want``."""
-    a = gl.load(ptr + ra, mask=ma, other=0, cache_modifier=".cg")
-    b = gl.load(ptr + rb, mask=mb, other=0, cache_modifier=".cg")
-    t0 = _now()
-    while (_stale1(a, ma, want) + _stale1(b, mb, want) > 0) & (failed == 0):
-        late = gl.max(gl.where(ma, _now() - t0, 0), axis=0)
-        failed = _timed_out(late, timeout_ns, failed, err, instr, ctr,
-                            gl.max((a >> 16) & 0xFFFF, axis=0), want)
-        a = gl.load(ptr + ra, mask=ma, other=0, cache_modifier=".cg")
-        b = gl.load(ptr + rb, mask=mb, other=0, cache_modifier=".cg")
+    deadline = _now() + timeout_ns
+    on = (failed == 0).to(gl.int32)
+    a = _spin(ptr + offs, m.to(gl.int32) * on, want + offs * 0, deadline + offs * 0)
+    b = _spin(ptr + offs_t, mt.to(gl.int32) * on, want + offs_t * 0, deadline + offs_t * 0)
+    failed = _record(_stale3(a, m, want) + _stale2(b, mt, want), timeout_ns, failed, err,
+                     instr, ctr, gl.max(gl.max(gl.max((a >> 16) & 0xFFFF, axis=2), axis=1),
+                                        axis=0), want)
     return unpack(a), unpack(b), failed
