@@ -4,7 +4,7 @@ from the same state, the oracle check of both (teacher-forced, the agreement rul
 replays bit-identical, and both steps timed alternately against the floor measured here.
 
     python lab/step_check.py OUT.json [--ctx 512,4000] [--tokens 32] [--iters 200]
-                             [--stages 4] [--model qwen2.5-1.5b] [--clock PREFIX]
+                             [--stages STAGES] [--model qwen2.5-1.5b] [--clock PREFIX]
                              [--variants ATTENTION:PLAN_CTX[:STAGES[:POLL]],...]
     python lab/step_clock.py PREFIX_512.pt       # where the time goes, per layer and op
 """
@@ -45,7 +45,8 @@ def buffers_after_step(e, plan, pos, names):
     return {n: t.float().clone() for n, t in names().items()}
 
 
-def one_ctx(spec, w, ctx, tokens, iters, stages, bw, out, clock_to=None, variants=(("four", 0, 0, 0),)):
+def one_ctx(spec, w, ctx, tokens, iters, stages, bw, out, clock_to=None,
+            variants=(("four", 0, 0, POLL),)):
     g = torch.Generator().manual_seed(ctx)
     prompt = torch.randint(0, spec.vocab, (ctx,), generator=g)
     max_ctx = run_ctx(ctx, tokens, iters)
@@ -70,7 +71,7 @@ def one_ctx(spec, w, ctx, tokens, iters, stages, bw, out, clock_to=None, variant
 
 
 def one_variant(e, chain, prompt, ref, ctx, iters, stages, fl, out, attention, plan,
-                clock_to, poll=0):
+                clock_to, poll=POLL):
     t0 = time.time()
     mk = MegaStep(e, ctx=plan, stages=stages, attention=attention, poll=poll)
     mega = [mk.launch()]
@@ -151,8 +152,9 @@ def main():
     spec = get_spec(a.model)
     w = random_weights(a.model, 0, device="cuda")
     bw = run_bandwidth("cuda")
-    variants = [(f[0], *(int(x) for x in (f[1:] + ["0", "0", str(POLL)])[:3]))
-                for f in (v.split(":") for v in a.variants.split(","))]
+    given = [v.split(":") for v in a.variants.split(",")]
+    variants = [(f[0], *(int(x) for x in f[1:4] + ["0", "0", str(POLL)][len(f) - 1:]))
+                for f in given]
     res = {"model": a.model, "read_tbps": bw, "stages": a.stages, "variants": variants,
            "runs": {}}
     for ctx in (int(c) for c in a.ctx.split(",")):

@@ -74,8 +74,11 @@ def test_compiles_for_hopper_without_a_gpu():
                        env={**__import__("os").environ, "TRITON_INTERPRET": "0"})
     assert r.returncode == 0, r.stderr[-2000:]
     assert f"sm_90 STAGES {step.STAGES}" in r.stdout and "'tma'" in r.stdout
-    assert all(f"attention {f} poll {p}: {{'shared'" in r.stdout
-               for f in schedule.FORMS for p in (0, 1))
+    lines = {(f, p): next(ln for ln in r.stdout.splitlines()
+                          if f"attention {f} poll {p}: {{'shared'" in ln)
+             for f in schedule.FORMS for p in (0, 1)}
+    for (f, p), ln in lines.items():     # poll 1's waits are every thread's acquire loads
+        assert ("'acquire': 0," in ln) == (p == 0), ln
 
 
 @pytest.mark.gpu

@@ -50,6 +50,14 @@ def _load_acquire(ptr):
 
 
 @gluon.jit
+def _store_mine(ptr, v):
+    """Store v at ``ptr`` from this thread (a scalar ``gl.store`` stores from one thread
+    only): a stall found by any one thread is recorded."""
+    return gl.inline_asm_elementwise("st.global.b32 [$1], $2;\nmov.b32 $0, 0;", "=r,l,r",
+                                     [ptr, v], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
 def _poll(ctr_ptr, POLL: gl.constexpr):
     if POLL == 1:
         v = _load_acquire(ctr_ptr)
@@ -61,15 +69,18 @@ def _poll(ctr_ptr, POLL: gl.constexpr):
 @gluon.jit
 def _wait_counter(ctr_ptr, target, timeout_ns, failed, err_ptr, instr, POLL: gl.constexpr = 0):
     """Spin until ctr >= target (acquire, GPU scope), at most ``timeout_ns``; on timeout
-    record the stall in err and return failed = 1 (later waits are skipped). ``POLL``:
-    0 polls with an atomic add of 0, 1 with an acquire load."""
+    record the stall in err and return failed = 1 (later waits are skipped). ``POLL``
+    0: one thread's acquire load (``atomic_add`` of 0 lowers to it) broadcast to the CTA
+    through shared memory, two barriers a poll; 1: every thread's own acquire load, no
+    barrier, so threads leave at their own tries and each that times out records the
+    stall itself (``_store_mine``)."""
     v = _poll(ctr_ptr, POLL)
     t0 = _now()
     while (v < target) & (failed == 0):
         if _now() - t0 > timeout_ns:
-            gl.store(err_ptr + 0, instr + 1)
-            gl.store(err_ptr + 2, v)
-            gl.store(err_ptr + 3, target)
+            _store_mine(err_ptr + 0, instr + 1)
+            _store_mine(err_ptr + 2, v)
+            _store_mine(err_ptr + 3, target)
             failed = 1
         v = _poll(ctr_ptr, POLL)
     return failed

@@ -247,7 +247,6 @@ def _partial_blocks(q, k_old, v_old, k_pos, v_pos, pos, start, end, tk, dk, ts, 
     m_i = gl.full([GP], float("-inf"), gl.float32, gl.SliceLayout(1, sl))
     l_i = gl.zeros([GP], gl.float32, gl.SliceLayout(1, sl))
     o = gl.zeros([GP, D], gl.float32, ql)
-    kv_off = base + (start + tk)[:, None] * D + dk[None, :]
     if start < end:                                   # the first block: + key pos
         new = ((start + tk) == pos)[:, None] & (dk[None, :] < D)
         k = gl.where(new, k_pos[None, :], k_old).to(gl.float32)
@@ -306,9 +305,13 @@ def _op_attn_partial(layer, kh, sp, splits, unit, pos_ptr, q_ptr, kc_ptr, vc_ptr
     qmask = (hq[:, None] < G) & (dq[None, :] < D)
     q = gl.load(q_ptr + (kh * G + hq[:, None]) * D + dq[None, :], mask=qmask, other=0.0,
                 cache_modifier=".cg").to(gl.float32)
-    pm = (dk < D) & (start <= pos) & (pos < end)      # key pos: the RoPE stage's, from L2
-    k_pos = gl.load(kc_ptr + base + pos * D + dk, mask=pm, other=0.0, cache_modifier=".cg")
-    v_pos = gl.load(vc_ptr + base + pos * D + dk, mask=pm, other=0.0, cache_modifier=".cg")
+    # key pos, where the first block holds it (a later block reads it with its keys):
+    # the RoPE stage's, from L2
+    at_pos = (dk < D) & (start <= pos) & (pos < end) & (pos < start + BT)
+    k_pos = gl.load(kc_ptr + base + pos * D + dk, mask=at_pos, other=0.0,
+                    cache_modifier=".cg")
+    v_pos = gl.load(vc_ptr + base + pos * D + dk, mask=at_pos, other=0.0,
+                    cache_modifier=".cg")
     _partial_blocks(q, k_old, v_old, k_pos, v_pos, pos, start, end, tk, dk, ts, base, kh, sp,
                     kc_ptr, vc_ptr, pm_ptr, pl_ptr, po_ptr, SPMAX, scale, G, GP, D, BT, sl,
                     ql)
@@ -361,8 +364,9 @@ def _op_attn_fused(layer, kh, sp, splits, unit, bump, bump2, pos_ptr, qkv_ptr, k
                    POLL: gl.constexpr, num_warps: gl.constexpr):
     """ATTN_FUSED (isa.py): before the counter wait, the first block of this split's
     earlier keys and pos's cos/sin are asked for; after it, RoPE on the G queries from
-    qkv, the new key RoPEd and it and its value written into the cache by the split that
-    holds pos (read back from L2 by the blocks, as the partial's), the partial.
+    qkv, the new key RoPEd (every split; zeros where it does not hold pos) and, by the
+    split that holds pos, it and its value written into the cache (used from registers
+    in the first block, read back from L2 where a later block holds pos), the partial.
     ``MERGE`` (the "two" form): its bump with acquire and release, and, by the split whose
     bump completes the kv head, the merge of its G heads and a bump of ``bump2``; else
     the caller bumps (release) and the merges merge.
@@ -520,7 +524,9 @@ def _compute(prog_ptr, n_instr, ring, ring_dk, ring_tk, ready, empty, vec, x_ptr
     hl: gl.constexpr = gl.BlockedLayout([HDR], [32], [num_warps], [0])
     f16 = gl.arange(0, HDR, hl)
     nxt = gl.load(base + f16)
-    pos_now = gl.load(pos_ptr, cache_modifier=".cg")    # ARGMAX, the last, moves it
+    # this step's pos, read once: only ARGMAX, the last instruction, writes it (after
+    # every other through the counters), and the launch is not programmatic-dependent
+    pos_now = gl.load(pos_ptr, cache_modifier=".cg")
     t = 0
     failed = 0
     for i in range(n_instr):
@@ -542,7 +548,9 @@ def _compute(prog_ptr, n_instr, ring, ring_dk, ring_tk, ready, empty, vec, x_ptr
         unit = _field(hdr, f16, 14)
         if CLOCK:
             gl.store(clk + i * 4, _now())
-        if BIAS:                                      # QKV's first bias rows, before its wait
+        # QKV's first bias rows, before its wait; loaded (masked off) for every op, as a
+        # value the QKV loop carries must exist before the branch on op
+        if BIAS:
             qb = op == 1
             bo = bqkv_ptr + layer * QKV + row0
             ba = gl.load(bo + rows_, mask=qb & (rows_ < rows), other=0.0)

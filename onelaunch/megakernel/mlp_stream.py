@@ -215,7 +215,8 @@ def aot(stages=4, num_warps=4, H=1536, I=8960) -> dict:
 def compile_sm90(kernel, sig: dict, consts: dict, aligned, num_warps: int) -> dict:
     """``kernel`` compiled for sm_90 on any machine (arguments ``aligned``: pointers 16-byte
     aligned); raises unless its PTX has TMA copies, mbarriers and the clock. Returns its
-    shared memory, TMA copies and PTX lines."""
+    shared memory, TMA copies, every thread's own acquire loads (``POLL`` 1's polls) and
+    PTX lines."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
     attrs = {(i,): [["tt.divisibility", 16]] for i in aligned}
@@ -225,7 +226,7 @@ def compile_sm90(kernel, sig: dict, consts: dict, aligned, num_warps: int) -> di
     assert "cp.async.bulk.tensor" in ptx, "TMA loads"
     assert "mbarrier" in ptx and "%globaltimer" in ptx
     return {"shared": k.metadata.shared, "tma": ptx.count("cp.async.bulk.tensor"),
-            "ptx_lines": ptx.count("\n")}
+            "acquire": ptx.count("ld.acquire.gpu.global"), "ptx_lines": ptx.count("\n")}
 
 
 def main(argv=None) -> int:

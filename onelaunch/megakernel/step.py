@@ -31,8 +31,8 @@ EB = 1024                  # columns an embedding copy takes a block
 TIMEOUT_NS = 200_000_000   # a counter wait's bound: 0.2 s
 ATT_STAGES = {"four": 4, "three": 3, "two": 2}    # the kernel's ATT: stages after QKV
 ATTENTION = "three"        # the engine's form of the attention (measured: NOTES 31)
-POLL = 1                   # a counter wait polls: 0 with an atomic add of 0, 1 with an
-                           # acquire load (NOTES 34)
+POLL = 1                   # a counter wait polls: 0 by one thread's acquire load broadcast
+                           # to the CTA, 1 by every thread's own (NOTES 34)
 STAGES = 6                 # the ring's shared-memory stages, each two [TN, KB, TK] boxes
 
 
@@ -193,6 +193,8 @@ class MegaStep:
 
 def constexprs(s, P, n_ctr, stages, num_warps, clock, kg, gt, nf, tail, attention,
                poll=POLL) -> dict:
+    if poll not in (0, 1):
+        raise ValueError(f"poll {poll!r}: 0 or 1")
     g = s.heads // s.kv_heads
     return dict(KB_=KB, KG=kg, GT=gt, NF=nf, TAIL=tail, STAGES=stages, WIDTH=isa.WIDTH, G=g,
                 GP=triton.next_power_of_2(g), D=s.head_dim, HKV=s.kv_heads, BT=BT, SB=SB,
@@ -237,9 +239,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m onelaunch.megakernel.step",
                                  description="compile the one-launch step for sm_90 (no GPU)")
     ap.add_argument("--aot", action="store_true", required=True)
-    ap.add_argument("--stages", default=str(STAGES))
-    ap.add_argument("--poll", default=str(POLL), help="counter polls: 0 atomic, 1 acquire "
-                    "load (comma-separated: each)")
+    ap.add_argument("--stages", default=str(STAGES),
+                    help=f"the ring's stages, comma-separated: each (default {STAGES})")
+    ap.add_argument("--poll", default=str(POLL), help="counter polls, comma-separated: 0 "
+                    "one thread's load broadcast, 1 every thread's own "
+                    f"(default {POLL})")
     ap.add_argument("--attention", default=",".join(schedule.FORMS),
                     help="the attention's forms (" + "; ".join(
                         f"{f}: {t}" for f, t in schedule.FORM_TEXT.items()) + ")")

@@ -167,7 +167,9 @@ class LlamaBench:
         out = subprocess.run(bench_command(self.binary, g["path"], run.ctx, n),
                              capture_output=True, text=True, timeout=self.timeout_s)
         if out.returncode != 0:
-            r["error"] = f"llama-bench exited {out.returncode}: {out.stderr[-400:]}"
+            said = [ln for ln in out.stderr.splitlines() if ln.strip()]
+            r["error"] = (f"llama-bench exited {out.returncode}: "
+                          f"{said[-1][:300] if said else 'no message'}")   # its last word
             return r
         b = parse_bench(out.stdout)
         run.timed(r, b.pop("ms_per_token"))

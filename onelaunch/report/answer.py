@@ -55,9 +55,9 @@ def _fastest(rows: list[dict]) -> dict | None:
 
 def one_gpu(rows: list[dict], model: str) -> dict:
     """One model's one-GPU numbers from the ladder's rows (one run): the floor, our
-    fastest rung that passed its check, the strongest compiled peer, llama.cpp (the row
-    of the chapter that measured it for this model: 6 for OLMoE, 8 for Qwen; one that
-    gave no time is kept, so the page can say why)."""
+    fastest rung that passed its check, the strongest compiled peer, llama.cpp (this
+    model's fastest llama.cpp row that passed, in this run one chapter measures it: 6
+    for OLMoE, 8 for Qwen; else one that gave no time, so the page can say why)."""
     mine = [r for r in rows if r["model"] == model]
     floor = ladder_file.summary(rows, model)["floor_ms"]
     compiled = [r for r in mine if r["rung"] in COMPILED]
