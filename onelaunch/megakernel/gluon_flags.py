@@ -105,16 +105,25 @@ def _record(stale, timeout_ns, failed, err, instr, ctr, seen, want):
 
 
 @gluon.jit
-def wait_two(ptr, offs, m, offs_t, mt, want, timeout_ns, failed, err, instr, ctr):
+def wait_two(ptr, offs, m, offs_t, mt, want, timeout_ns, failed, err, instr, ctr,
+             NW: gl.constexpr):
     """Words [offs] and [offs_t] (two 2-D pieces) once every one carries ``want``: their
-    fp32 values, and ``failed``."""
+    fp32 values in the pieces' layout, and ``failed``. The pieces are spread over the NW
+    warps for the spin (a vector every warp holds whole is spun on once, not NW times),
+    then brought back."""
+    dl: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [NW, 1], [1, 0])
+    od = gl.convert_layout(offs, dl)
+    md = gl.convert_layout(m, dl)
+    otd = gl.convert_layout(offs_t, dl)
+    mtd = gl.convert_layout(mt, dl)
     deadline = _now() + timeout_ns
     on = (failed == 0).to(gl.int32)
-    a = _spin(ptr + offs, m.to(gl.int32) * on, want + offs * 0, deadline + offs * 0)
-    b = _spin(ptr + offs_t, mt.to(gl.int32) * on, want + offs_t * 0, deadline + offs_t * 0)
-    failed = _record(_stale2(a, m, want) + _stale2(b, mt, want), timeout_ns, failed, err,
+    a = _spin(ptr + od, md.to(gl.int32) * on, want + od * 0, deadline + od * 0)
+    b = _spin(ptr + otd, mtd.to(gl.int32) * on, want + otd * 0, deadline + otd * 0)
+    failed = _record(_stale2(a, md, want) + _stale2(b, mtd, want), timeout_ns, failed, err,
                      instr, ctr, gl.max(gl.max((a >> 16) & 0xFFFF, axis=1), axis=0), want)
-    return unpack(a), unpack(b), failed
+    return (unpack(gl.convert_layout(a, offs.type.layout)),
+            unpack(gl.convert_layout(b, offs_t.type.layout)), failed)
 
 
 @gluon.jit

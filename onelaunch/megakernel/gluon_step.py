@@ -134,12 +134,12 @@ def _rms_vec(x_ptr, g_ptr, H, eps, offs, offs_t, GT: gl.constexpr):
 
 @gluon.jit
 def _x_vec(x_ptr, fw_ptr, g_ptr, H, eps, offs, offs_t, want, timeout_ns, failed, err, instr,
-           ctr, GT: gl.constexpr, LL: gl.constexpr):
+           ctr, GT: gl.constexpr, LL: gl.constexpr, NW: gl.constexpr):
     """``_rms_vec`` of x as the counter wait left it, or (``LL``) of x's flagged words
     once each carries ``want``; and ``failed``."""
     if LL:
         xv, xt, failed = fl.wait_two(fw_ptr, offs, offs < H, offs_t, offs_t < H, want,
-                                     timeout_ns, failed, err, instr, ctr)
+                                     timeout_ns, failed, err, instr, ctr, NW)
         xn, xnt = _rms_of(xv, xt, g_ptr, H, eps, offs, offs_t, GT)
     else:
         xn, xnt = _rms_vec(x_ptr, g_ptr, H, eps, offs, offs_t, GT)
@@ -612,7 +612,7 @@ def _compute(prog_ptr, n_instr, ring, ring_dk, ring_tk, ready, empty, vec, x_ptr
         if op == 1:                                   # RMS_QKV (+ bias)
             xn, xnt, failed = _x_vec(x_ptr, fw_ptr, gin_ptr + layer * H, H, eps, offs,
                                      offs_t, fl.flag(epoch, 2 * layer, NS), timeout_ns,
-                                     failed, err, i, w0, GT, LX)
+                                     failed, err, i, w0, GT, LX, NW)
             for rb in range(0, rows, 2 * TN_):
                 ra = row0 + rb + rows_
                 rbb = ra + TN_
@@ -651,7 +651,7 @@ def _compute(prog_ptr, n_instr, ring, ring_dk, ring_tk, ready, empty, vec, x_ptr
                       # in the chain that led to these words)
                 av, avt, failed = fl.wait_two(aw_ptr, offs, offs < HQ, offs_t, offs_t < HQ,
                                               fl.flag(epoch, layer, NS), timeout_ns, failed,
-                                              err, i, w0)
+                                              err, i, w0, NW)
             else:
                 av = gl.load(attn_ptr + offs, mask=offs < HQ, other=0.0,
                              cache_modifier=".cg").to(gl.float32)
@@ -679,7 +679,7 @@ def _compute(prog_ptr, n_instr, ring, ring_dk, ring_tk, ready, empty, vec, x_ptr
         elif op == 6:                                 # GATE_UP (+ SwiGLU)
             xn, xnt, failed = _x_vec(x_ptr, fw_ptr, gpost_ptr + layer * H, H, eps, offs,
                                      offs_t, fl.flag(epoch, 2 * layer + 1, NS), timeout_ns,
-                                     failed, err, i, w0, GT, LX)
+                                     failed, err, i, w0, GT, LX, NW)
             fh = fl.flag(epoch, layer, NS)
             for rb in range(0, rows, TN_):
                 s = _stage_ready(ready, t, STAGES)
@@ -736,7 +736,7 @@ def _compute(prog_ptr, n_instr, ring, ring_dk, ring_tk, ready, empty, vec, x_ptr
         elif op == 8:                                 # LM_HEAD: this instruction's best
             xn, xnt, failed = _x_vec(x_ptr, fw_ptr, gfin_ptr, H, eps, offs, offs_t,
                                      fl.flag(epoch, 2 * L, NS), timeout_ns, failed, err, i,
-                                     w0, GT, LX)
+                                     w0, GT, LX, NW)
             best_v = gl.full([TN_], float("-inf"), gl.float32, rl)
             best_i = gl.full([TN_], 2147483647, gl.int32, rl)
             for rb in range(0, rows, 2 * TN_):
