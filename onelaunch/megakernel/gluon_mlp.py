@@ -43,8 +43,8 @@ def _now():
 
 @gluon.jit
 def _load_acquire(ptr):
-    """ctr at ``ptr`` by a plain load with acquire semantics at GPU scope (no
-    read-modify-write at the L2's atomic unit)."""
+    """ctr at ``ptr`` by this thread's own load with acquire semantics at GPU scope (no
+    broadcast to the CTA, so no barrier a poll)."""
     return gl.inline_asm_elementwise("ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [ptr],
                                      dtype=gl.int32, is_pure=False, pack=1)
 
