@@ -17,7 +17,7 @@ import torch
 from onelaunch.engine import Engine
 from onelaunch.measure.agree import judge, oracle_tokens
 from onelaunch.measure.timing import floor_ms, run_bandwidth, run_ctx, time_ms
-from onelaunch.megakernel.step import POLL, STAGES, MegaStep
+from onelaunch.megakernel.step import ATTENTION, POLL, STAGES, MegaStep
 from onelaunch.specs import get_spec
 from onelaunch.weights import random_weights
 
@@ -141,7 +141,7 @@ def main():
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--stages", type=int, default=STAGES)
-    ap.add_argument("--variants", default="four:0",
+    ap.add_argument("--variants", default=f"{ATTENTION}:0",
                     help="ATTENTION:PLAN_CTX[:STAGES[:POLL]],... each timed against the "
                     "chain in this process: ATTENTION the attention's form (four, three, "
                     "two: schedule.FORMS); PLAN_CTX the schedule's planning context (its "
