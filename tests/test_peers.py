@@ -294,3 +294,29 @@ def test_bench_judges_peers_and_rungs_on_one_prompt_one_oracle_one_bandwidth(mon
         assert r["read_tbps"] == bw and r["floor_ms"] == pytest.approx(floor, abs=5e-5)
         assert r["x_floor"] == pytest.approx(r["ms_per_token"] / floor, 1e-2), r["rung"]
         assert r["agree"] in (None, "2/2"), r
+
+
+def test_bench_runs_the_gpt_fast_peer_on_its_one_oracle_run(monkeypatch):
+    """``bench``'s peers include the strongest compiled one (gpt-fast's step) for a dense
+    model, on the run's prompt and its one oracle run; a MoE model has no such row."""
+    from onelaunch.measure import agree, ladder
+    from onelaunch.peers import gpt_fast
+    from onelaunch.prompt import prompt_digest
+    runs = []
+    oracle_tokens = agree.oracle_tokens
+    monkeypatch.setattr(agree, "oracle_tokens", lambda *a: runs.append(a) or oracle_tokens(*a))
+    monkeypatch.setattr(gpt_fast, "oracle_greedy", lambda *a, **k: (
+        runs.append(k) if k.get("return_logits") else None) or og(*a, **k))
+    og = rungs.oracle_greedy
+    spec, ctx, seed = get_spec("tiny-qwen2"), 6, 3
+    rows = ladder.bench_rows(spec, random_weights(spec, 0), "cpu", ctx=ctx, tokens=2,
+                             iters=1, seed=seed, read_tbps=1.5, peers=(gpt_fast.NAME,),
+                             peer_tokens=2, rungs=())
+    assert [r["rung"] for r in rows] == [gpt_fast.NAME]
+    assert len(runs) == 1                      # bench's oracle run, not one of its own
+    assert rows[0]["prompt"] == prompt_digest(random_prompt(spec, ctx, seed))
+    assert rows[0]["agree"] == "2/2" and rows[0]["ms_per_token"] > 0
+    moe = get_spec("tiny-olmoe")
+    assert ladder.bench_rows(moe, random_weights(moe, 0), "cpu", ctx=ctx, tokens=2, iters=1,
+                             seed=seed, read_tbps=1.5, peers=(gpt_fast.NAME,),
+                             peer_tokens=2, rungs=()) == []

@@ -86,7 +86,9 @@ def bench_rows(spec, w, device="cuda", ctx=512, tokens=12, iters=100, seed=0,
     every row's ``floor_ms``, ``x_floor`` and ``read_tbps``. Every row names the prompt
     (``prompt``: :func:`onelaunch.prompt.prompt_digest`).
 
-    ``peers``: True (every peer), False, or the peers' names; ``peer_tokens``: the
+    ``peers``: True (every peer, and for a dense model the strongest compiled one,
+    ``gpt-fast compiled``: :func:`onelaunch.peers.gpt_fast.fast_decode_rows`), False, or
+    the peers' names (``gpt-fast compiled`` among them); ``peer_tokens``: the
     peers' checked and timed tokens (32 on a GPU, 4 on the CPU);
     ``peer_iters``: their timed steps (``min(iters, 50)``); ``rungs``: ours."""
     cuda = torch.device(device).type == "cuda"
@@ -97,11 +99,18 @@ def bench_rows(spec, w, device="cuda", ctx=512, tokens=12, iters=100, seed=0,
     ids, logits = agree.oracle_tokens(spec, w, prompt, n_ref, max_ctx)
     rows = []
     if peers:
+        from ..peers.gpt_fast import NAME as FAST, fast_decode_rows
         from ..peers.rungs import RUNGS as PEERS, peer_rungs
+        names = PEERS + (FAST,) if peers is True else tuple(peers)
         rows += peer_rungs(spec, ctx=ctx, device=device, iters=peer_iters or min(iters, 50),
                            new_tokens=peer_tokens, seed=seed, weights=w, prompt=prompt,
                            ref=(ids, logits), read_tbps=read_tbps,
-                           rungs=PEERS if peers is True else tuple(peers))
+                           rungs=tuple(n for n in names if n != FAST))
+        if FAST in names and not (spec.is_moe or spec.qk_norm):   # gpt-fast's is dense
+            rows += fast_decode_rows(spec, ctx=ctx, device=device,
+                                     iters=peer_iters or min(iters, 50),
+                                     new_tokens=peer_tokens, seed=seed, weights=w,
+                                     read_tbps=read_tbps, ref=(ids, logits))
     rows += ladder_rows(spec, w, device, ctx=ctx, tokens=tokens, iters=iters,
                         read_tbps=read_tbps, max_ctx=max_ctx, seed=seed, rungs=rungs,
                         ref=(ids[:tokens], logits[:tokens]))

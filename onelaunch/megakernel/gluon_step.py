@@ -703,35 +703,41 @@ def _compute(prog_ptr, n_instr, ring, ring_dk, ring_tk, ready, empty, vec, x_ptr
 
 
 @gluon.jit
-def step_kernel(prog_ptr, n_instr, d_qkv, d_o, d_gu, d_dn, d_dt, d_lm, x_ptr, qkv_ptr, q_ptr,
-                attn_ptr, h_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr, pm_ptr, pl_ptr, po_ptr,
-                val_ptr, idx_ptr, seq_ptr, amax_ptr, pos_ptr, plen_ptr, emb_ptr, gin_ptr,
-                gpost_ptr, gfin_ptr, bqkv_ptr, ctr_ptr, err_ptr, clk_ptr, L, H, I, QKV, HQ,
-                KVS, V, SPMAX, MAXCTX, eps, scale, timeout_ns, n_ctr, KB_: gl.constexpr,
-                KG: gl.constexpr, GT: gl.constexpr, NF: gl.constexpr, TAIL: gl.constexpr,
-                STAGES: gl.constexpr, WIDTH: gl.constexpr, G: gl.constexpr,
-                GP: gl.constexpr, D: gl.constexpr, HKV: gl.constexpr, BT: gl.constexpr,
-                SB: gl.constexpr, SBF: gl.constexpr, NPB: gl.constexpr, EB: gl.constexpr,
-                BIAS: gl.constexpr, ATT: gl.constexpr, CTR_BLOCK: gl.constexpr,
-                CLOCK: gl.constexpr, POLL: gl.constexpr, num_warps: gl.constexpr):
+def step_kernel(prog_ptr, n_instr, d_qkv, d_o, d_gu, d_dn, d_dt, d_lm, x_ptr, qkv_ptr,
+                q_ptr, attn_ptr, h_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr, pm_ptr,
+                pl_ptr, po_ptr, val_ptr, idx_ptr, seq_ptr, amax_ptr, pos_ptr, plen_ptr,
+                emb_ptr, gin_ptr, gpost_ptr, gfin_ptr, bqkv_ptr, ctr_ptr, err_ptr,
+                clk_ptr, L, H, I, QKV, HQ, KVS, V, SPMAX, MAXCTX, eps, scale,
+                timeout_ns, n_ctr,
+                KB_: gl.constexpr, KG: gl.constexpr, GT: gl.constexpr,
+                NF: gl.constexpr, TAIL: gl.constexpr, STAGES: gl.constexpr,
+                WIDTH: gl.constexpr, G: gl.constexpr, GP: gl.constexpr,
+                D: gl.constexpr, HKV: gl.constexpr, BT: gl.constexpr,
+                SB: gl.constexpr, SBF: gl.constexpr, NPB: gl.constexpr,
+                EB: gl.constexpr, BIAS: gl.constexpr, ATT: gl.constexpr,
+                CTR_BLOCK: gl.constexpr, CLOCK: gl.constexpr, POLL: gl.constexpr,
+                num_warps: gl.constexpr):
     TN_: gl.constexpr = d_gu.block_type.shape[0]
     TK_: gl.constexpr = d_gu.block_type.shape[2]
     # a stage: two slots of [TN, KB_, TK] (two row blocks, or gate and up), or the same
     # bytes as one [TN, KD = 2 KB_, TK] down box
-    ring = gl.allocate_shared_memory(gl.bfloat16, [2 * STAGES, TN_, KB_, TK_], d_gu.layout)
-    ring_dn, ring_dt, ring_dk, ring_tk = _down_views(ring, d_dn, d_dt, STAGES, num_warps)
+    ring = gl.allocate_shared_memory(gl.bfloat16, [2 * STAGES, TN_, KB_, TK_],
+                                     d_gu.layout)
+    ring_dn, ring_dt, ring_dk, ring_tk = _down_views(ring, d_dn, d_dt, STAGES,
+                                                     num_warps)
     KD: gl.constexpr = d_dn.block_type.shape[1]
     vec, ready, empty = _h_and_barriers(NF, KD, TAIL, TK_, STAGES)
     gl.warp_specialize([
-        (_compute, (prog_ptr, n_instr, ring, ring_dk, ring_tk, ready, empty, vec, x_ptr,
-                    qkv_ptr, q_ptr, attn_ptr, h_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr, pm_ptr,
-                    pl_ptr, po_ptr, val_ptr, idx_ptr, seq_ptr, amax_ptr, pos_ptr, plen_ptr,
-                    emb_ptr, gin_ptr, gpost_ptr, gfin_ptr, bqkv_ptr, ctr_ptr, err_ptr, clk_ptr,
-                    H, I, QKV, HQ, KVS, SPMAX, MAXCTX, eps, scale, timeout_ns, KG, GT, NF, KD,
-                    TAIL, STAGES, WIDTH, TN_, TK_, G, GP, D, HKV, BT, SB, SBF, NPB, EB,
-                    BIAS, ATT, CLOCK, POLL, num_warps)),
-        (_loader, (prog_ptr, n_instr, d_qkv, d_o, d_gu, d_dn, d_dt, d_lm, ring, ring_dn,
-                   ring_dt, ready, empty, clk_ptr, L, H, I, QKV, V, NF, TAIL, STAGES, WIDTH,
-                   CLOCK))],
+        (_compute, (prog_ptr, n_instr, ring, ring_dk, ring_tk, ready, empty, vec,
+                    x_ptr, qkv_ptr, q_ptr, attn_ptr, h_ptr, kc_ptr, vc_ptr, cos_ptr,
+                    sin_ptr, pm_ptr, pl_ptr, po_ptr, val_ptr, idx_ptr, seq_ptr,
+                    amax_ptr, pos_ptr, plen_ptr, emb_ptr, gin_ptr, gpost_ptr,
+                    gfin_ptr, bqkv_ptr, ctr_ptr, err_ptr, clk_ptr, H, I, QKV, HQ, KVS,
+                    SPMAX, MAXCTX, eps, scale, timeout_ns, KG, GT, NF, KD, TAIL,
+                    STAGES, WIDTH, TN_, TK_, G, GP, D, HKV, BT, SB, SBF, NPB, EB, BIAS,
+                    ATT, CLOCK, POLL, num_warps)),
+        (_loader, (prog_ptr, n_instr, d_qkv, d_o, d_gu, d_dn, d_dt, d_lm, ring,
+                   ring_dn, ring_dt, ready, empty, clk_ptr, L, H, I, QKV, V, NF, TAIL,
+                   STAGES, WIDTH, CLOCK))],
         [1], [48])
     _reset_on_exit(ctr_ptr, n_ctr, CTR_BLOCK, num_warps)

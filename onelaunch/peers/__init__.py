@@ -26,7 +26,7 @@ the agreement rule, and a peer with a real flip is refused: its row gets no time
 ``llama.cpp``        :class:`llama_cpp.LlamaBench`: ``llama-bench -ngl 99 -p 0 -n 128 -d
                      ctx -fa 1`` on a bf16 GGUF of the run's weights (GPU only; where
                      ``ci/llama_build.sh`` has not built it, one line says so, no row).
-``gpt-fast compiled`` (:func:`gpt_fast.fast_decode_rows`, not in :data:`rungs.PEERS` yet)
+``gpt-fast compiled`` (:func:`gpt_fast.fast_decode_rows`; ``bench`` runs it beside :data:`rungs.PEERS`)
                      :class:`gpt_fast.FastDecode`, the step as gpt-fast writes it (fused QKV and
                      gate/up, weights and static cache as module state, SDPA), compiled
                      with ``mode="max-autotune"`` and ``"reduce-overhead"``; the faster

@@ -13,11 +13,13 @@ import torch
 from ..measure import agree
 from ..measure.timing import floor_ms, run_bandwidth
 from ..oracle import Oracle, rope_cos_sin
-from ..prompt import random_prompt
+from ..prompt import prompt_digest, random_prompt
 from ..weights import random_weights
 from .hf import dynamo_graphs
 from .oracle_step import compiled_oracle_step, compiled_oracle_step_ms, oracle_greedy
 from .rungs import check_tokens
+
+NAME = "gpt-fast compiled"      # its rung in the ladder
 
 
 class FastDecode(torch.nn.Module):
@@ -107,13 +109,15 @@ class FastDecode(torch.nn.Module):
 def fast_decode_rows(spec, ctx: int = 512, device="cuda", iters: int = 50,
                      new_tokens: int = 64, seed: int = 0, weights=None,
                      modes=("max-autotune", "reduce-overhead"),
-                     read_tbps: float | None = None) -> list[dict]:
+                     read_tbps: float | None = None, ref=None) -> list[dict]:
     """The gpt-fast peer, checked then timed: one ladder row, "gpt-fast compiled".
 
     The module is compiled once per mode in ``modes`` (inductor; ``reduce-overhead`` and
     ``max-autotune`` both record CUDA graphs), each compiled step is teacher-forced along
     the eager oracle's greedy tokens and judged by the agreement rule, and the faster mode
-    that passes is the row's time (both are in ``modes_ms``). A mode whose check fails is
+    that passes is the row's time (both are in ``modes_ms``); ``ref``: the oracle's greedy
+    ``(ids, logits)`` over this prompt when the caller already ran it (``bench``'s one
+    oracle run). A mode whose check fails is
     refused. On the CPU (a smoke run: fp32 weights, no floor) one mode runs, dynamo with
     ``backend="aot_eager"`` (inductor's CPU code takes minutes to compile), and the row
     says so in its ``note``. ``read_tbps``: the run's bandwidth (measured here when
@@ -129,9 +133,12 @@ def fast_decode_rows(spec, ctx: int = 512, device="cuda", iters: int = 50,
     floor = floor_ms(spec, bw, ctx)
     prompt = random_prompt(spec, ctx, seed, device)
     max_ctx = ctx + new_tokens + 1
-    oracle = Oracle(spec, weights, max_ctx=max_ctx).eval()
-    ref_ids, _, ref_logits = oracle_greedy(oracle, prompt, new_tokens, return_logits=True)
-    del oracle
+    if ref is None:
+        oracle = Oracle(spec, weights, max_ctx=max_ctx).eval()
+        ref_ids, _, ref_logits = oracle_greedy(oracle, prompt, new_tokens, return_logits=True)
+        del oracle
+    else:
+        ref_ids, ref_logits = ref[0][:new_tokens].to(device), ref[1][:new_tokens]
     fast = FastDecode(spec, weights, max_ctx).eval()
     times, checks, graphs, spreads = {}, {}, {}, {}
     # gpt-fast's inductor settings: coordinate-descent tuning of the generated kernels
@@ -163,13 +170,14 @@ def fast_decode_rows(spec, ctx: int = 512, device="cuda", iters: int = 50,
     best = min(times, key=times.get) if times else None
     c = checks[best] if best else checks[modes[0]]
     ms = None if best is None else times[best]
-    r = {"model": spec.name, "rung": "gpt-fast compiled", "ctx": ctx, "kind": "peer",
+    r = {"model": spec.name, "rung": NAME, "ctx": ctx, "kind": "peer",
          "ms_per_token": None if ms is None else round(ms, 4),
          "floor_ms": None if floor is None else round(floor, 4),
          "read_tbps": None if bw is None else round(bw, 3),
          "x_floor": None if ms is None or floor is None else round(ms / floor, 3),
          "agree": c["agree"], "flips": agree.disagreements(c), "new_tokens": new_tokens,
          "device": str(device), "dtype": str(fast.dtype).replace("torch.", ""),
+         "prompt": prompt_digest(prompt),
          **{k: spreads.get(best, {}).get(k) for k in ("ms_min", "ms_max", "timed")},
          "modes_ms": {m: round(t, 4) for m, t in times.items()}, "graphs": graphs,
          "rule": f"teacher-forced; gap < {agree.NEAR_TIE_ULPS} bf16 ulps of the top logit",
