@@ -83,7 +83,7 @@ def two_gpu(rows: list[dict], model: str) -> dict | None:
     return {"rung": best["rung"], "ms": best["ms_per_token"],
             "one_gpu_ms": one["ms_per_token"], "one_gpu_floor_ms": one["floor_ms"],
             "own_floor_ms": best["floor_ms"],
-            "agree": best.get("agree")}
+            "agree": best.get("agree"), "row": best}
 
 
 def what_is_left(rows: list[dict], model: str, rung: str, top: int = 3) -> dict | None:
@@ -156,7 +156,8 @@ def table_rows(ans: dict) -> list[dict]:
         if a["two"]:
             t = a["two"]
             add(f"ours, two GPUs ({t['rung']})", t["ms"], floor=t["one_gpu_floor_ms"],
-                note="x its run's one-GPU floor")
+                row=t.get("row"), note="x its run's one-GPU floor"
+                + ("" if spread(t.get("row")) else "; that run recorded no spread"))
         if a["compiled"]:
             c = a["compiled"]
             add(f"compiled peer ({c['rung']})", c["ms_per_token"], row=c)
