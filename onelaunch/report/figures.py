@@ -17,6 +17,7 @@ import io
 from .ladder_file import _reference_flips_for, label, rung_order, summary, is_peer
 from .results import agree_ok, check_status
 from .results import row_passes as row_ok
+from .chapter import MS_SPREAD
 
 
 DPI = 150                # every figure: 150 dpi or more
@@ -27,6 +28,11 @@ FIG_W = 7.9              # inches: shown about 760 px wide, so 10 pt reads as 10
 PAGE_W = 6.5             # inches: a page's text width (the profile's figures)
 LABEL_W, VALUE_W = 2.1, 1.65    # inches: rung names left of the bars, values right of them
 PEER_C, OURS_C, NOW_C = "#8c8c8c", "#1f6fb4", "#d9480f"   # the ladder's bar colours
+PEER_NOW_C, FAILED_C = "#555555", "#c92a2a"   # this frame's peer; a failed check (hatched)
+BAR_KEYS = [(PEER_C, "a peer (what a user runs instead)"), (PEER_NOW_C, "this frame's peer"),
+            (OURS_C, "our rung"), (NOW_C, "this frame's rung"),
+            (FAILED_C, "check failed: no time shown")]     # the legend's key of each colour
+WHISKER_KEY = "min-max of the timed repeats"
 
 
 def _short_x(x: float) -> str:
@@ -48,6 +54,43 @@ def value_text(r: dict, floor_ms: float | None) -> tuple[str, str | None, str]:
     return first, second, "black"
 
 
+def bar_colour(r: dict, i: int, k: int) -> str:
+    """The colour of row ``r``'s bar, the ``i``-th rung, in frame ``k``."""
+    if not row_ok(r):
+        return FAILED_C
+    if i == k:
+        return PEER_NOW_C if is_peer(r) else NOW_C
+    return PEER_C if is_peer(r) else OURS_C
+
+
+def spread(r: dict) -> tuple[float, float] | None:
+    """(min, max) ms of a row's timed repeats, or None: the row recorded none, or its
+    check failed (no time is shown, so no spread either)."""
+    lo, hi = (r.get(key) for key in MS_SPREAD)
+    return None if lo is None or hi is None or not row_ok(r) else (lo, hi)
+
+
+def frame_bars(mine: dict, rungs: list[str], k: int) -> list[tuple[int, dict, str]]:
+    """(position, row, colour) of each bar in frame ``k`` of one model (``mine``: its rows
+    by rung): the rungs 0..k that have a row."""
+    return [(i, mine[g], bar_colour(mine[g], i, k)) for i, g in enumerate(rungs[:k + 1])
+            if g in mine]
+
+
+def bar_keys(bars: list) -> list[tuple[str, str]]:
+    """The legend's (colour, label) for the colours among ``bars``, and only those."""
+    drawn = {c for _, _, c in bars}
+    return [(c, text) for c, text in BAR_KEYS if c in drawn]
+
+
+def _legend_len(rows: list[dict], model: str, rungs: list[str], k: int) -> int:
+    mine = {r["rung"]: r for r in rows if r["model"] == model}
+    s = summary(rows, model)
+    bars = frame_bars(mine, rungs, k)
+    return (bool(s["floor_ms"]) + bool(s["best_peer"]) + len(bar_keys(bars))
+            + any(spread(r) for _, r, _ in bars))
+
+
 def render_frame(rows: list[dict], rungs: list[str], k: int, models: list[str],
                  title: str = "", smoke: bool = False, dpi: int = DPI,
                  head: str | None = None) -> bytes:
@@ -56,12 +99,15 @@ def render_frame(rows: list[dict], rungs: list[str], k: int, models: list[str],
     sit in a column right of the axes, where no reference line crosses them."""
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
-    from matplotlib.ticker import FuncFormatter
 
     n = len(rungs)
     pitch = 0.42                                   # inches per rung
     ax_h = pitch * n + 0.25
-    above, below, head_h = 1.05, 0.55, 0.25 + 0.2 * (1 + bool(smoke) + bool(title))
+    # room above each model's axes for its legend's rows (two to a row), the same in
+    # every frame of these rows so that the slider's frames have one size
+    keys = max(_legend_len(rows, m, rungs, j) for m in models for j in range(n))
+    above = max(1.05, 0.42 + 0.21 * ((keys + 1) // 2))
+    below, head_h = 0.55, 0.25 + 0.2 * (1 + bool(smoke) + bool(title))
     fig_h = head_h + len(models) * (above + ax_h + below)
     fig = Figure(figsize=(FIG_W, fig_h), dpi=max(dpi, DPI))
     for m_i, model in enumerate(models):
@@ -71,6 +117,7 @@ def render_frame(rows: list[dict], rungs: list[str], k: int, models: list[str],
         mine = {r["rung"]: r for r in rows if r["model"] == model}
         s = summary(rows, model)
         vals = [r["ms_per_token"] for r in mine.values() if row_ok(r)]
+        vals += [v for r in mine.values() for v in spread(r) or ()]
         refs = [v for v in (s["floor_ms"], s["best_peer"] and s["best_peer"]["ms_per_token"])
                 if v and v > 0]
         allv = vals + refs or [1.0]
@@ -92,21 +139,17 @@ def render_frame(rows: list[dict], rungs: list[str], k: int, models: list[str],
         for i, g in enumerate(rungs):
             if i > k:
                 ax.get_yticklabels()[i].set_alpha(0.3)
-                continue
-            r = mine.get(g)
-            color = PEER_C if is_peer(g) or (r and is_peer(r)) else OURS_C
-            if i == k:
-                color = NOW_C if color == OURS_C else "#555555"
-            if r is None:
+            elif g not in mine:
                 ax.text(1.03, i, "not measured", transform=side, va="center", fontsize=FONT,
                         color="#777777", clip_on=False)
-                continue
-            first, second, tcolor = value_text(r, s["floor_ms"])
-            if not row_ok(r):
+        bars = frame_bars(mine, rungs, k)
+        for i, r, color in bars:
+            if color == FAILED_C:
                 ax.barh(i, hi - lo, left=lo, height=0.62, color="none", hatch="//",
-                        edgecolor="#c92a2a", lw=0)
+                        edgecolor=FAILED_C, lw=0)
             else:
                 ax.barh(i, r["ms_per_token"] - lo, left=lo, color=color, height=0.62)
+            first, second, tcolor = value_text(r, s["floor_ms"])
             if second:
                 ax.text(1.03, i - 0.2, first, transform=side, va="center", fontsize=FONT,
                         color=tcolor, clip_on=False)
@@ -115,6 +158,18 @@ def render_frame(rows: list[dict], rungs: list[str], k: int, models: list[str],
             else:
                 ax.text(1.03, i, first, transform=side, va="center", fontsize=FONT,
                         color=tcolor, clip_on=False)
+        # the whiskers: min to max of each row's timed repeats, where it recorded them
+        spreads = [(i, r["ms_per_token"], spread(r)) for i, r, _ in bars if spread(r)]
+        whisker = None
+        if spreads:
+            # the spread is stored rounded: a median within its rounding of the fastest
+            # or the slowest repeat must not give a negative whisker
+            whisker = ax.errorbar([m for _, m, _ in spreads], [i for i, _, _ in spreads],
+                                  xerr=[[max(m - a, 0) for _, m, (a, b) in spreads],
+                                        [max(b - m, 0) for _, m, (a, b) in spreads]],
+                                  fmt="none", ecolor="black", elinewidth=1.1, capsize=3,
+                                  label=WHISKER_KEY)
+            whisker.lines[2][0].set_gid("whisker")
         if s["floor_ms"]:
             ax.axvline(s["floor_ms"], color="black", ls="--", lw=1.2,
                        label=f"bandwidth floor, {s['floor_ms']:.3g} ms")
@@ -126,12 +181,17 @@ def render_frame(rows: list[dict], rungs: list[str], k: int, models: list[str],
         fig.text(0.012, 1 - (top - above + 0.05) / fig_h, f"{model}, context {ctx}", va="top",
                  ha="left", fontsize=FONT + 1, fontweight="bold")
         ax.set_xlabel("ms per token (log scale; shorter is faster)", fontsize=FONT)
-        # a key for every colour: the bars' (peer, ours, this frame's) and the lines'
-        handles, _ = ax.get_legend_handles_labels()
-        handles += [Patch(color=PEER_C, label="a peer (what a user runs instead)"),
-                    Patch(color=OURS_C, label="our rung"),
-                    Patch(color=NOW_C, label="this frame's rung")]
-        ax.legend(handles=handles, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=2,
+        # a key for every colour drawn in this frame, and for none that is not: the
+        # lines', the bars' (bar_keys), and the whiskers' where there are any
+        handles = [h for h in ax.get_lines() if not h.get_label().startswith("_")]
+        handles += [Patch(facecolor="none", edgecolor=c, hatch="//", lw=0, label=text)
+                    if c == FAILED_C else Patch(color=c, label=text)
+                    for c, text in bar_keys(bars)]
+        handles += [whisker] if whisker else []
+        # from the figure's left edge, under the model's name: a long best-peer label
+        # must not push the second column past the right edge
+        ax.legend(handles=handles, loc="lower left", ncol=2,
+                  bbox_to_anchor=(-(LABEL_W - 0.05) / (FIG_W - LABEL_W - VALUE_W), 1.0),
                   fontsize=FONT, frameon=False, borderaxespad=0.1, handlelength=1.8,
                   columnspacing=1.0)
         ax.grid(axis="x", which="both", alpha=0.2)
@@ -153,6 +213,9 @@ def figure_caption(rows: list[dict], rungs: list[str], models: list[str]) -> str
              "faster), the peers a user would run instead in grey and our rungs in "
              "blue, against the bandwidth floor of the same run (dashed) and the "
              "fastest peer (dotted)."]
+    if any(spread(r) for r in rows if r["model"] in models and r["rung"] in rungs):
+        parts.append("The whiskers span the fastest to the slowest of each rung's timed "
+                     "repeats.")
     for model in models:
         mine = {r["rung"]: r for r in rows if r["model"] == model}
         shown = [g for g in rungs if g in mine]
