@@ -209,10 +209,13 @@ def render_frame(rows: list[dict], rungs: list[str], k: int, models: list[str],
 def figure_caption(rows: list[dict], rungs: list[str], models: list[str]) -> str:
     """What the figure shows, then per model what it finds and which rungs have no bar,
     from the same rows and rule: prose about a figure is generated, never typed."""
+    drawn = [r for r in rows if r["model"] in models and r["rung"] in rungs]
+    ours = any(not is_peer(r) for r in drawn)
     parts = ["Milliseconds per token of each rung (bars, log scale: shorter is "
-             "faster), the peers a user would run instead in grey and our rungs in "
-             "blue, against the bandwidth floor of the same run (dashed) and the "
-             "fastest peer (dotted)."]
+             "faster), the peers a user would run instead in grey"
+             + (" and our rungs in blue" if ours else "")
+             + ", against the bandwidth floor of the same run (dashed) and the "
+             "fastest peer (dotted); the legend names each colour."]
     if any(spread(r) for r in rows if r["model"] in models and r["rung"] in rungs):
         parts.append("The whiskers span the fastest to the slowest of each rung's timed "
                      "repeats.")
