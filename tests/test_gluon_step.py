@@ -5,11 +5,13 @@ an engine or rung asked for it where it cannot run says why in one line, and on 
 it passes the oracle check teacher-forced at ctx 512 in one launch a step."""
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 
 import pytest
 import torch
+import triton
 
 from onelaunch.engine import Engine, EngineError, megakernel_refusal
 from onelaunch.megakernel import isa, loads, schedule, step
@@ -42,12 +44,19 @@ def test_the_kernels_lists_keep_the_schedules_invariants():
 
 
 def test_refused_where_it_cannot_run():
+    """Qwen and OLMoE-1B-7B run (OLMoE: the MoE kernel); the tiny models' hidden sizes
+    are not whole 256-column tiles; an MoE without the q/k norm, or whose experts' down
+    rows are not one box, is refused."""
     assert refusal(get_spec("qwen2.5-1.5b")) is None
-    assert "MoE" in refusal(get_spec("olmoe-1b-7b"))
+    olmoe = get_spec("olmoe-1b-7b")
+    assert refusal(olmoe) is None
     assert "tiles" in refusal(get_spec("tiny-qwen2"))
+    assert "tiles" in refusal(get_spec("tiny-olmoe"))
+    assert "q/k norm" in refusal(dataclasses.replace(olmoe, qk_norm=False))
+    assert "one box" in refusal(dataclasses.replace(olmoe, intermediate=768))
     r = RUNGS[MEGA]
     assert MEGA in BENCH and r.supported(get_spec("qwen2.5-1.5b"))
-    assert not r.supported(get_spec("olmoe-1b-7b")) and not r.runs_on("cpu")
+    assert r.supported(olmoe) and not r.runs_on("cpu")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU's refusal")
@@ -63,10 +72,18 @@ def test_engine_off_hopper_says_why_in_one_line(monkeypatch):
         Engine("tiny-qwen2", w, megakernel=True, attention="plain")
 
 
+# the dense kernel's code (``mlp_stream.ptx_code_hash``) at Qwen's shapes as commit
+# 3c12436 compiled it (Triton 3.6.0): the MoE kernel (issue 26) left it as it was
+DENSE_CODE = {("four", 0): "465d113cb9f2e95c", ("four", 1): "2df738dab3ca9b90",
+              ("three", 0): "36d5f4bcc8a6ae2a", ("three", 1): "057e31c4969855fd",
+              ("two", 0): "8ea3407f592471fe", ("two", 1): "1f6283eb9727e701"}
+
+
 def test_compiles_for_hopper_without_a_gpu():
     """The whole step's kernel at Qwen's shapes through ptxas for sm_90, in each form of
     the attention the host can pick (the engine's "three", and "four" and "two") and
-    both ways of polling a counter: layouts, TMA boxes, barriers, the clock."""
+    both ways of polling a counter: layouts, TMA boxes, barriers, the clock; with
+    Triton 3.6.0 the code is the same PTX as before the MoE kernel came (``DENSE_CODE``)."""
     r = subprocess.run([sys.executable, "-m", "onelaunch.megakernel.step", "--aot",
                         "--attention", ",".join(schedule.FORMS),    # every form
                         "--poll", "0,1"],                           # both polls
@@ -79,6 +96,26 @@ def test_compiles_for_hopper_without_a_gpu():
              for f in schedule.FORMS for p in (0, 1)}
     for (f, p), ln in lines.items():     # poll 1's waits are every thread's acquire loads
         assert ("'acquire': 0," in ln) == (p == 0), ln
+        if triton.__version__ == "3.6.0":
+            assert f"'code': '{DENSE_CODE[f, p]}'" in ln, (f, p, ln)
+
+
+def test_moe_compiles_for_hopper_without_a_gpu():
+    """The MoE kernel (``gluon_moe``) at OLMoE-1B-7B's shapes through ptxas for sm_90,
+    both polls: TMA copies (the experts' boxes too), barriers, the clock, and its ring,
+    held stage and h within sm_90's shared memory."""
+    r = subprocess.run([sys.executable, "-m", "onelaunch.megakernel.step", "--aot",
+                        "--model", "olmoe-1b-7b", "--poll", "0,1"],
+                       capture_output=True, text=True, timeout=600,
+                       env={**__import__("os").environ, "TRITON_INTERPRET": "0"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    for p in (0, 1):
+        ln = next(ln for ln in r.stdout.splitlines()
+                  if f"[gluon_moe] sm_90 STAGES {step.MOE_STAGES} attention four poll {p}:" in ln)
+        info = eval(ln.split(": ", 1)[1])
+        assert info["tma"] > 0 and (info["acquire"] == 0) == (p == 0), ln
+        assert info["shared"] <= step.SMEM_MAX
+        assert info["shared"] >= step.moe_smem(get_spec("olmoe-1b-7b")) - 1024
 
 
 @pytest.mark.gpu
@@ -133,14 +170,173 @@ def test_the_kernels_literals_are_isas():
     are the ones ``isa`` defines (its one owner)."""
     ops = (isa.OP_RMS_QKV, isa.OP_ROPE_KV, isa.OP_ATTN_PARTIAL, isa.OP_ATTN_MERGE,
            isa.OP_O_PROJ, isa.OP_GATE_UP, isa.OP_DOWN, isa.OP_LM_HEAD, isa.OP_ARGMAX,
-           isa.OP_EMBED, isa.OP_ATTN_FUSED)
-    assert ops == (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 15)
-    fields = (isa.OP, isa.LAYER, isa.ROW0, isa.ROWS, isa.WAIT0, isa.TARGET0, isa.WAIT1,
-              isa.TARGET1, isa.BUMP, isa.ARG, isa.IDX, isa.SPLITS, isa.UNIT, isa.BUMP2)
-    assert fields == (0, 1, 2, 3, 6, 7, 8, 9, 10, 11, 12, 13, 14, 18)
+           isa.OP_EMBED, isa.OP_ROUTER, isa.OP_TOPK, isa.OP_EXPERT_GATE_UP,
+           isa.OP_EXPERT_DOWN, isa.OP_ATTN_FUSED)
+    assert ops == (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
+    fields = (isa.OP, isa.LAYER, isa.ROW0, isa.ROWS, isa.K0, isa.KLEN, isa.WAIT0,
+              isa.TARGET0, isa.WAIT1, isa.TARGET1, isa.BUMP, isa.ARG, isa.IDX, isa.SPLITS,
+              isa.UNIT, isa.LWAIT, isa.LTARGET, isa.HOIST, isa.BUMP2)
+    assert fields == (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18)
 
 
 def test_refused_past_32_bit_cache_offsets():
     spec = get_spec("qwen2.5-1.5b")
     assert refusal(spec, 32768) is None
     assert "32-bit" in refusal(spec, 2 ** 20)
+
+
+# ---- the MoE kernel (gluon_moe.py): its host side and its loader's program --------------------
+PAIR = (isa.OP_RMS_QKV, isa.OP_O_PROJ, isa.OP_ROUTER, isa.OP_LM_HEAD)
+
+
+def moe_kernel_stages(rows, I, stages, hold):
+    """``gluon_moe``'s rules in Python, both partitions: (loader steps, compute steps).
+    A step is ("wait", counter, target) or ((instruction, stage), place, use): place
+    ("ring", s) or ("hold", h), use its barrier's phase count. GEMV pairs take ceil(rows /
+    2 TN) stages, an expert's gate/up rows / TN, its down rows / TN x slots; after the
+    first of a run of loader-waiting instructions with a HOIST, the next ``hold`` GEMV-pair
+    stages before the next run are held ones (the loader streams them before its wait)."""
+    def n_stages(r):
+        if r[isa.OP] in PAIR:
+            return -(-r[isa.ROWS] // (2 * TN))
+        if r[isa.OP] == isa.OP_EXPERT_GATE_UP:
+            return r[isa.ROWS] // TN
+        if r[isa.OP] == isa.OP_EXPERT_DOWN:
+            return r[isa.ROWS] // TN * (r[isa.KLEN] // I)
+        return 0
+
+    def run(loader):
+        out, t, pend, uses, prev, last = [], 0, 0, [0] * hold, -1, -1
+        for i, r in enumerate(rows):
+            lw = r[isa.LWAIT]
+            if lw >= 0 and prev < 0:                  # the first of a run
+                pend = hold if hold and r[isa.HOIST] > 0 else 0
+                n, j, past = 0, i + 1, False
+                while loader and pend and j < len(rows) and n < hold:
+                    r2 = rows[j]
+                    if r2[isa.LWAIT] >= 0:
+                        n = hold if past else n
+                    else:
+                        past = True
+                        for q in range(min(n_stages(r2), hold - n) if r2[isa.OP] in PAIR
+                                       else 0):
+                            out.append(((j, q), ("hold", n), uses[n]))
+                            uses[n] += 1
+                            n += 1
+                    j += 1
+            if loader and lw >= 0 and lw != last:
+                out.append(("wait", lw, r[isa.LTARGET]))
+                last = lw
+            prev = lw
+            for q in range(n_stages(r)):
+                if r[isa.OP] in PAIR and pend > 0:
+                    h = hold - pend
+                    pend -= 1
+                    if not loader:
+                        out.append(((i, q), ("hold", h), uses[h]))
+                        uses[h] += 1
+                else:
+                    out.append(((i, q), ("ring", t % stages), t // stages))
+                    t += 1
+        return out
+    return run(True), run(False)
+
+
+def test_moe_loader_and_compute_agree_on_every_stage():
+    """OLMoE-1B-7B's lists on 132 and 16 SMs through the MoE kernel's stage rules: each
+    stage the compute takes is one the loader streamed, into the same place with the same
+    phase; ring stages in the same order; held stages streamed before the loader's wait
+    on the router, never an expert's; each loader waits once a layer, before the
+    experts' stages; and the VM's hoisted tiles (``loads.stream``) lie in held stages."""
+    spec = get_spec("olmoe-1b-7b")
+    for P in (132, 16):
+        sched = plan_schedule(spec, P, 512)
+        assert sched.hold and step.HOLD_STAGES
+        held = 0
+        for sm in range(P):
+            rows = sched.rows(sm)
+            lo, co = moe_kernel_stages(rows, spec.intermediate, step.MOE_STAGES,
+                                       step.HOLD_STAGES)
+            got = [x for x in lo if x[0] != "wait"]
+            assert sorted(got) == sorted(co) and len({x[0] for x in co}) == len(co)
+            assert ([x[0] for x in got if x[1][0] == "ring"]
+                    == [x[0] for x in co if x[1][0] == "ring"])
+            waits = [k for k, x in enumerate(lo) if x[0] == "wait"]
+            assert len(waits) == len({r[isa.LAYER] for r in rows if r[isa.LWAIT] >= 0})
+            for k, x in enumerate(lo):
+                if x[0] == "wait":
+                    continue
+                expert = rows[x[0][0]][isa.OP] in loads.EXPERT_OPS
+                if x[1][0] == "hold":
+                    held += 1
+                    assert not expert and any(w > k for w in waits)
+                if expert:                            # after its layer's wait
+                    assert any(w < k and lo[w][1] == rows[x[0][0]][isa.LWAIT] for w in waits)
+            place = {x[0]: x[1] for x in co}
+            owner = [(i, tl) for i, r in enumerate(rows) for tl in loads.tiles(sched, r)]
+            for st in loads.stream(sched, sm):
+                if st[0] == "load" and st[3][0] == "hold":
+                    i, tl = owner[st[1]]
+                    assert place[i, (tl[1] - rows[i][isa.ROW0]) // (2 * TN)][0] == "hold"
+        assert held == sum(r[isa.HOIST] > 0 for _, _, r in loads.all_rows(sched))
+
+
+def small_olmoe():
+    """OLMoE's shapes cut down (2 layers, hidden 512, 16 experts): what the MoE kernel's
+    host side needs, weights in seconds on a CPU."""
+    return dataclasses.replace(get_spec("olmoe-1b-7b"), name="small-olmoe", hidden=512,
+                               layers=2, heads=4, kv_heads=4, experts=16, vocab=1024,
+                               max_ctx=256)
+
+
+def test_moe_host_stacks_the_experts_addressed_by_id():
+    """``MegaStep`` on an MoE engine (no GPU: the host side only): the experts of every
+    layer one tensor a kind, expert e of layer l's rows at (l E + e) x rows, as the
+    loader addresses them; the router rows at l E; the q/k gains per layer; one TMA box
+    of an expert's down rows (all of I); buffers per layer for the ids and weights; the
+    loaders' err rows after the computes'; the constexprs the kernel compiles with."""
+    from types import SimpleNamespace
+
+    from onelaunch.weights import pack_weights
+    s = small_olmoe()
+    assert refusal(s) is None
+    W = pack_weights(s, random_weights(s, 0))
+    e = SimpleNamespace(spec=s, W=W, device=torch.device("cpu"), max_ctx=256)
+    mk = step.MegaStep(e, P=16)
+    assert mk.moe and mk.stages == step.MOE_STAGES and mk.attention == "four"
+    E, I, H = s.experts, s.intermediate, s.hidden
+    for l, e_ in ((0, 3), (1, 15)):
+        L = W["layers"][l]
+        assert torch.equal(mk.w["egu"][(l * E + e_) * 2 * I + 5], L["w_experts_gate_up"][e_, 5])
+        assert torch.equal(mk.w["egu"][(l * E + e_) * 2 * I + I + 5],
+                           L["w_experts_gate_up"][e_, I + 5])
+        assert torch.equal(mk.w["edn"][(l * E + e_) * H + 7], L["w_experts_down"][e_, 7])
+        assert torch.equal(mk.w["rt"][l * E + e_], L["w_router"][e_])
+        assert torch.equal(mk.q_norm[l], L["q_norm"]) and torch.equal(mk.k_norm[l], L["k_norm"])
+    assert mk.d[4].block_shape == [TN, I // step.TK, step.TK]
+    assert mk.route_ids.shape == mk.route_w.shape == (s.layers, s.top_k)
+    assert mk.h.numel() == s.top_k * I and mk.err.shape == (2 * 16, step.ERR)
+    rows = mk.sched.instr.view(-1, isa.WIDTH)
+    assert mk.qk_ss.shape[0] == int(rows[rows[:, isa.OP] == isa.OP_ROPE_KV, isa.SPLITS][0])
+    c = mk.constexprs()
+    assert (c["KE"], c["TOPK"], c["EP"], c["HOLD"], c["STAGES"]) == (4, 8, 16, 1, 5)
+    assert mk.weight_bytes() == (sum(mk.w[k].numel() for k in ("qkv", "o", "rt"))
+                                 + W["lm_head"].numel()
+                                 + s.layers * s.top_k * 3 * I * H) * 2
+
+
+def test_a_loaders_stall_is_named_as_the_loaders():
+    """The MoE kernel's loaders record a timed-out wait on the router's counter in the
+    rows after the computes': the message names the loader."""
+    from types import SimpleNamespace
+
+    from onelaunch.megakernel.step import MegaStep
+    sched = plan_schedule(get_spec("olmoe-1b-7b"), 132, 512)
+    mk = SimpleNamespace(err=torch.zeros(2 * 132, 4, dtype=torch.int32), sched=sched)
+    MegaStep.check_stalls(mk)
+    route = sched.counters.index("route.3")
+    mk.err[132 + 5] = torch.tensor([40, route, 0, 1])
+    with pytest.raises(RuntimeError) as e:
+        MegaStep.check_stalls(mk)
+    assert str(e.value).startswith("megakernel stalled: the loader of SM 5 instruction 39")
+    assert "route.3" in str(e.value)

@@ -215,8 +215,8 @@ def aot(stages=4, num_warps=4, H=1536, I=8960) -> dict:
 def compile_sm90(kernel, sig: dict, consts: dict, aligned, num_warps: int) -> dict:
     """``kernel`` compiled for sm_90 on any machine (arguments ``aligned``: pointers 16-byte
     aligned); raises unless its PTX has TMA copies, mbarriers and the clock. Returns its
-    shared memory, TMA copies, every thread's own acquire loads (``POLL`` 1's polls) and
-    PTX lines."""
+    shared memory, TMA copies, every thread's own acquire loads (``POLL`` 1's polls), PTX
+    lines and ``code``: a hash of the PTX's code (``ptx_code_hash``)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
     attrs = {(i,): [["tt.divisibility", 16]] for i in aligned}
@@ -226,7 +226,23 @@ def compile_sm90(kernel, sig: dict, consts: dict, aligned, num_warps: int) -> di
     assert "cp.async.bulk.tensor" in ptx, "TMA loads"
     assert "mbarrier" in ptx and "%globaltimer" in ptx
     return {"shared": k.metadata.shared, "tma": ptx.count("cp.async.bulk.tensor"),
-            "acquire": ptx.count("ld.acquire.gpu.global"), "ptx_lines": ptx.count("\n")}
+            "acquire": ptx.count("ld.acquire.gpu.global"), "ptx_lines": ptx.count("\n"),
+            "code": ptx_code_hash(ptx)}
+
+
+def ptx_code_hash(ptx: str) -> str:
+    """16 hex digits of the SHA-256 of the PTX's code: without its source files and line
+    numbers (``.file``, ``.loc``) and debug sections, so moving or re-commenting the
+    source leaves it, and any change to the generated code changes it."""
+    import hashlib
+    keep = []
+    for line in ptx.split("\n"):
+        s = line.strip()
+        if s.startswith(".section") and ".debug" in s:
+            break
+        if not s.startswith((".file", ".loc")):
+            keep.append(line)
+    return hashlib.sha256("\n".join(keep).encode()).hexdigest()[:16]
 
 
 def main(argv=None) -> int:
