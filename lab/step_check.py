@@ -7,6 +7,15 @@ replays bit-identical, and both steps timed alternately against the floor measur
                              [--stages STAGES] [--model qwen2.5-1.5b] [--clock PREFIX]
                              [--variants ATTENTION:PLAN_CTX[:STAGES[:POLL]],...]
     python lab/step_clock.py PREFIX_512.pt       # where the time goes, per layer and op
+
+    python lab/step_check.py OUT.json --model olmoe-1b-7b     # the MoE kernel (gluon_moe)
+
+OLMoE runs the MoE kernel (``megakernel/gluon_moe.py``): attention "four" only (its RoPE
+holds the q/k norm; the default variant), the ring's stages ``step.MOE_STAGES`` unless
+given (its h and held stage share the shared memory). Besides x, qkv and attn, the last
+layer's router logits, routing weights and ids are compared with the chain's
+(``last_layer_ids_equal``: the same experts in the same slots; ``..._same_set``: the
+same experts).
 """
 import argparse
 import json
@@ -17,7 +26,7 @@ import torch
 from onelaunch.engine import Engine
 from onelaunch.measure.agree import judge, oracle_tokens
 from onelaunch.measure.timing import floor_ms, run_bandwidth, run_ctx, time_ms
-from onelaunch.megakernel.step import ATTENTION, POLL, STAGES, MegaStep
+from onelaunch.megakernel.step import ATTENTION, MOE_STAGES, POLL, STAGES, MegaStep
 from onelaunch.specs import get_spec
 from onelaunch.weights import random_weights
 
@@ -58,10 +67,11 @@ def one_ctx(spec, w, ctx, tokens, iters, stages, bw, out, clock_to=None,
     out["chain"] = {k: v for k, v in judge(e, prompt, ref, True).items() if k != "tokens"}
     fl = out["floor_ms"] = floor_ms(spec, bw, ctx)
     for attention, plan, st, poll in variants:
-        name = f"{attention}_plan{plan or ctx}_st{st or stages}_poll{poll}"
+        st = st or stages or (MOE_STAGES if spec.is_moe else STAGES)
+        name = f"{attention}_plan{plan or ctx}_st{st}_poll{poll}"
         r = out[name] = {}
         try:
-            one_variant(e, chain, prompt, ref, ctx, iters, st or stages, fl, r, attention,
+            one_variant(e, chain, prompt, ref, ctx, iters, st, fl, r, attention,
                         plan or ctx, clock_to and f"{clock_to}_{name}", poll)
         except Exception as ex:                   # keep what was measured
             r["error"] = f"{type(ex).__name__}: {ex}"
@@ -77,19 +87,31 @@ def one_variant(e, chain, prompt, ref, ctx, iters, stages, fl, out, attention, p
     mega = [mk.launch()]
     out["mk_build_s"] = time.time() - t0
     out["schedule"] = {"P": mk.P, "instr_per_sm": mk.n_instr, "counters": mk.n_ctr,
-                       "splits": mk.spmax, "plan_ctx": plan}
-    # the last layer's buffers after one step from the same state (position ctx)
+                       "splits": mk.spmax, "plan_ctx": plan, "stages": mk.stages,
+                       "attention": mk.attention, "moe": mk.moe}
+    # the last layer's buffers after one step from the same state (position ctx); MoE:
+    # its router logits, routing weights and ids too
+    moe = ("router_logits", "expert_weights", "expert_ids")
+    chain_bufs = lambda: dict({"x": e.x, "qkv": e.buffers["qkv"], "attn": e.buffers["attn"]},
+                              **({k: e.buffers[k] for k in moe} if mk.moe else {}))
+    mega_bufs = lambda: dict({"x": e.x, "qkv": mk.qkv, "attn": mk.attn}, **(dict(
+        zip(moe, (mk.router_logits, mk.route_w[-1], mk.route_ids[-1]))) if mk.moe else {}))
     t0 = time.time()
-    a = buffers_after_step(e, chain, ctx, lambda: {
-        "x": e.x, "qkv": e.buffers["qkv"], "attn": e.buffers["attn"]})
+    a = buffers_after_step(e, chain, ctx, chain_bufs)
     mk.run()                                    # compile
     torch.cuda.synchronize()
     out["mk_compile_s"] = time.time() - t0
     mk.check_stalls()
-    b = buffers_after_step(e, mega, ctx, lambda: {"x": e.x, "qkv": mk.qkv, "attn": mk.attn})
+    b = buffers_after_step(e, mega, ctx, mega_bufs)
     mk.check_stalls()
     out["last_layer_max_abs_diff"] = {n: float((a[n] - b[n]).abs().max()) for n in a}
     out["last_layer_scale"] = {n: float(a[n].abs().max()) for n in a}
+    if mk.moe:
+        out["last_layer_ids"] = {"chain": a["expert_ids"].int().tolist(),
+                                 "mega": b["expert_ids"].int().tolist()}
+        out["last_layer_ids_equal"] = bool(torch.equal(a["expert_ids"], b["expert_ids"]))
+        out["last_layer_ids_same_set"] = (sorted(out["last_layer_ids"]["chain"])
+                                          == sorted(out["last_layer_ids"]["mega"]))
     # two replays from the same state: bit-identical
     x1 = buffers_after_step(e, mega, ctx, lambda: {"x": e.x})["x"]
     x2 = buffers_after_step(e, mega, ctx, lambda: {"x": e.x})["x"]
@@ -140,22 +162,25 @@ def main():
     ap.add_argument("--ctx", default="512")
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--iters", type=int, default=200)
-    ap.add_argument("--stages", type=int, default=STAGES)
-    ap.add_argument("--variants", default=f"{ATTENTION}:0",
+    ap.add_argument("--stages", type=int, default=0,
+                    help=f"the ring's stages (0: {STAGES}, or for an MoE {MOE_STAGES})")
+    ap.add_argument("--variants", default=None,
                     help="ATTENTION:PLAN_CTX[:STAGES[:POLL]],... each timed against the "
                     "chain in this process: ATTENTION the attention's form (four, three, "
-                    "two: schedule.FORMS); PLAN_CTX the schedule's planning context (its "
-                    "split unit; 0: the run's ctx); STAGES the ring's (0: --stages); "
-                    "POLL 0 atomic polls, 1 acquire loads")
+                    "two: schedule.FORMS; an MoE runs four only); PLAN_CTX the schedule's "
+                    "planning context (its split unit; 0: the run's ctx); STAGES the "
+                    "ring's (0: --stages); POLL 0 atomic polls, 1 acquire loads")
     ap.add_argument("--clock", default=None, help="save the clock stamps to CLOCK_<ctx>.pt")
     a = ap.parse_args()
     spec = get_spec(a.model)
     w = random_weights(a.model, 0, device="cuda")
     bw = run_bandwidth("cuda")
-    given = [v.split(":") for v in a.variants.split(",")]
+    given = [v.split(":") for v in (a.variants or ("four" if spec.is_moe else ATTENTION)
+                                    + ":0").split(",")]
     variants = [(f[0], *(int(x) for x in f[1:4] + ["0", "0", str(POLL)][len(f) - 1:]))
                 for f in given]
-    res = {"model": a.model, "read_tbps": bw, "stages": a.stages, "variants": variants,
+    res = {"model": a.model, "read_tbps": bw,
+           "stages": a.stages or (MOE_STAGES if spec.is_moe else STAGES), "variants": variants,
            "runs": {}}
     for ctx in (int(c) for c in a.ctx.split(",")):
         r = res["runs"][ctx] = {}

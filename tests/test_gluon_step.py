@@ -193,16 +193,18 @@ def moe_kernel_stages(rows, I, stages, hold):
     """``gluon_moe``'s rules in Python, both partitions: (loader steps, compute steps).
     A step is ("wait", counter, target) or ((instruction, stage), place, use): place
     ("ring", s) or ("hold", h), use its barrier's phase count. GEMV pairs take ceil(rows /
-    2 TN) stages, an expert's gate/up rows / TN, its down rows / TN x slots; after the
-    first of a run of loader-waiting instructions with a HOIST, the next ``hold`` GEMV-pair
-    stages before the next run are held ones (the loader streams them before its wait)."""
+    2 TN) stages, an expert's gate/up rows / TN, its down rows / TN x ceil(slots / R)
+    (R slots' boxes a stage); after the first of a run of loader-waiting instructions with
+    a HOIST, the next ``hold`` GEMV-pair stages before the next run are held ones (the
+    loader streams them before its wait)."""
     def n_stages(r):
         if r[isa.OP] in PAIR:
             return -(-r[isa.ROWS] // (2 * TN))
         if r[isa.OP] == isa.OP_EXPERT_GATE_UP:
             return r[isa.ROWS] // TN
-        if r[isa.OP] == isa.OP_EXPERT_DOWN:
-            return r[isa.ROWS] // TN * (r[isa.KLEN] // I)
+        if r[isa.OP] == isa.OP_EXPERT_DOWN:                # R slots' boxes a stage
+            R = 2 * step.KB * step.TK // I
+            return r[isa.ROWS] // TN * -(-(r[isa.KLEN] // I) // R)
         return 0
 
     def run(loader):

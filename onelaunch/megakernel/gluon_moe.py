@@ -19,7 +19,8 @@ lives in ROPE_KV, which the fused attention forms do not have). Per layer:
                 loader addressed them by the slot's id) and the bf16 SwiGLU
     EXPERT_DOWN rows of x += sum over the slots in slot order of bf16(bf16(W_down[id]
                 @ h_slot) * w_slot), then the residual (one group of all slots: the host
-                refuses lists that split the slots)
+                refuses lists that split the slots); a stage holds R = 2 KB / KE slots'
+                [TN, KE, TK] boxes of one row block (OLMoE: 4 slots, 32 KB)
 
 The loader (one warp) streams as ``loads.stream`` models: an instruction whose LWAIT
 names a counter (the experts: their tiles are addressed by the router's ids) has its
@@ -135,7 +136,7 @@ def _loader(prog_ptr, n_instr, d_qkv, d_o, d_rt, d_egu, d_edn, d_lm, ring, ring_
             WIDTH: gl.constexpr, CLOCK: gl.constexpr, POLL: gl.constexpr):
     """Every weight stage of this SM's list in the compute's order (``loads.stream``):
     the GEMV pairs (QKV, O, router, LM head), an expert's gate and up rows a row block,
-    an expert's down rows (all of I) a (row block, slot); before an expert instruction's
+    R slots' experts' down rows (all of I) a (row block, R slots); before an expert instruction's
     first stage its LWAIT counter (once per counter), after streaming the hoist."""
     TN_: gl.constexpr = d_qkv.block_type.shape[0]
     KB_: gl.constexpr = d_qkv.block_type.shape[1]
@@ -198,18 +199,20 @@ def _loader(prog_ptr, n_instr, d_qkv, d_o, d_rt, d_egu, d_edn, d_lm, ring, ring_
                 tma.async_copy_global_to_shared(d_egu, [r + I, 0, 0], ready.index(s),
                                                 ring.index(2 * s + 1))
                 t += 1
-        elif op == 14:                                # EXPERT_DOWN: a row block's slots
-            j0 = _field(hdr, f, 4) // I
+        elif op == 14:                                # EXPERT_DOWN: a row block's slots,
+            j0 = _field(hdr, f, 4) // I               # R of them a stage
             ns = _field(hdr, f, 5) // I
             for rb in range(0, rows, TN_):
-                for jj in range(ns):
-                    e = _expert_id(ids_ptr, layer, j0 + jj, E, TOPK)
-                    s = t % STAGES
+                for jg in range(0, ns, R):            # a box past the group's slots is
+                    s = t % STAGES                    # asked for past the tensor: zeros
                     mbarrier.wait(empty.index(s), ((t // STAGES) & 1) ^ 1)
-                    mbarrier.expect(ready.index(s), d_edn.block_type.nbytes)
-                    tma.async_copy_global_to_shared(d_edn, [(layer * E + e) * H + row0 + rb,
-                                                            0, 0], ready.index(s),
-                                                    ring_e.index(s * R))
+                    mbarrier.expect(ready.index(s), R * d_edn.block_type.nbytes)
+                    for b in gl.static_range(R):
+                        j = jg + b
+                        e = _expert_id(ids_ptr, layer, gl.minimum(j0 + j, TOPK - 1), E, TOPK)
+                        r = gl.where(j < ns, (layer * E + e) * H + row0 + rb, L * E * H)
+                        tma.async_copy_global_to_shared(d_edn, [r, 0, 0], ready.index(s),
+                                                        ring_e.index(s * R + b))
                     t += 1
         if CLOCK & (_is_pair(op) | (op == 13) | (op == 14)):
             gl.store(clk_ptr + (pid * n_instr + i) * 4 + 3, _now())
@@ -500,16 +503,18 @@ def _compute(prog_ptr, n_instr, ring, ring_ek, ready, empty, hs, x_ptr, qkv_ptr,
                 r = row0 + rb + rows_d
                 xr = gl.load(x_ptr + r, cache_modifier=".cg").to(gl.float32)
                 part = gl.zeros([TN_], gl.float32, gl.SliceLayout(1, gl.SliceLayout(2, a4)))
-                for jj in range(ns):                  # slot order
-                    wj = gl.load(rw_ptr + layer * TOPK + j0 + jj, cache_modifier=".cg")
+                for jg in range(0, ns, R):            # R slots a stage, in slot order
                     s = _stage_ready(ready, t, STAGES)
-                    hj = h_slots.index(j0 + jj).load(vl4).to(gl.float32)
-                    acc = _dot_box_k(ring_ek, s * R, hj,
-                                     gl.zeros([TN_, NW, TK_], gl.float32, a4), True, l4)
+                    for b in range(gl.minimum(ns - jg, R)):
+                        j = j0 + jg + b
+                        wj = gl.load(rw_ptr + layer * TOPK + j, cache_modifier=".cg")
+                        hj = h_slots.index(j).load(vl4).to(gl.float32)
+                        acc = _dot_box_k(ring_ek, s * R + b, hj,
+                                         gl.zeros([TN_, NW, TK_], gl.float32, a4), True, l4)
+                        y = gl.sum(gl.sum(acc, axis=2), axis=1).to(gl.bfloat16).to(gl.float32)
+                        part += (y * wj).to(gl.bfloat16).to(gl.float32)
                     _stage_free(empty, s)
                     t += 1
-                    y = gl.sum(gl.sum(acc, axis=2), axis=1).to(gl.bfloat16).to(gl.float32)
-                    part += (y * wj).to(gl.bfloat16).to(gl.float32)
                 gl.store(x_ptr + r, (xr + part.to(gl.bfloat16).to(gl.float32)).to(gl.bfloat16))
             gl.thread_barrier()                       # hs is rewritten by the next
         elif op == 8:                                 # LM_HEAD: this instruction's best
