@@ -295,8 +295,9 @@ def test_moe_host_stacks_the_experts_addressed_by_id():
     """``MegaStep`` on an MoE engine (no GPU: the host side only): the experts of every
     layer one tensor a kind, expert e of layer l's rows at (l E + e) x rows, as the
     loader addresses them; the router rows at l E; the q/k gains per layer; one TMA box
-    of an expert's down rows (all of I); buffers per layer for the ids and weights; the
-    loaders' err rows after the computes'; the constexprs the kernel compiles with."""
+    of an expert's down rows (all of I); buffers per layer for the ids and weights, and
+    the ids' log per position; the loaders' err rows after the computes'; the
+    constexprs the kernel compiles with."""
     from types import SimpleNamespace
 
     from onelaunch.weights import pack_weights
@@ -317,6 +318,7 @@ def test_moe_host_stacks_the_experts_addressed_by_id():
         assert torch.equal(mk.q_norm[l], L["q_norm"]) and torch.equal(mk.k_norm[l], L["k_norm"])
     assert mk.d[4].block_shape == [TN, I // step.TK, step.TK]
     assert mk.route_ids.shape == mk.route_w.shape == (s.layers, s.top_k)
+    assert mk.expert_log.shape == (257, s.layers, s.top_k)     # the engine's, row pos
     assert mk.h.numel() == s.top_k * I and mk.err.shape == (2 * 16, step.ERR)
     rows = mk.sched.instr.view(-1, isa.WIDTH)
     assert mk.qk_ss.shape[0] == int(rows[rows[:, isa.OP] == isa.OP_ROPE_KV, isa.SPLITS][0])

@@ -306,11 +306,12 @@ def _op_rope_kv_qkn(layer, kh, n_blocks, pos_ptr, qkv_ptr, q_ptr, kc_ptr, vc_ptr
 
 
 @gluon.jit
-def _op_topk(layer, rl_ptr, ids_ptr, rw_ptr, E, EP: gl.constexpr, TOPK: gl.constexpr,
-             num_warps: gl.constexpr):
+def _op_topk(layer, pos, rl_ptr, ids_ptr, rw_ptr, log_ptr, L, E, EP: gl.constexpr,
+             TOPK: gl.constexpr, num_warps: gl.constexpr):
     """Softmax over the E router logits (fp32), then TOPK rounds of "largest
     probability, lowest expert index among equals": slot j's id and its probability
-    rounded to bf16 (not renormalised) into the layer's row (``moe_router.route``)."""
+    rounded to bf16 (not renormalised) into the layer's row (``moe_router.route``); the
+    ids also into the engine's log, row pos (``Engine.distinct_experts``)."""
     l1: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
     e = gl.arange(0, EP, l1)
     em = e < E
@@ -323,6 +324,7 @@ def _op_topk(layer, rl_ptr, ids_ptr, rw_ptr, E, EP: gl.constexpr, TOPK: gl.const
         i = gl.min(gl.where(p == best, e, EP), axis=0)
         gl.store(ids_ptr + layer * TOPK + j, i)
         gl.store(rw_ptr + layer * TOPK + j, best.to(gl.bfloat16).to(gl.float32))
+        gl.store(log_ptr + (pos * L + layer) * TOPK + j, i)
         p = gl.where(e == i, -1.0, p)
 
 
@@ -331,8 +333,8 @@ def _op_topk(layer, rl_ptr, ids_ptr, rw_ptr, E, EP: gl.constexpr, TOPK: gl.const
 def _compute(prog_ptr, n_instr, ring, ring_ek, ready, empty, hs, x_ptr, qkv_ptr, q_ptr,
              attn_ptr, h_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr, pm_ptr, pl_ptr, po_ptr, val_ptr,
              idx_ptr, seq_ptr, amax_ptr, pos_ptr, plen_ptr, emb_ptr, gin_ptr, gpost_ptr,
-             gfin_ptr, qn_ptr, kn_ptr, ss_ptr, rl_ptr, ids_ptr, rw_ptr, ctr_ptr, err_ptr,
-             clk_ptr, H, I, QKV, HQ, KVS, E, SPMAX, MAXCTX, eps, scale, timeout_ns,
+             gfin_ptr, qn_ptr, kn_ptr, ss_ptr, rl_ptr, ids_ptr, rw_ptr, log_ptr, ctr_ptr,
+             err_ptr, clk_ptr, L, H, I, QKV, HQ, KVS, E, SPMAX, MAXCTX, eps, scale, timeout_ns,
              KB_: gl.constexpr, KG: gl.constexpr, GT: gl.constexpr, KE: gl.constexpr,
              TOPK: gl.constexpr,
              EP: gl.constexpr, QSB: gl.constexpr, STAGES: gl.constexpr, HOLD: gl.constexpr,
@@ -479,7 +481,8 @@ def _compute(prog_ptr, n_instr, ring, ring_ek, ready, empty, hs, x_ptr, qkv_ptr,
                 gl.store(rl_ptr + rbb, yb.to(gl.bfloat16).to(gl.float32),
                          mask=rbb < row0 + rows)
         elif op == 12:                                # TOPK
-            _op_topk(layer, rl_ptr, ids_ptr, rw_ptr, E, EP, TOPK, num_warps)
+            _op_topk(layer, pos_now, rl_ptr, ids_ptr, rw_ptr, log_ptr, L, E, EP, TOPK,
+                     num_warps)
         elif op == 13:                                # EXPERT_GATE_UP (+ SwiGLU)
             xn, xnt = _rms_vec(x_ptr, gpost_ptr + layer * H, H, eps, offs, offs_t, GT)
             for rb in range(0, rows, TN_):
@@ -557,7 +560,7 @@ def moe_step_kernel(prog_ptr, n_instr, d_qkv, d_o, d_rt, d_egu, d_edn, d_lm, x_p
                     q_ptr, attn_ptr, h_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr, pm_ptr, pl_ptr,
                     po_ptr, val_ptr, idx_ptr, seq_ptr, amax_ptr, pos_ptr, plen_ptr, emb_ptr,
                     gin_ptr, gpost_ptr, gfin_ptr, qn_ptr, kn_ptr, ss_ptr, rl_ptr, ids_ptr,
-                    rw_ptr, ctr_ptr, err_ptr, clk_ptr, L, H, I, QKV, HQ, KVS, V, E, SPMAX,
+                    rw_ptr, log_ptr, ctr_ptr, err_ptr, clk_ptr, L, H, I, QKV, HQ, KVS, V, E, SPMAX,
                     MAXCTX, eps, scale, timeout_ns, n_ctr, KB_: gl.constexpr,
                     KG: gl.constexpr, GT: gl.constexpr, KE: gl.constexpr,
                     TOPK: gl.constexpr, EP: gl.constexpr, QSB: gl.constexpr,
@@ -591,8 +594,8 @@ def moe_step_kernel(prog_ptr, n_instr, d_qkv, d_o, d_rt, d_egu, d_edn, d_lm, x_p
                     attn_ptr, h_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr, pm_ptr, pl_ptr, po_ptr,
                     val_ptr, idx_ptr, seq_ptr, amax_ptr, pos_ptr, plen_ptr, emb_ptr, gin_ptr,
                     gpost_ptr, gfin_ptr, qn_ptr, kn_ptr, ss_ptr, rl_ptr, ids_ptr, rw_ptr,
-                    ctr_ptr, err_ptr, clk_ptr, H, I, QKV, HQ, KVS, E, SPMAX, MAXCTX, eps,
-                    scale, timeout_ns, KB_, KG, GT, KE, TOPK, EP, QSB, STAGES, HOLD, WIDTH, TN_,
+                    log_ptr, ctr_ptr, err_ptr, clk_ptr, L, H, I, QKV, HQ, KVS, E, SPMAX, MAXCTX,
+                    eps, scale, timeout_ns, KB_, KG, GT, KE, TOPK, EP, QSB, STAGES, HOLD, WIDTH, TN_,
                     TK_, G, GP, D, HKV, BT, SB, NPB, EB, CLOCK, POLL, num_warps)),
         (_loader, (prog_ptr, n_instr, d_qkv, d_o, d_rt, d_egu, d_edn, d_lm, ring, ring_e,
                    ready, empty, ids_ptr, ctr_ptr, err_ptr, clk_ptr, timeout_ns, L, H, I, QKV,

@@ -245,6 +245,10 @@ class MegaStep:
         self.router_logits = z(s.experts, dt=f32)
         self.route_ids = z(s.layers, s.top_k, dt=i32)         # per layer: never reused
         self.route_w = z(s.layers, s.top_k, dt=f32)
+        # every step's ids at row pos, in the engine's log as the chain's router writes it
+        shape = (self.e.max_ctx + 1, s.layers, s.top_k)
+        self.expert_log = (self.e.buf("expert_log", shape, i32) if hasattr(self.e, "buf")
+                           else z(*shape, dt=i32))
         self.lm_val, self.lm_idx = z(self.P, dt=f32), z(self.P, dt=i32)
         self.ctr = z(self.n_ctr + 1, dt=i32)
         self.err = z(2 * self.P, ERR, dt=i32)                 # computes', then loaders' rows
@@ -267,7 +271,8 @@ class MegaStep:
                 e.k_cache, e.v_cache, e.cos, e.sin, self.part_m, self.part_l, self.part_o,
                 self.lm_val, self.lm_idx, e.seq, e.argmax, e.pos, e.prompt_len,
                 e.W["embed"], self.g_in, self.g_post, e.W["norm"], self.q_norm, self.k_norm,
-                self.qk_ss, self.router_logits, self.route_ids, self.route_w, self.ctr,
+                self.qk_ss, self.router_logits, self.route_ids, self.route_w,
+                self.expert_log, self.ctr,
                 self.err, self.clk, s.layers, s.hidden, s.intermediate, s.qkv_size, s.q_size,
                 s.kv_size, s.vocab, s.experts, self.spmax, e.max_ctx, s.rms_eps,
                 s.head_dim ** -0.5, self.timeout_ns, self.n_ctr, **self.constexprs())
@@ -351,7 +356,8 @@ def aot_moe(s, P: int = 132, stages: int | None = None, num_warps: int = 4,
         ptrs[f"{name}_ptr"] = "*i32"
     for name in ("emb", "gin", "gpost", "gfin", "qn", "kn"):
         ptrs[f"{name}_ptr"] = "*bf16"
-    ptrs.update(ss_ptr="*fp32", rl_ptr="*fp32", ids_ptr="*i32", rw_ptr="*fp32")
+    ptrs.update(ss_ptr="*fp32", rl_ptr="*fp32", ids_ptr="*i32", rw_ptr="*fp32",
+                log_ptr="*i32")
     ptrs.update(ctr_ptr="*i32", err_ptr="*i32", clk_ptr="*i64")
     ptrs.update({k: "i32" for k in ("L", "H", "I", "QKV", "HQ", "KVS", "V", "E", "SPMAX",
                                     "MAXCTX")})
