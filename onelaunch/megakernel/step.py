@@ -119,8 +119,11 @@ def plan_schedule(spec, P: int, ctx: int, attention: str | None = None) -> sched
     ATTENTION, or MOE_ATTENTION for an MoE spec). An MoE's expert down must take every
     slot an instruction (one group) and a loader's hoist must fit its held stages."""
     attention = attention or (MOE_ATTENTION if spec.is_moe else ATTENTION)
+    # MoE: a loader holds HOLD_STAGES whole stages, each a GEMV pair of 2 x hidden / TK
+    # of the VM's tiles, so the lists' HOIST counts those (``loads.stream`` = the kernel's)
+    hold = dict(hold=HOLD_STAGES * 2 * (spec.hidden // TK)) if spec.is_moe else {}
     sched = schedule.build(spec, P, max(ctx, plan_ctx(spec, P)), tile_n=TN, tile_k=TK,
-                           attention=attention)
+                           attention=attention, **hold)
     rows = sched.instr.view(-1, isa.WIDTH)
     down = rows[rows[:, isa.OP] == isa.OP_DOWN]
     if (down[:, isa.KLEN] != spec.intermediate).any():
