@@ -19,10 +19,11 @@ from onelaunch.megakernel import vm as V
 from onelaunch.megakernel.isa import (BUMP, HOIST, LAYER, LTARGET, LWAIT, NONE, OP, OP_EMBED,
                                       OP_EXPERT_DOWN, OP_EXPERT_GATE_UP, OP_RMS_QKV,
                                       OP_ROPE_KV, OP_TOPK, SPLITS, TARGET0, WAIT0)
+from onelaunch.measure.agree import bf16_ulp, judge_tokens
 from onelaunch.oracle import Oracle
 from onelaunch.specs import get_spec
 from onelaunch.weights import random_weights
-from test_megakernel_vm import TILES, assert_agrees, edited, ids_for
+from test_megakernel_vm import TILES, assert_agrees, edited, ids_for, quick_weights
 
 START, STEPS, PROMPT_SEED = 60, 5, 7      # a prompt whose routing has clear margins
 ROUTE_MARGIN = 0.0625                      # rank k-1 over rank k, in router logits (8 ulps
@@ -284,3 +285,35 @@ def test_qk_norm_sums_every_qkv_block(tiny):
     rows = [r for _, _, r in loads.all_rows(sched)]
     n = sum(r[OP] == OP_RMS_QKV and r[LAYER] == 0 for r in rows)
     assert n == 16 and all(r[SPLITS] == r[TARGET0] == n for r in rows if r[OP] == OP_ROPE_KV)
+
+
+def test_the_moe_kernels_lists_run_a_full_shape_layer_like_the_oracle():
+    """One OLMoE-1B-7B layer at its exact shapes (16 of its experts, a small head) on 132
+    SMs, with the lists the one-launch MoE kernel runs (``megakernel.step.plan_schedule``:
+    4 x 256 tiles, attention "four", a hoist of one held stage): the residual after the
+    layer within 2 bf16 ulps of the oracle's, the new k and v slots within one, and the
+    token agrees."""
+    from onelaunch.megakernel.step import plan_schedule
+    spec = dataclasses.replace(get_spec("olmoe-1b-7b"), name="olmoe-1b-7b-layer", layers=1,
+                               vocab=256, experts=16)
+    w = quick_weights(spec, 3)
+    start, max_ctx = 40, 48
+    ids = ids_for(spec, start + 1, 3)
+    orc = Oracle(spec, w, max_ctx=max_ctx)
+    orc.forward(ids[:start], torch.arange(start))
+    m = V.Machine(spec, w, max_ctx)
+    m.adopt_cache(orc.k_cache, orc.v_cache)
+    m.start(ids, start)
+    x_ref = orc.hidden(ids[start:], torch.tensor([start]))[0]
+    sched = plan_schedule(spec, 132, start + 1)
+    loads.check(sched)
+    assert sched.hold == 2 * spec.hidden // 256                    # a held stage's tiles
+    assert (sched.instr[:, :, HOIST] > 0).any()                    # before the head
+    out = m.step(sched, 0)
+    assert float((out["x"].float() - x_ref.float()).abs().max()) <= 2 * bf16_ulp(
+        float(x_ref.abs().max()))
+    for got, want in ((m.k_cache, orc.k_cache), (m.v_cache, orc.v_cache)):
+        err = (got[0, :, start].float() - want[0, :, start].float()).abs().max()
+        assert float(err) <= bf16_ulp(float(want[0, :, start].abs().max()))
+    lg = orc.forward(ids[start:], torch.tensor([start]))
+    assert judge_tokens(lg, [out["token"]])["ok"]
