@@ -53,6 +53,7 @@ def test_refused_where_it_cannot_run():
     assert "tiles" in refusal(get_spec("tiny-qwen2"))
     assert "tiles" in refusal(get_spec("tiny-olmoe"))
     assert "q/k norm" in refusal(dataclasses.replace(olmoe, qk_norm=False))
+    assert "no bias" in refusal(dataclasses.replace(olmoe, qkv_bias=True))
     assert "one box" in refusal(dataclasses.replace(olmoe, intermediate=768))
     r = RUNGS[MEGA]
     assert MEGA in BENCH and r.supported(get_spec("qwen2.5-1.5b"))

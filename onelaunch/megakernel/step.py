@@ -89,8 +89,9 @@ def refusal(spec, max_ctx: int | None = None) -> str | None:
 
 def moe_refusal(spec) -> str | None:
     """Why the MoE kernel cannot run ``spec`` (None: it can), past the dense checks."""
-    if not spec.qk_norm:
-        return "the one-launch MoE step is OLMoE's: its RoPE holds the q/k norm"
+    if not spec.qk_norm or spec.qkv_bias:
+        return ("the one-launch MoE step is OLMoE's: its RoPE holds the q/k norm, its QKV "
+                "has no bias")
     ke = spec.intermediate // TK
     if spec.intermediate % TK or ke & (ke - 1) or not 4 <= ke <= 2 * KB:
         return (f"the one-launch MoE step takes an expert's down rows in one box: "
