@@ -159,9 +159,12 @@ def stacked(W: dict, key: str) -> torch.Tensor:
 
 
 class MegaStep:
-    """One decode step of an engine's dense model as one persistent launch over its
-    buffers; ``run()`` launches it (it reads seq/pos and writes argmax/seq/pos as the
-    chain's last kernel does)."""
+    """One decode step of an engine's model as one persistent launch over its buffers
+    (a dense model: ``gluon_step``; an MoE: ``gluon_moe``, its ids also into the
+    engine's ``expert_log``); ``run()`` launches it (it reads seq/pos and writes
+    argmax/seq/pos as the chain's last kernel does). ``stages`` and ``attention``: None
+    picks STAGES and ATTENTION, or MOE_STAGES and MOE_ATTENTION for an MoE. An MoE's
+    expert weights are copied once, stacked over layers (the engine keeps its own)."""
 
     def __init__(self, engine, P: int | None = None, ctx: int = 512, stages: int | None = None,
                  num_warps: int = 4, timeout_ns: int = TIMEOUT_NS, clock: bool = False,
