@@ -168,8 +168,8 @@ def main():
                     help="ATTENTION:PLAN_CTX[:STAGES[:POLL]],... each timed against the "
                     "chain in this process: ATTENTION the attention's form (four, three, "
                     "two: schedule.FORMS; an MoE runs four only); PLAN_CTX the schedule's "
-                    "planning context (its split unit; 0: the run's ctx); STAGES the ring's (0: --stages); "
-                    "POLL 0 atomic polls, 1 acquire loads")
+                    "planning context (its split unit; 0: the run's ctx); STAGES the "
+                    "ring's (0: --stages); POLL 0 atomic polls, 1 acquire loads")
     ap.add_argument("--clock", default=None, help="save the clock stamps to CLOCK_<ctx>.pt")
     a = ap.parse_args()
     spec = get_spec(a.model)

@@ -136,8 +136,9 @@ def _loader(prog_ptr, n_instr, d_qkv, d_o, d_rt, d_egu, d_edn, d_lm, ring, ring_
             WIDTH: gl.constexpr, CLOCK: gl.constexpr, POLL: gl.constexpr):
     """Every weight stage of this SM's list in the compute's order (``loads.stream``):
     the GEMV pairs (QKV, O, router, LM head), an expert's gate and up rows a row block,
-    R slots' experts' down rows (all of I) a (row block, R slots); before an expert instruction's
-    first stage its LWAIT counter (once per counter), after streaming the hoist."""
+    R slots' experts' down rows (all of I) a (row block, R slots); before an expert
+    instruction's first stage its LWAIT counter (once per counter), after streaming the
+    hoist."""
     TN_: gl.constexpr = d_qkv.block_type.shape[0]
     KB_: gl.constexpr = d_qkv.block_type.shape[1]
     KEB: gl.constexpr = d_edn.block_type.shape[1]
@@ -595,8 +596,8 @@ def moe_step_kernel(prog_ptr, n_instr, d_qkv, d_o, d_rt, d_egu, d_edn, d_lm, x_p
                     val_ptr, idx_ptr, seq_ptr, amax_ptr, pos_ptr, plen_ptr, emb_ptr, gin_ptr,
                     gpost_ptr, gfin_ptr, qn_ptr, kn_ptr, ss_ptr, rl_ptr, ids_ptr, rw_ptr,
                     log_ptr, ctr_ptr, err_ptr, clk_ptr, L, H, I, QKV, HQ, KVS, E, SPMAX, MAXCTX,
-                    eps, scale, timeout_ns, KB_, KG, GT, KE, TOPK, EP, QSB, STAGES, HOLD, WIDTH, TN_,
-                    TK_, G, GP, D, HKV, BT, SB, NPB, EB, CLOCK, POLL, num_warps)),
+                    eps, scale, timeout_ns, KB_, KG, GT, KE, TOPK, EP, QSB, STAGES, HOLD, WIDTH,
+                    TN_, TK_, G, GP, D, HKV, BT, SB, NPB, EB, CLOCK, POLL, num_warps)),
         (_loader, (prog_ptr, n_instr, d_qkv, d_o, d_rt, d_egu, d_edn, d_lm, ring, ring_e,
                    ready, empty, ids_ptr, ctr_ptr, err_ptr, clk_ptr, timeout_ns, L, H, I, QKV,
                    E, V, TOPK, STAGES, HOLD, WIDTH, CLOCK, POLL))],
