@@ -147,6 +147,35 @@ def test_one_launch_step_passes_the_oracle_check(ctx):
     assert torch.equal(xs[0], xs[1])
 
 
+@pytest.mark.gpu
+def test_one_launch_moe_step_passes_the_oracle_check():
+    """OLMoE-1B-7B at ctx 512 (the MoE kernel): 16 teacher-forced tokens by the agreement
+    rule, one launch a step, the experts it routed to logged per position, two replays
+    from one state bit-identical, no wait timed out (its loaders' too)."""
+    from onelaunch.measure.agree import judge, oracle_tokens
+    from onelaunch.prompt import random_prompt
+    spec, ctx = get_spec("olmoe-1b-7b"), 512
+    if not RUNGS[MEGA].runs_on("cuda"):
+        pytest.skip("needs Hopper")
+    w = random_weights(spec, 0, device="cuda")
+    prompt = random_prompt(spec, ctx, 0)
+    ref = oracle_tokens(spec, w, prompt, 16, ctx + 64)
+    e = Engine(spec, w, max_ctx=ctx + 64, megakernel=True)
+    assert e.paths["megakernel"] and e.launches_per_step() == 1
+    j = judge(e, prompt, ref, True)
+    e.check_stalls()
+    assert j["ok"], j["flips"]
+    assert all(n >= spec.top_k for n in e.distinct_experts(ctx, ctx + 8))
+    xs = []
+    for _ in range(2):
+        e.pos.fill_(ctx)
+        e.step(True)
+        torch.cuda.synchronize()
+        xs.append(e.x.clone())
+    e.check_stalls()
+    assert torch.equal(xs[0], xs[1])
+
+
 def test_a_stall_is_named_in_one_line():
     """A wait that ran out of its bound (the kernel's err row: instruction + 1, counter,
     value seen, target) raises naming the SM, the instruction and the counter."""
