@@ -26,7 +26,7 @@ import torch
 from onelaunch.engine import Engine
 from onelaunch.measure.agree import judge, oracle_tokens
 from onelaunch.measure.timing import floor_ms, run_bandwidth, run_ctx, time_ms
-from onelaunch.megakernel.step import MOE_STAGES, POLL, STAGES, MegaStep
+from onelaunch.megakernel.step import ATTENTION, MOE_STAGES, POLL, STAGES, MegaStep
 from onelaunch.specs import get_spec
 from onelaunch.weights import random_weights
 
@@ -164,7 +164,7 @@ def main():
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--stages", type=int, default=0,
                     help=f"the ring's stages (0: {STAGES}, or for an MoE {MOE_STAGES})")
-    ap.add_argument("--variants", default="four:0",
+    ap.add_argument("--variants", default=None,
                     help="ATTENTION:PLAN_CTX[:STAGES[:POLL]],... each timed against the "
                     "chain in this process: ATTENTION the attention's form (four, three, "
                     "two: schedule.FORMS; an MoE runs four only); PLAN_CTX the schedule's "
@@ -175,7 +175,8 @@ def main():
     spec = get_spec(a.model)
     w = random_weights(a.model, 0, device="cuda")
     bw = run_bandwidth("cuda")
-    given = [v.split(":") for v in a.variants.split(",")]
+    given = [v.split(":") for v in (a.variants or ("four" if spec.is_moe else ATTENTION)
+                                    + ":0").split(",")]
     variants = [(f[0], *(int(x) for x in f[1:4] + ["0", "0", str(POLL)][len(f) - 1:]))
                 for f in given]
     res = {"model": a.model, "read_tbps": bw,
