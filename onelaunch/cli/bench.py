@@ -135,7 +135,8 @@ def _add_bench(sub):
     _add_engine_device(p)
     p.add_argument("--no-peers", dest="peers", action="store_false",
                    help="skip the peer rungs (HF generate, the eager and compiled oracle, "
-                   "llama.cpp where ci/llama_build.sh built it)")
+                   "llama.cpp where ci/llama_build.sh built it, and for a dense model the "
+                   "gpt-fast-style compiled step)")
     p.add_argument("--json", default=None, help="also write the rows to this file")
     _add_tp(p, many=True)
     p.set_defaults(func=cmd_bench)

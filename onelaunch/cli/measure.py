@@ -41,7 +41,8 @@ def bench_main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--peers", default=None,
                     help="with --what peers: comma list of peers (default: every one in "
-                         "peers.rungs.PEERS), e.g. llama.cpp")
+                         "peers.rungs.PEERS and, for a dense model, 'gpt-fast compiled'), "
+                         "e.g. llama.cpp")
     ap.add_argument("--write-table", action="store_true",
                     help="with sweepcfg: write the fastest config of each op to kernels/tuned/<arch>.json")
     a = ap.parse_args(argv)

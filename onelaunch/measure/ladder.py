@@ -102,11 +102,16 @@ def bench_rows(spec, w, device="cuda", ctx=512, tokens=12, iters=100, seed=0,
         from ..peers.gpt_fast import NAME as FAST, fast_decode_rows
         from ..peers.rungs import RUNGS as PEERS, peer_rungs
         names = PEERS + (FAST,) if peers is True else tuple(peers)
-        rows += peer_rungs(spec, ctx=ctx, device=device, iters=peer_iters or min(iters, 50),
-                           new_tokens=peer_tokens, seed=seed, weights=w, prompt=prompt,
-                           ref=(ids, logits), read_tbps=read_tbps,
-                           rungs=tuple(n for n in names if n != FAST))
-        if FAST in names and not (spec.is_moe or spec.qk_norm):   # gpt-fast's is dense
+        rest = tuple(n for n in names if n != FAST)
+        if rest:
+            rows += peer_rungs(spec, ctx=ctx, device=device,
+                               iters=peer_iters or min(iters, 50), new_tokens=peer_tokens,
+                               seed=seed, weights=w, prompt=prompt, ref=(ids, logits),
+                               read_tbps=read_tbps, rungs=rest)
+        if FAST in names and (spec.is_moe or spec.qk_norm):
+            print(f"[bench] {FAST}: no row for {spec.name} (gpt-fast's step is the dense "
+                  "family's)", flush=True)
+        elif FAST in names:
             rows += fast_decode_rows(spec, ctx=ctx, device=device,
                                      iters=peer_iters or min(iters, 50),
                                      new_tokens=peer_tokens, seed=seed, weights=w,

@@ -117,8 +117,8 @@ def fast_decode_rows(spec, ctx: int = 512, device="cuda", iters: int = 50,
     the eager oracle's greedy tokens and judged by the agreement rule, and the faster mode
     that passes is the row's time (both are in ``modes_ms``); ``ref``: the oracle's greedy
     ``(ids, logits)`` over this prompt when the caller already ran it (``bench``'s one
-    oracle run). A mode whose check fails is
-    refused. On the CPU (a smoke run: fp32 weights, no floor) one mode runs, dynamo with
+    oracle run, over ``random_prompt(spec, ctx, seed)``). A mode whose check fails is
+    refused. On the CPU (a smoke run: no floor) one mode runs, dynamo with
     ``backend="aot_eager"`` (inductor's CPU code takes minutes to compile), and the row
     says so in its ``note``. ``read_tbps``: the run's bandwidth (measured here when
     None), so that its floor is the other rows' floor. The row carries the best mode's
@@ -137,7 +137,10 @@ def fast_decode_rows(spec, ctx: int = 512, device="cuda", iters: int = 50,
         oracle = Oracle(spec, weights, max_ctx=max_ctx).eval()
         ref_ids, _, ref_logits = oracle_greedy(oracle, prompt, new_tokens, return_logits=True)
         del oracle
-    else:
+    else:                                   # over this prompt: random_prompt(spec, ctx, seed)
+        if ref[0].numel() < new_tokens:
+            raise ValueError(f"the oracle's reference has {ref[0].numel()} tokens; the "
+                             f"gpt-fast peer checks {new_tokens}")
         ref_ids, ref_logits = ref[0][:new_tokens].to(device), ref[1][:new_tokens]
     fast = FastDecode(spec, weights, max_ctx).eval()
     times, checks, graphs, spreads = {}, {}, {}, {}

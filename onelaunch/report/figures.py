@@ -31,7 +31,7 @@ PEER_C, OURS_C, NOW_C = "#8c8c8c", "#1f6fb4", "#d9480f"   # the ladder's bar col
 PEER_NOW_C, FAILED_C = "#555555", "#c92a2a"   # this frame's peer; a failed check (hatched)
 BAR_KEYS = [(PEER_C, "a peer (what a user runs instead)"), (PEER_NOW_C, "this frame's peer"),
             (OURS_C, "our rung"), (NOW_C, "this frame's rung"),
-            (FAILED_C, "check failed: no time shown")]     # the legend's key of each colour
+            (FAILED_C, "no time: check failed or did not run")]     # the legend's key of each colour
 WHISKER_KEY = "min-max of the timed repeats"
 
 
