@@ -5,7 +5,7 @@ replays bit-identical, and both steps timed alternately against the floor measur
 
     python lab/step_check.py OUT.json [--ctx 512,4000] [--tokens 32] [--iters 200]
                              [--stages STAGES] [--model qwen2.5-1.5b] [--clock PREFIX]
-                             [--variants ATTENTION:PLAN_CTX[:STAGES[:POLL]],...]
+                             [--variants ATTENTION:PLAN_CTX[:STAGES[:POLL[:BT]]],...]
     python lab/step_clock.py PREFIX_512.pt       # where the time goes, per layer and op
 
     python lab/step_check.py OUT.json --model olmoe-1b-7b     # the MoE kernel (gluon_moe)
@@ -55,9 +55,10 @@ def buffers_after_step(e, plan, pos, names):
 
 
 def one_ctx(spec, w, ctx, tokens, iters, stages, bw, out, clock_to=None,
-            variants=(("four", 0, 0, POLL),)):
+            variants=(("four", 0, 0, POLL, 0),)):
     g = torch.Generator().manual_seed(ctx)
     prompt = torch.randint(0, spec.vocab, (ctx,), generator=g)
+    iters = min(iters, spec.max_ctx - run_ctx(ctx, tokens, 0))    # OLMoE's 4096 at 4000
     max_ctx = run_ctx(ctx, tokens, iters)
     t0 = time.time()
     ref = oracle_tokens(spec, w, prompt, tokens, max_ctx)
@@ -66,13 +67,13 @@ def one_ctx(spec, w, ctx, tokens, iters, stages, bw, out, clock_to=None,
     chain = e.plan
     out["chain"] = {k: v for k, v in judge(e, prompt, ref, True).items() if k != "tokens"}
     fl = out["floor_ms"] = floor_ms(spec, bw, ctx)
-    for attention, plan, st, poll in variants:
+    for attention, plan, st, poll, bt in variants:
         st = st or stages or (MOE_STAGES if spec.is_moe else STAGES)
-        name = f"{attention}_plan{plan or ctx}_st{st}_poll{poll}"
+        name = f"{attention}_plan{plan or ctx}_st{st}_poll{poll}" + (f"_bt{bt}" if bt else "")
         r = out[name] = {}
         try:
             one_variant(e, chain, prompt, ref, ctx, iters, st, fl, r, attention,
-                        plan or ctx, clock_to and f"{clock_to}_{name}", poll)
+                        plan or ctx, clock_to and f"{clock_to}_{name}", poll, bt)
         except Exception as ex:                   # keep what was measured
             r["error"] = f"{type(ex).__name__}: {ex}"
         e.plan, e.graph = chain, None
@@ -81,14 +82,14 @@ def one_ctx(spec, w, ctx, tokens, iters, stages, bw, out, clock_to=None,
 
 
 def one_variant(e, chain, prompt, ref, ctx, iters, stages, fl, out, attention, plan,
-                clock_to, poll=POLL):
+                clock_to, poll=POLL, bt=0):
     t0 = time.time()
-    mk = MegaStep(e, ctx=plan, stages=stages, attention=attention, poll=poll)
+    mk = MegaStep(e, ctx=plan, stages=stages, attention=attention, poll=poll, bt=bt)
     mega = [mk.launch()]
     out["mk_build_s"] = time.time() - t0
     out["schedule"] = {"P": mk.P, "instr_per_sm": mk.n_instr, "counters": mk.n_ctr,
                        "splits": mk.spmax, "plan_ctx": plan, "stages": mk.stages,
-                       "attention": mk.attention, "moe": mk.moe}
+                       "attention": mk.attention, "moe": mk.moe, "bt": mk.bt}
     # the last layer's buffers after one step from the same state (position ctx); MoE:
     # its router logits, routing weights and ids too
     moe = ("router_logits", "expert_weights", "expert_ids")
@@ -119,6 +120,10 @@ def one_variant(e, chain, prompt, ref, ctx, iters, stages, fl, out, attention, p
     e.plan, e.graph = mega, None
     out["mega"] = {k: v for k, v in judge(e, prompt, ref, True).items() if k != "tokens"}
     mk.check_stalls()
+    if not iters:                             # a context at the spec's end: no room to time
+        print(f"[step_check] ctx {ctx}: mega agree {out['mega'].get('agree')}, replays "
+              f"bit-identical {out['replays_bit_identical']} (not timed)", flush=True)
+        return
     # time both alternately, each from position ctx
     graphs = {"chain": graph_of(e, chain), "mega": graph_of(e, mega)}
     times = {k: [] for k in graphs}
@@ -141,7 +146,7 @@ def one_variant(e, chain, prompt, ref, ctx, iters, stages, fl, out, attention, p
           f"{out['mega'].get('agree')}), chain {out['chain']['median_ms']:.4f}", flush=True)
     if clock_to:                              # per-instruction stamps of a few steps
         mkc = MegaStep(e, ctx=plan, stages=stages, clock=True, attention=attention,
-                       poll=poll)
+                       poll=poll, bt=bt)
         e.plan = [mkc.launch()]
         stamps = []
         for _ in range(3):
@@ -165,11 +170,12 @@ def main():
     ap.add_argument("--stages", type=int, default=0,
                     help=f"the ring's stages (0: {STAGES}, or for an MoE {MOE_STAGES})")
     ap.add_argument("--variants", default=None,
-                    help="ATTENTION:PLAN_CTX[:STAGES[:POLL]],... each timed against the "
+                    help="ATTENTION:PLAN_CTX[:STAGES[:POLL[:BT]]],... each timed against the "
                     "chain in this process: ATTENTION the attention's form (four, three, "
                     "two: schedule.FORMS; an MoE runs four only); PLAN_CTX the schedule's "
                     "planning context (its split unit; 0: the run's ctx); STAGES the "
-                    "ring's (0: --stages); POLL 0 atomic polls, 1 acquire loads")
+                    "ring's (0: --stages); POLL 0 atomic polls, 1 acquire loads; BT the keys "
+                    "an attention partial loads at once (0: step.BT, an MoE step.MOE_BT)")
     ap.add_argument("--clock", default=None, help="save the clock stamps to CLOCK_<ctx>.pt")
     a = ap.parse_args()
     spec = get_spec(a.model)
@@ -177,7 +183,7 @@ def main():
     bw = run_bandwidth("cuda")
     given = [v.split(":") for v in (a.variants or ("four" if spec.is_moe else ATTENTION)
                                     + ":0").split(",")]
-    variants = [(f[0], *(int(x) for x in f[1:4] + ["0", "0", str(POLL)][len(f) - 1:]))
+    variants = [(f[0], *(int(x) for x in f[1:5] + ["0", "0", str(POLL), "0"][len(f) - 1:]))
                 for f in given]
     res = {"model": a.model, "read_tbps": bw,
            "stages": a.stages or (MOE_STAGES if spec.is_moe else STAGES), "variants": variants,

@@ -32,6 +32,7 @@ from .mlp_stream import (KB, TK, TN, box_view, compile_sm90, down_boxes, gate_up
 
 ERR = 4                    # err[pid] = (instruction + 1, counter, value seen, target)
 BT = 16                    # keys an attention partial takes a block
+MOE_BT = 64                # the MoE kernel's: a split's keys in one load at ctx 512 (NOTES 38)
 SB = 64                    # splits a merge takes a chunk
 SBF = 16                   # splits a fused merge takes a chunk (all G heads at once)
 EB = 1024                  # columns an embedding copy takes a block
@@ -168,7 +169,7 @@ class MegaStep:
 
     def __init__(self, engine, P: int | None = None, ctx: int = 512, stages: int | None = None,
                  num_warps: int = 4, timeout_ns: int = TIMEOUT_NS, clock: bool = False,
-                 attention: str | None = None, poll: int = POLL):
+                 attention: str | None = None, poll: int = POLL, bt: int | None = None):
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
         e, s = engine, engine.spec
         why = refusal(s)
@@ -185,6 +186,7 @@ class MegaStep:
         self.n_ctr = len(self.sched.counters)
         self.e, self.stages, self.num_warps, self.timeout_ns = e, stages, num_warps, timeout_ns
         self.clock, self.attention, self.poll = clock, attention, poll
+        self.bt = bt or (MOE_BT if self.moe else BT)
         W = e.W
         if self.moe:
             self._moe_init(W, dev)
@@ -297,7 +299,7 @@ class MegaStep:
         s = self.e.spec
         if self.moe:
             return moe_constexprs(s, self.P, self.n_ctr, self.stages, self.num_warps,
-                                  self.clock, self.kg, self.gt, self.poll)
+                                  self.clock, self.kg, self.gt, self.poll, self.bt)
         return constexprs(s, self.P, self.n_ctr, self.stages, self.num_warps, self.clock,
                           self.kg, self.gt, self.nf, self.tail, self.attention, self.poll)
 
@@ -334,20 +336,21 @@ def constexprs(s, P, n_ctr, stages, num_warps, clock, kg, gt, nf, tail, attentio
                 CLOCK=int(clock), POLL=int(poll), num_warps=num_warps)
 
 
-def moe_constexprs(s, P, n_ctr, stages, num_warps, clock, kg, gt, poll=POLL) -> dict:
+def moe_constexprs(s, P, n_ctr, stages, num_warps, clock, kg, gt, poll=POLL,
+                   bt=MOE_BT) -> dict:
     if poll not in (0, 1):
         raise ValueError(f"poll {poll!r}: 0 or 1")
     g = s.heads // s.kv_heads
     return dict(KB_=KB, KG=kg, GT=gt, KE=s.intermediate // TK, TOPK=s.top_k,
                 EP=triton.next_power_of_2(s.experts), QSB=QSB, STAGES=stages,
                 HOLD=HOLD_STAGES, WIDTH=isa.WIDTH, G=g, GP=triton.next_power_of_2(g),
-                D=s.head_dim, HKV=s.kv_heads, BT=BT, SB=SB, NPB=triton.next_power_of_2(P),
+                D=s.head_dim, HKV=s.kv_heads, BT=bt, SB=SB, NPB=triton.next_power_of_2(P),
                 EB=EB, CTR_BLOCK=triton.next_power_of_2(n_ctr + 1), CLOCK=int(clock),
                 POLL=int(poll), num_warps=num_warps)
 
 
 def aot_moe(s, P: int = 132, stages: int | None = None, num_warps: int = 4,
-            poll: int = POLL) -> dict:
+            poll: int = POLL, bt: int = MOE_BT) -> dict:
     """The MoE kernel (``gluon_moe``) for sm_90 on any machine: layouts, TMA, barriers."""
     stages = stages or MOE_STAGES
     lay = smem_layout()
@@ -370,7 +373,7 @@ def aot_moe(s, P: int = 132, stages: int | None = None, num_warps: int = 4,
                                     "MAXCTX")})
     ptrs.update(eps="fp32", scale="fp32", timeout_ns="i64", n_ctr="i32")
     n_ctr = len(plan_schedule(s, P, 512).counters)
-    consts = moe_constexprs(s, P, n_ctr, stages, num_warps, True, kg, gt, poll)
+    consts = moe_constexprs(s, P, n_ctr, stages, num_warps, True, kg, gt, poll, bt)
     sig = dict(ptrs, **{k: "constexpr" for k in consts})
     aligned = [i for i, v in enumerate(ptrs.values()) if v.startswith("*")]
     return compile_sm90(moe_step_kernel, sig, consts, aligned, num_warps)
