@@ -175,7 +175,7 @@ def main():
                     "two: schedule.FORMS; an MoE runs four only); PLAN_CTX the schedule's "
                     "planning context (its split unit; 0: the run's ctx); STAGES the "
                     "ring's (0: --stages); POLL 0 atomic polls, 1 acquire loads; BT the keys "
-                    "an attention partial loads at once (0: step.BT, an MoE step.MOE_BT)")
+                    "an attention partial loads at once (0: step.BT)")
     ap.add_argument("--clock", default=None, help="save the clock stamps to CLOCK_<ctx>.pt")
     a = ap.parse_args()
     spec = get_spec(a.model)

@@ -32,7 +32,6 @@ from .mlp_stream import (KB, TK, TN, box_view, compile_sm90, down_boxes, gate_up
 
 ERR = 4                    # err[pid] = (instruction + 1, counter, value seen, target)
 BT = 16                    # keys an attention partial takes a block
-MOE_BT = 64                # the MoE kernel's: a split's keys in one load at ctx 512 (NOTES 38)
 SB = 64                    # splits a merge takes a chunk
 SBF = 16                   # splits a fused merge takes a chunk (all G heads at once)
 EB = 1024                  # columns an embedding copy takes a block
@@ -186,7 +185,7 @@ class MegaStep:
         self.n_ctr = len(self.sched.counters)
         self.e, self.stages, self.num_warps, self.timeout_ns = e, stages, num_warps, timeout_ns
         self.clock, self.attention, self.poll = clock, attention, poll
-        self.bt = bt or (MOE_BT if self.moe else BT)
+        self.bt = bt or BT      # an MoE's: 32 and 64 measured slower (NOTES 38)
         W = e.W
         if self.moe:
             self._moe_init(W, dev)
@@ -337,7 +336,7 @@ def constexprs(s, P, n_ctr, stages, num_warps, clock, kg, gt, nf, tail, attentio
 
 
 def moe_constexprs(s, P, n_ctr, stages, num_warps, clock, kg, gt, poll=POLL,
-                   bt=MOE_BT) -> dict:
+                   bt=BT) -> dict:
     if poll not in (0, 1):
         raise ValueError(f"poll {poll!r}: 0 or 1")
     g = s.heads // s.kv_heads
@@ -350,7 +349,7 @@ def moe_constexprs(s, P, n_ctr, stages, num_warps, clock, kg, gt, poll=POLL,
 
 
 def aot_moe(s, P: int = 132, stages: int | None = None, num_warps: int = 4,
-            poll: int = POLL, bt: int = MOE_BT) -> dict:
+            poll: int = POLL, bt: int = BT) -> dict:
     """The MoE kernel (``gluon_moe``) for sm_90 on any machine: layouts, TMA, barriers."""
     stages = stages or MOE_STAGES
     lay = smem_layout()
