@@ -219,12 +219,13 @@ def test_refused_past_32_bit_cache_offsets():
 PAIR = (isa.OP_RMS_QKV, isa.OP_O_PROJ, isa.OP_ROUTER, isa.OP_LM_HEAD)
 
 
-def moe_kernel_stages(rows, I, stages, hold):
+def moe_kernel_stages(rows, I, stages, hold, pos=511, kvb=64):
     """``gluon_moe``'s rules in Python, both partitions: (loader steps, compute steps).
     A step is ("wait", counter, target) or ((instruction, stage), place, use): place
     ("ring", s) or ("hold", h), use its barrier's phase count. GEMV pairs take ceil(rows /
     2 TN) stages, an expert's gate/up rows / TN, its down rows / TN x ceil(slots / R)
-    (R slots' boxes a stage); after the first of a run of loader-waiting instructions with
+    (R slots' boxes a stage), an attention partial its split's keys before ``pos`` in
+    stages of ``kvb`` (a K and a V box); after the first of a run of loader-waiting instructions with
     a HOIST, the next ``hold`` GEMV-pair stages before the next run are held ones (the
     loader streams them before its wait)."""
     def n_stages(r):
@@ -235,6 +236,9 @@ def moe_kernel_stages(rows, I, stages, hold):
         if r[isa.OP] == isa.OP_EXPERT_DOWN:                # R slots' boxes a stage
             R = 2 * step.KB * step.TK // I
             return r[isa.ROWS] // TN * -(-(r[isa.KLEN] // I) // R)
+        if r[isa.OP] == isa.OP_ATTN_PARTIAL:               # the keys before pos
+            start, end = schedule.split_range(pos + 1, r[isa.ARG], r[isa.SPLITS], r[isa.UNIT])
+            return -(-max(0, min(end, pos) - start) // kvb)
         return 0
 
     def run(loader):
@@ -282,14 +286,14 @@ def test_moe_loader_and_compute_agree_on_every_stage():
     experts' stages; and the VM's hoisted tiles (``loads.stream``, the plan's hold a
     stage of them) are the tiles of the held stages, exactly."""
     spec = get_spec("olmoe-1b-7b")
-    for P in (132, 16):
+    for P, pos in ((132, 511), (16, 511), (132, 0), (132, 3999)):
         sched = plan_schedule(spec, P, 512)
         assert sched.hold and step.HOLD_STAGES
         held = 0
         for sm in range(P):
             rows = sched.rows(sm)
             lo, co = moe_kernel_stages(rows, spec.intermediate, step.MOE_STAGES,
-                                       step.HOLD_STAGES)
+                                       step.HOLD_STAGES, pos, step.kv_keys(spec))
             got = [x for x in lo if x[0] != "wait"]
             assert sorted(got) == sorted(co) and len({x[0] for x in co}) == len(co)
             assert ([x[0] for x in got if x[1][0] == "ring"]
@@ -335,7 +339,9 @@ def test_moe_host_stacks_the_experts_addressed_by_id():
     s = small_olmoe()
     assert refusal(s) is None
     W = pack_weights(s, random_weights(s, 0))
-    e = SimpleNamespace(spec=s, W=W, device=torch.device("cpu"), max_ctx=256)
+    cache = lambda: torch.zeros(s.layers, s.kv_heads, 256, s.head_dim, dtype=torch.bfloat16)
+    e = SimpleNamespace(spec=s, W=W, device=torch.device("cpu"), max_ctx=256,
+                        k_cache=cache(), v_cache=cache())
     mk = step.MegaStep(e, P=16)
     assert mk.moe and mk.stages == step.MOE_STAGES and mk.attention == "four"
     E, I, H = s.experts, s.intermediate, s.hidden
@@ -348,6 +354,10 @@ def test_moe_host_stacks_the_experts_addressed_by_id():
         assert torch.equal(mk.w["rt"][l * E + e_], L["w_router"][e_])
         assert torch.equal(mk.q_norm[l], L["q_norm"]) and torch.equal(mk.k_norm[l], L["k_norm"])
     assert mk.d[4].block_shape == [TN, I // step.TK, step.TK]
+    # the attention's keys: a K box and a V box of a stage's bytes, over every cache row
+    assert mk.d[6].block_shape == mk.d[7].block_shape == [step.kv_keys(s), s.head_dim]
+    assert 2 * step.kv_keys(s) * s.head_dim == 2 * TN * step.KB * step.TK
+    assert list(mk.d[6].shape) == [s.layers * s.kv_heads * 256, s.head_dim]
     assert mk.route_ids.shape == mk.route_w.shape == (s.layers, s.top_k)
     assert mk.expert_log.shape == (257, s.layers, s.top_k)     # the engine's, row pos
     assert mk.h.numel() == s.top_k * I and mk.err.shape == (2 * 16, step.ERR)

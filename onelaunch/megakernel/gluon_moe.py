@@ -45,8 +45,8 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 from .gluon_mlp import (_dot_box_k, _now, _reset_on_exit, _stage_free, _stage_ready,
                         _store_mine, _wait_counter)
-from .gluon_step import (_field, _op_argmax, _op_attn_merge, _op_attn_partial, _op_embed,
-                         _rms_vec, _row_dot)
+from .gluon_step import (_attn_block, _field, _op_argmax, _op_attn_merge, _op_embed,
+                         _rms_vec, _row_dot, _split_keys)
 
 # opcodes by value (isa.py; tests/test_gluon_step.py holds them to isa's): RMS_QKV 1,
 # ROPE_KV 2, ATTN_PARTIAL 3, ATTN_MERGE 4, O_PROJ 5, LM_HEAD 8, ARGMAX 9, EMBED 10,
@@ -130,10 +130,11 @@ def _expert_id(ids_ptr, layer, j, E, TOPK: gl.constexpr):
 
 
 @gluon.jit
-def _loader(prog_ptr, n_instr, d_qkv, d_o, d_rt, d_egu, d_edn, d_lm, ring, ring_e, ready,
-            empty, ids_ptr, ctr_ptr, err_ptr, clk_ptr, timeout_ns, L, H, I, QKV, E, V,
-            TOPK: gl.constexpr, STAGES: gl.constexpr, HOLD: gl.constexpr,
-            WIDTH: gl.constexpr, CLOCK: gl.constexpr, POLL: gl.constexpr):
+def _loader(prog_ptr, n_instr, d_qkv, d_o, d_rt, d_egu, d_edn, d_lm, d_kc, d_vc, ring, ring_e,
+            ring_kv, ready, empty, ids_ptr, pos_ptr, ctr_ptr, err_ptr, clk_ptr, timeout_ns, L,
+            H, I, QKV, E, V, MAXCTX, TOPK: gl.constexpr, STAGES: gl.constexpr,
+            HOLD: gl.constexpr, HKV: gl.constexpr, WIDTH: gl.constexpr,
+            CLOCK: gl.constexpr, POLL: gl.constexpr):
     """Every weight stage of this SM's list in the compute's order (``loads.stream``):
     the GEMV pairs (QKV, O, router, LM head), an expert's gate and up rows a row block,
     R slots' experts' down rows (all of I) a (row block, R slots); before an expert
@@ -149,7 +150,9 @@ def _loader(prog_ptr, n_instr, d_qkv, d_o, d_rt, d_egu, d_edn, d_lm, ring, ring_
     hl: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
     f = gl.arange(0, 32, hl)                          # a header over the warp's lanes
     nxt = gl.load(base + f)
-    t = 0
+    KVB: gl.constexpr = d_kc.block_type.shape[0]      # keys a KV stage (K and V boxes)
+    pos = gl.load(pos_ptr)                            # this step's: no instruction writes
+    t = 0                                             # it before the loaders pass it
     pend = 0                                          # held stages still to come
     hph = 0
     prev_lw = -1
@@ -215,7 +218,20 @@ def _loader(prog_ptr, n_instr, d_qkv, d_o, d_rt, d_egu, d_edn, d_lm, ring, ring_
                         tma.async_copy_global_to_shared(d_edn, [r, 0, 0], ready.index(s),
                                                         ring_e.index(s * R + b))
                     t += 1
-        if CLOCK & (_is_pair(op) | (op == 13) | (op == 14)):
+        elif op == 3:                                 # ATTN_PARTIAL: its split's keys before
+            start, end, per = _split_keys(pos + 1, _field(hdr, f, 11), _field(hdr, f, 13),
+                                          _field(hdr, f, 14))          # pos, K and V boxes
+            krow = (layer * HKV + row0) * MAXCTX      # a stage (rows past the split: masked)
+            for k0 in range(start, gl.minimum(end, pos), KVB):
+                s = t % STAGES
+                mbarrier.wait(empty.index(s), ((t // STAGES) & 1) ^ 1)
+                mbarrier.expect(ready.index(s), 2 * d_kc.block_type.nbytes)
+                tma.async_copy_global_to_shared(d_kc, [krow + k0, 0], ready.index(s),
+                                                ring_kv.index(2 * s))
+                tma.async_copy_global_to_shared(d_vc, [krow + k0, 0], ready.index(s),
+                                                ring_kv.index(2 * s + 1))
+                t += 1
+        if CLOCK & (_is_pair(op) | (op == 13) | (op == 14) | (op == 3)):
             gl.store(clk_ptr + (pid * n_instr + i) * 4 + 3, _now())
 
 
@@ -329,9 +345,66 @@ def _op_topk(layer, pos, rl_ptr, ids_ptr, rw_ptr, log_ptr, L, E, EP: gl.constexp
         p = gl.where(e == i, -1.0, p)
 
 
+@gluon.jit
+def _op_attn_partial_kv(layer, kh, sp, splits, unit, pos, q_ptr, kc_ptr, vc_ptr, pm_ptr, pl_ptr,
+                        po_ptr, ring_kc, ready, empty, t, SPMAX, MAXCTX, scale, ctr_ptr, w0,
+                        target, timeout_ns, failed, err, instr, STAGES: gl.constexpr,
+                        G: gl.constexpr, GP: gl.constexpr, D: gl.constexpr,
+                        HKV: gl.constexpr, BT: gl.constexpr, KVB: gl.constexpr,
+                        POLL: gl.constexpr, num_warps: gl.constexpr):
+    """``gluon_step._op_attn_partial`` with the keys before pos from the ring: the loader
+    streamed them as stages of KVB keys (K and V boxes), in order with the weights, so no
+    key costs the compute a round trip; the newest key (this step's RoPE) comes from L2
+    after the wait, last. Returns (the wait's ``failed``, t)."""
+    l3: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 1, 32], [num_warps, 1, 1], [2, 1, 0])
+    sl: gl.constexpr = gl.SliceLayout(2, l3)              # [GP, BT] scores
+    kl: gl.constexpr = gl.SliceLayout(0, l3)              # [BT, D] keys / values
+    ql: gl.constexpr = gl.SliceLayout(1, l3)              # [GP, D] queries / output
+    start, end, per = _split_keys(pos + 1, sp, splits, unit)
+    tk = gl.arange(0, BT, gl.SliceLayout(1, kl))
+    dk = gl.arange(0, D, gl.SliceLayout(0, kl))
+    ts = gl.arange(0, BT, gl.SliceLayout(0, sl))
+    if w0 >= 0:
+        if failed == 0:
+            gl.store(err + 1, w0)
+        failed = _wait_counter(ctr_ptr + w0, target, timeout_ns, failed, err, instr, POLL)
+    hq = gl.arange(0, GP, gl.SliceLayout(1, ql))
+    dq = gl.arange(0, D, gl.SliceLayout(0, ql))
+    qmask = (hq[:, None] < G) & (dq[None, :] < D)
+    q = gl.load(q_ptr + (kh * G + hq[:, None]) * D + dq[None, :], mask=qmask, other=0.0,
+                cache_modifier=".cg").to(gl.float32)
+    at_pos = (start <= pos) & (pos < end)
+    pm = (tk[:, None] == 0) & (dk[None, :] < D) & at_pos
+    kv_pos = ((layer * HKV + kh) * MAXCTX + pos) * D + tk[:, None] * 0 + dk[None, :]
+    k_new = gl.load(kc_ptr + kv_pos, mask=pm, other=0.0, cache_modifier=".cg").to(gl.float32)
+    v_new = gl.load(vc_ptr + kv_pos, mask=pm, other=0.0, cache_modifier=".cg").to(gl.float32)
+    m_i = gl.full([GP], float("-inf"), gl.float32, gl.SliceLayout(1, sl))
+    l_i = gl.zeros([GP], gl.float32, gl.SliceLayout(1, sl))
+    o = gl.zeros([GP, D], gl.float32, ql)
+    old = gl.minimum(end, pos)
+    for k0 in range(start, old, KVB):
+        s = t % STAGES
+        mbarrier.wait(ready.index(s), (t // STAGES) & 1)
+        for b in gl.static_range(KVB // BT):
+            k = ring_kc.index(2 * s * (KVB // BT) + b).load(kl).to(gl.float32)
+            v = ring_kc.index((2 * s + 1) * (KVB // BT) + b).load(kl).to(gl.float32)
+            m_i, l_i, o = _attn_block(q, k, v, k0 + b * BT + ts < old, m_i, l_i, o, scale,
+                                      ql)
+        _stage_free(empty, s)
+        t += 1
+    if at_pos:
+        m_i, l_i, o = _attn_block(q, k_new, v_new, ts == 0, m_i, l_i, o, scale, ql)
+    hs = gl.arange(0, GP, gl.SliceLayout(1, sl))
+    row = (kh * G + hs) * SPMAX + sp
+    gl.store(pm_ptr + row, m_i, mask=hs < G)
+    gl.store(pl_ptr + row, l_i, mask=hs < G)
+    gl.store(po_ptr + ((kh * G + hq[:, None]) * SPMAX + sp) * D + dq[None, :], o, mask=qmask)
+    return failed, t
+
+
 # ---- the compute partition -------------------------------------------------------------------
 @gluon.jit
-def _compute(prog_ptr, n_instr, ring, ring_ek, ready, empty, hs, x_ptr, qkv_ptr, q_ptr,
+def _compute(prog_ptr, n_instr, ring, ring_ek, ring_kc, ready, empty, hs, x_ptr, qkv_ptr, q_ptr,
              attn_ptr, h_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr, pm_ptr, pl_ptr, po_ptr, val_ptr,
              idx_ptr, seq_ptr, amax_ptr, pos_ptr, plen_ptr, emb_ptr, gin_ptr, gpost_ptr,
              gfin_ptr, qn_ptr, kn_ptr, ss_ptr, rl_ptr, ids_ptr, rw_ptr, log_ptr, ctr_ptr,
@@ -342,7 +415,8 @@ def _compute(prog_ptr, n_instr, ring, ring_ek, ready, empty, hs, x_ptr, qkv_ptr,
              WIDTH: gl.constexpr, TN_: gl.constexpr, TK_: gl.constexpr, G: gl.constexpr,
              GP: gl.constexpr, D: gl.constexpr, HKV: gl.constexpr, BT: gl.constexpr,
              SB: gl.constexpr, NPB: gl.constexpr, EB: gl.constexpr, CLOCK: gl.constexpr,
-             POLL: gl.constexpr, num_warps: gl.constexpr):
+             POLL: gl.constexpr, KVB: gl.constexpr,
+             num_warps: gl.constexpr):
     # a row box [TN, kb, TK]: rows over the warps, K tiles in each thread's registers,
     # columns over a warp's lanes, 8 a lane (16-byte shared loads) (as gluon_step)
     l3: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 1, 32], [num_warps, 1, 1], [2, 1, 0])
@@ -441,12 +515,13 @@ def _compute(prog_ptr, n_instr, ring, ring_ek, ready, empty, hs, x_ptr, qkv_ptr,
                                      vc_ptr, cos_ptr, sin_ptr, qn_ptr, kn_ptr, ss_ptr, HQ,
                                      KVS, MAXCTX, eps, ctr_ptr, w0, t0, timeout_ns, failed,
                                      err, i, G, GP, D, HKV, QSB, POLL, num_warps)
-        elif op == 3:                                 # ATTN_PARTIAL
-            failed = _op_attn_partial(layer, row0, _field(hdr, f, 11), splits,
-                                      _field(hdr, f, 14), pos_ptr, q_ptr, kc_ptr, vc_ptr,
-                                      pm_ptr, pl_ptr, po_ptr, SPMAX, MAXCTX, scale, ctr_ptr,
-                                      w0, t0, timeout_ns, failed, err, i, G, GP, D, HKV, BT,
-                                      POLL, num_warps)
+        elif op == 3:                                 # ATTN_PARTIAL, keys from the ring
+            failed, t = _op_attn_partial_kv(layer, row0, _field(hdr, f, 11), splits,
+                                            _field(hdr, f, 14), pos_now, q_ptr, kc_ptr,
+                                            vc_ptr, pm_ptr, pl_ptr, po_ptr, ring_kc, ready,
+                                            empty, t, SPMAX, MAXCTX, scale, ctr_ptr, w0, t0,
+                                            timeout_ns, failed, err, i, STAGES, G, GP, D,
+                                            HKV, BT, KVB, POLL, num_warps)
         elif op == 4:                                 # ATTN_MERGE
             _op_attn_merge(row0, splits, _field(hdr, f, 14), pos_now, pm_ptr, pl_ptr, po_ptr,
                            attn_ptr, SPMAX, D, SB, num_warps)
@@ -557,7 +632,8 @@ def _compute(prog_ptr, n_instr, ring, ring_ek, ready, empty, hs, x_ptr, qkv_ptr,
 
 
 @gluon.jit
-def moe_step_kernel(prog_ptr, n_instr, d_qkv, d_o, d_rt, d_egu, d_edn, d_lm, x_ptr, qkv_ptr,
+def moe_step_kernel(prog_ptr, n_instr, d_qkv, d_o, d_rt, d_egu, d_edn, d_lm, d_kc, d_vc,
+                    x_ptr, qkv_ptr,
                     q_ptr, attn_ptr, h_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr, pm_ptr, pl_ptr,
                     po_ptr, val_ptr, idx_ptr, seq_ptr, amax_ptr, pos_ptr, plen_ptr, emb_ptr,
                     gin_ptr, gpost_ptr, gfin_ptr, qn_ptr, kn_ptr, ss_ptr, rl_ptr, ids_ptr,
@@ -582,6 +658,13 @@ def moe_step_kernel(prog_ptr, n_instr, d_qkv, d_o, d_rt, d_egu, d_edn, d_lm, x_p
                                                 order=[3, 2, 1, 0])
     ring_ek = ring._reinterpret(gl.bfloat16, [NS * R, TN_, num_warps, KE // num_warps, TK_],
                                 pl4)
+    # or a K box and a V box of KVB keys each (unswizzled, as the weights' boxes: the same
+    # bytes in the same order), read back BT keys a time
+    KVB: gl.constexpr = d_kc.block_type.shape[0]
+    ring_kv = ring._reinterpret(gl.bfloat16, [2 * NS, KVB, D], d_kc.layout)
+    kvl: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=1,
+                                                order=[1, 0])
+    ring_kc = ring._reinterpret(gl.bfloat16, [2 * NS * (KVB // BT), BT, D], kvl)
     vlay: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=1,
                                                  order=[1, 0])
     hs = gl.allocate_shared_memory(gl.bfloat16, [TOPK * KE // 4, 4, TK_], vlay)
@@ -591,15 +674,18 @@ def moe_step_kernel(prog_ptr, n_instr, d_qkv, d_o, d_rt, d_egu, d_edn, d_lm, x_p
         mbarrier.init(ready.index(s), count=1)
         mbarrier.init(empty.index(s), count=1)
     gl.warp_specialize([
-        (_compute, (prog_ptr, n_instr, ring, ring_ek, ready, empty, hs, x_ptr, qkv_ptr, q_ptr,
+        (_compute, (prog_ptr, n_instr, ring, ring_ek, ring_kc, ready, empty, hs, x_ptr,
+                    qkv_ptr, q_ptr,
                     attn_ptr, h_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr, pm_ptr, pl_ptr, po_ptr,
                     val_ptr, idx_ptr, seq_ptr, amax_ptr, pos_ptr, plen_ptr, emb_ptr, gin_ptr,
                     gpost_ptr, gfin_ptr, qn_ptr, kn_ptr, ss_ptr, rl_ptr, ids_ptr, rw_ptr,
                     log_ptr, ctr_ptr, err_ptr, clk_ptr, L, H, I, QKV, HQ, KVS, E, SPMAX, MAXCTX,
                     eps, scale, timeout_ns, KB_, KG, GT, KE, TOPK, EP, QSB, STAGES, HOLD, WIDTH,
-                    TN_, TK_, G, GP, D, HKV, BT, SB, NPB, EB, CLOCK, POLL, num_warps)),
-        (_loader, (prog_ptr, n_instr, d_qkv, d_o, d_rt, d_egu, d_edn, d_lm, ring, ring_e,
-                   ready, empty, ids_ptr, ctr_ptr, err_ptr, clk_ptr, timeout_ns, L, H, I, QKV,
-                   E, V, TOPK, STAGES, HOLD, WIDTH, CLOCK, POLL))],
+                    TN_, TK_, G, GP, D, HKV, BT, SB, NPB, EB, CLOCK, POLL, KVB,
+                    num_warps)),
+        (_loader, (prog_ptr, n_instr, d_qkv, d_o, d_rt, d_egu, d_edn, d_lm, d_kc, d_vc, ring,
+                   ring_e, ring_kv, ready, empty, ids_ptr, pos_ptr, ctr_ptr, err_ptr, clk_ptr,
+                   timeout_ns, L, H, I, QKV, E, V, MAXCTX, TOPK, STAGES, HOLD, HKV,
+                   WIDTH, CLOCK, POLL))],
         [1], [48])
     _reset_on_exit(ctr_ptr, n_ctr, CTR_BLOCK, num_warps)

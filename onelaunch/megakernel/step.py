@@ -23,6 +23,7 @@ import sys
 
 import torch
 import triton
+from triton.experimental.gluon import language as gl
 
 from . import isa, schedule
 from .gluon_moe import moe_step_kernel
@@ -239,6 +240,9 @@ class MegaStep:
         self.ke = s.intermediate // TK
         self.d = [box(self.w["qkv"], KB), box(self.w["o"], KB), box(self.w["rt"], KB),
                   box(self.w["egu"], KB), box(self.w["edn"], self.ke), box(W["lm_head"], KB)]
+        kv = lambda t: TensorDescriptor.from_tensor(t.view(-1, s.head_dim),
+                                                    [kv_keys(s), s.head_dim], kv_layout())
+        self.d += [kv(self.e.k_cache), kv(self.e.v_cache)]
         rows = self.sched.instr.view(-1, isa.WIDTH)
         self.spmax = splits = int(rows[rows[:, isa.OP] == isa.OP_ATTN_PARTIAL, isa.SPLITS].max())
         n_qkv = int(((rows[:, isa.OP] == isa.OP_RMS_QKV) & (rows[:, isa.LAYER] == 0)).sum())
@@ -335,6 +339,16 @@ def constexprs(s, P, n_ctr, stages, num_warps, clock, kg, gt, nf, tail, attentio
                 CLOCK=int(clock), POLL=int(poll), num_warps=num_warps)
 
 
+def kv_layout():
+    """A K or V box of the MoE kernel's ring: [keys, head_dim] unswizzled, as the weights'."""
+    return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
+
+
+def kv_keys(s) -> int:
+    """Keys a K box holds: a ring stage (two boxes) is a K box and a V box."""
+    return TN * KB * TK // s.head_dim
+
+
 def moe_constexprs(s, P, n_ctr, stages, num_warps, clock, kg, gt, poll=POLL,
                    bt=BT) -> dict:
     if poll not in (0, 1):
@@ -355,8 +369,10 @@ def aot_moe(s, P: int = 132, stages: int | None = None, num_warps: int = 4,
     lay = smem_layout()
     kg, gt = gate_up_boxes(s.hidden // TK, KB)
     desc = lambda kb: f"tensordesc<bf16[{TN},{kb},{TK}],{lay!r}>"
+    kvd = f"tensordesc<bf16[{kv_keys(s)},{s.head_dim}],{kv_layout()!r}>"
     ptrs = dict(prog_ptr="*i32", n_instr="i32", d_qkv=desc(KB), d_o=desc(KB), d_rt=desc(KB),
-                d_egu=desc(KB), d_edn=desc(s.intermediate // TK), d_lm=desc(KB))
+                d_egu=desc(KB), d_edn=desc(s.intermediate // TK), d_lm=desc(KB), d_kc=kvd,
+                d_vc=kvd)
     for name in ("x", "qkv", "q", "attn", "h", "kc", "vc", "cos", "sin"):
         ptrs[f"{name}_ptr"] = "*bf16"
     for name in ("pm", "pl", "po", "val"):
