@@ -352,3 +352,35 @@ def require(rows, what: str, show: bool = False) -> None:
     lines = [f"{name(r)} (ctx {r['ctx']})" if "ctx" in r else name(r) for r in bad]
     raise GateFailed(f"{what}: {len(bad)} failed their check: " +
                      "; ".join(f"{n}: {why(r)}" for n, r in zip(lines, bad)))
+
+
+# ---- what a page shows: one results folder, named in one line ------------------------
+#
+# A chapter measures on whatever device it runs on and writes ``results/<gpu>/``; its
+# figures and the numbers in its prose read one folder, ``shown``: the run's own on a
+# GPU, ``results/h200/`` (the book's published run) by default on a CPU, or whatever the
+# ``results_gpu`` parameter names (``-p results_gpu rtx4090`` shows a reader's own run).
+
+def shown(device, results_gpu: str | None = None) -> str:
+    """The results folder (a GPU slug under ``results/``) this page's figures read."""
+    from . import results
+    return results_gpu or results.gpu_slug(device)
+
+
+def numbers_line(gpu: str, name: str = "ladder") -> dict | None:
+    """Show one line naming the run behind the page's numbers (GPU, versions, commit,
+    date) and, when the package changed after it, the commit the code is at now.
+    Returns that run's meta (``None``, and a line saying so, when the file is missing)."""
+    from . import results
+    data = results.load(name, gpu)
+    if data is None:
+        markdown(f":::{{note}}\nNo `results/{gpu}/{name}.json` yet: run this chapter on "
+                 f"that GPU to draw its figures.\n:::")
+        return None
+    m = data["meta"]
+    line = (f"Numbers on this page: {m['gpu_name']}, torch {m['torch']}, Triton "
+            f"{m['triton']}, commit `{m['commit']}`, {m['date'][:10]}.")
+    if changed_since(m["commit"]):
+        line += f" The package has changed since (now `{commit()}`)."
+    markdown(f":::{{note}}\n{line}\n:::")
+    return m
