@@ -13,7 +13,7 @@ run (``% of read``, higher is better). Ratios, not times: the floor and the read
 bandwidth carry most of what differs between two machines.
 
 Noise bands (relative change of the ratio that is not reported as a regression), from the
-H200 runs committed here (``results/h200/``, ``results/h200/session3/``, NOTES.md):
+H200 runs committed here (``results/h200/``, ``results/h200/2026-11-29_launch-tuning/``, NOTES.md):
 
 * ``kernel`` 12%: one kernel timed inside a CUDA graph moves about 10% between machines
   and runs (gate/up 15.65 and 17.26 us for one configuration; NOTES.md, entry 7).

@@ -7,7 +7,7 @@ argmax over the same forced ids, and the graph step's median ms.
     PYTHONPATH=NEW python lab/engine_tokens.py MODEL CTX OUT.json [--pdl] [--plain]
     bash ci/gpu_run.sh tokens     # both, twice each (carry .old: the older package)
 
-Measured (NOTES.md entry 24, `results/h200/session12/engine_tokens_*.json`): issue 23's
+Measured (NOTES.md entry 24, `results/h200/2026-12-01_megakernel-mlp-stream/engine_tokens_*.json`): issue 23's
 changes left 32 free-running and 32 teacher-forced tokens bit-identical for both models
 and the step within 0.1% (Qwen 1.184 ms, OLMoE 1.009 ms with PDL at ctx 512).
 """

@@ -12,7 +12,7 @@ wrong on purpose, so they are timed unchecked and labelled.
 
     python lab/mlp_stream.py OUT.json [--stages 6,5] [--warps 4] [--modes full,no-waits]
 
-Measured (NOTES.md entry 23, `results/h200/session12/mlp_stream_*.json`): 0.70-0.71 ms,
+Measured (NOTES.md entry 23, `results/h200/2026-12-01_megakernel-mlp-stream/mlp_stream_*.json`): 0.70-0.71 ms,
 1.29-1.31x the floor, equal to the chain's MLP kernels; streaming alone 1.09-1.13x.
 """
 from __future__ import annotations
