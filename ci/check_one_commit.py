@@ -14,7 +14,7 @@ What is read:
 
 Each machine kind is one run of its own: a chapter whose front matter needs several GPUs
 (``onelaunch: needs: 2 GPUs ...``, chapter 7) goes with ``results/<gpu>x2/``, which
-a two-GPU machine writes, and may come from another commit than the one-GPU chapters
+a two-GPU host writes, and may come from another commit than the one-GPU chapters
 and ``results/<gpu>/``. Prints one line per source, and exits 1 naming those whose
 commit is not the commonest one of their machine kind (or whose run differs). ``ci/gpu_book.sh`` runs it after a full run; CI runs it on the
 committed tree (tests/test_one_commit.py).

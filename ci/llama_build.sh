@@ -6,12 +6,12 @@
 #                                         # repack vendor/llama.cpp (no models, docs,
 #                                         # media, tests, web UI) as .llama/src.tar.gz
 #                                         # (~10 MB: carry .llama/src.tar.gz to the GPU)
-#   bash ci/llama_build.sh build [ARCH]   # GPU machine, no network: unpack into
+#   bash ci/llama_build.sh build [ARCH]   # GPU host, no network: unpack into
 #                                         # .llama/src, build
 #                                         # .llama/build/bin/llama-bench; ARCH:
 #                                         # 90-real (H200, default), 89-real (4090)
 # The build: CUDA backend (GGML_CUDA=ON) for ARCH only, curl, OpenSSL and the server
-# off, target llama-bench, 16 jobs (about 200 s on the GPU machine). gguf-py, which
+# off, target llama-bench, 16 jobs (about 200 s on the GPU host). gguf-py, which
 # writes the GGUFs, comes with the source: .llama/src/gguf-py (ci/gpu_run.sh puts it on
 # PYTHONPATH where the gguf package is not installed).
 set -euo pipefail

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Where each rung's step time goes (issue 11, item 5), on the GPU: for each model,
+# Where each rung's step time goes, on the GPU: for each model,
 # `python -m onelaunch.profile` checks every rung against the oracle, replays its CUDA
 # graph under torch.profiler and attributes the kernels to the plan's launches; it
 # writes the rows (with commit and device) and the figure under $OUT/profile/.

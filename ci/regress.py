@@ -13,10 +13,11 @@ run (``% of read``, higher is better). Ratios, not times: the floor and the read
 bandwidth carry most of what differs between two machines.
 
 Noise bands (relative change of the ratio that is not reported as a regression), from the
-H200 runs committed here (``results/h200/``, ``results/h200/2026-11-29_launch-tuning/``, NOTES.md):
+H200 runs committed here (``results/h200/``, ``results/h200/2026-11-29_launch-tuning/``):
 
 * ``kernel`` 12%: one kernel timed inside a CUDA graph moves about 10% between machines
-  and runs (gate/up 15.65 and 17.26 us for one configuration; NOTES.md, entry 7).
+  and runs (gate/up 15.65 and 17.26 us for one configuration: ``tune_c2e6f3f4f568.json``
+  and ``tune_d5af865030f4.json`` there).
 * ``step`` 5%: a graph-captured step moves less (+ PDL 1.17-1.20 ms over four runs,
   + split-K 1.83-1.89x, fused + graph 2.56-2.64x); the sweep of the final step likewise.
 * ``host`` 120%: rungs whose time is the host CPU issuing launches from Python (the eager

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test command (README): set up, then the CPU test suite (kernels in Triton's
 # interpreter), the CPU papermill run of every chapter, the strict book build and the
-# browser test. GPU tests are marked `gpu` and run on the GPU machine (ci/gpu_run.sh).
+# browser test. GPU tests are marked `gpu` and run on the GPU host (ci/gpu_run.sh).
 #
 # A run here sees what a fresh clone on a new machine sees: every cache a run could
 # reuse (Triton's compiled kernels, torch inductor's, pip's and npm's downloads,

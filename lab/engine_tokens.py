@@ -1,14 +1,15 @@
 """Lab probe (GPU): does a refactor move the engine's tokens or its step time? Tokens and
 step time of one engine build, for comparing two versions of the package (run once with
-each on PYTHONPATH, in the same GPU session): free-running greedy tokens, teacher-forced
+each on PYTHONPATH, in the same GPU call): free-running greedy tokens, teacher-forced
 argmax over the same forced ids, and the graph step's median ms.
 
     PYTHONPATH=OLD python lab/engine_tokens.py MODEL CTX OUT.json [--pdl]
     PYTHONPATH=NEW python lab/engine_tokens.py MODEL CTX OUT.json [--pdl] [--plain]
     bash ci/gpu_run.sh tokens     # both, twice each (carry .old: the older package)
 
-Measured (NOTES.md entry 24, `results/h200/2026-12-01_megakernel-mlp-stream/engine_tokens_*.json`): issue 23's
-changes left 32 free-running and 32 teacher-forced tokens bit-identical for both models
+Measured (`results/h200/2026-12-01_megakernel-mlp-stream/engine_tokens_*.json`: the
+package at 68230ea against the one with the input checks and path reports): the checks
+left 32 free-running and 32 teacher-forced tokens bit-identical for both models
 and the step within 0.1% (Qwen 1.184 ms, OLMoE 1.009 ms with PDL at ctx 512).
 """
 import json
@@ -20,7 +21,7 @@ import onelaunch
 from onelaunch.engine import Engine
 try:
     from onelaunch.measure.timing import time_ms
-except ImportError:                     # a package from before issue 24's layout
+except ImportError:                     # a package from before measure/ (534f072)
     from onelaunch.timing import time_ms
 from onelaunch.weights import random_weights
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Lab probe (GPU, Hopper or Ada): do weight tiles held in shared memory through an idle
-stretch come back as time in the GEMV that follows? (NOTES.md entry 22, session 11.)
+stretch come back as time in the GEMV that follows?
 
 The persistent layer's small phases (QKV, attention, its merge, O) leave HBM mostly idle
 for about 19 us a layer, and Triton's pipeliner cannot carry a load across them. Gluon
@@ -16,10 +16,12 @@ torch before any time is taken.
     python lab/hold_probe.py --aot             # CPU: compile for sm_90 only (no run)
     python -m pytest lab/test_hold_probe.py    # the same compile, as a test
 
-Measured (NOTES.md entry 22, `results/h200/2026-11-30_bulk-prefetch-and-smem-hold/hold.json`): with 8-12 slots and a
+Measured (`results/h200/2026-11-30_bulk-prefetch-and-smem-hold/hold.json`): with 8-12 slots and a
 10 us stretch, held tiles came back as 67-72% of their bytes' time (2.6-3.8 us a layer),
 50-60% with 2-4 slots; no difference without a stretch. Shared memory keeps bytes
-requested while idle, where the L2 did not (entries 19-21); not enough alone to beat the
+requested while idle, where the L2 did not
+(`results/h200/2026-11-30_o-merge-and-l2-prefetch/l2p_*.json`,
+`results/h200/2026-11-30_bulk-prefetch-and-smem-hold/l2pb_*.json`); not enough alone to beat the
 chain.
 """
 from __future__ import annotations

@@ -8,7 +8,7 @@ be right at every length: 1, a chunk minus one, a chunk, a chunk plus one, sever
 multiples plus and minus one, and the maximum; and the arrival counter must be left zero,
 so the next call (the next layer, the next step) can use it.
 
-Runs in Triton's interpreter on the CPU; on a GPU machine the same tests compile the
+Runs in Triton's interpreter on the CPU; on a GPU host the same tests compile the
 kernels and check the same identities there. A lab check (the kernel is
 ``lab/attention_onekernel.py``), outside the CPU suite:
 

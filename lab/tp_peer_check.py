@@ -6,9 +6,9 @@ a CUDA graph, and what does the exchange cost per call inside a graph?
     python lab/tp_peer_check.py            # the same: spawns the 2 ranks itself
     TP_CHECK_ONLY=down python lab/tp_peer_check.py   # the fused split-K down alone
 
-Measured (NOTES.md entries 11 and 13, `results/h200/2026-11-30_tp-peer-and-split-caps/tp_peer_check.json`): the
-fused exchange hung on 50 fused downs in one graph (entry 11), a race in ``peer_sum``
-found and fixed (entry 13); after the fix 100 checked replays bit-identical on both
+Measured (`results/h200/2026-11-30_tp-peer-and-split-caps/tp_peer_check.json`): the
+fused exchange hung on 50 fused downs in one graph until a race in ``peer_sum``
+was fixed; after the fix 100 checked replays bit-identical on both
 ranks, the split-K down 7.2 us a call fused against 4.8 plain, the MoE expert down 11.0
 against 8.9.
 

@@ -1,6 +1,6 @@
 """Test-wide set-up. Without a GPU, Triton kernels run in Triton's CPU interpreter; that
 must be chosen before any kernel module is imported (``@triton.jit`` reads it then).
-On a GPU machine the variable is left alone, so GPU tests compile real kernels."""
+On a GPU host the variable is left alone, so GPU tests compile real kernels."""
 import os
 import sys
 
@@ -21,7 +21,7 @@ LONGEST_FIRST = ("test_book.py", "test_persistent.py", "test_tp.py", "test_engin
                  "test_moe.py", "test_prefill.py", "test_kernels.py", "test_paths.py")
 
 
-def pytest_collection_modifyitems(session, config, items):
+def pytest_collection_modifyitems(config, items):
     def rank(item):
         name = os.path.basename(str(item.path))
         return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)

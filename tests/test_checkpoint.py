@@ -112,7 +112,7 @@ def test_cli_bad_checkpoint_exits_2(tmp_path, capsys):
     assert err.startswith("error:") and "config.json" in err and err.count("\n") == 1
 
 
-# ---- a checkpoint that disagrees with its spec is refused (issue 23, item 2) ------------
+# ---- a checkpoint that disagrees with its spec is refused ----------------------------
 # Every setting a spec encodes that changes the math without changing a tensor's shape is
 # compared with the checkpoint's config.json before any weight is read; a difference is one
 # CheckpointError naming the field, the checkpoint's value and the spec's.

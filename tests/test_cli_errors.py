@@ -1,6 +1,6 @@
 """Every bad input is one ``error:`` line on stderr that says what to do, exit status 2,
-no traceback, and (where weights would load) refused before any weight is read: each row
-of issue 23's list is a case here. ``no_weights`` makes reading weights fail the test
+no traceback, and (where weights would load) refused before any weight is read: each
+kind of bad input is a case here. ``no_weights`` makes reading weights fail the test
 (seeded random weights, transformers' ``from_pretrained``, a tensor-parallel launch), so
 a row that passes was refused by validation at the edge, not by the loader."""
 import json

@@ -62,7 +62,7 @@ def test_core_imports_no_outer_layer(path):
 
 
 def test_the_checker_sees_a_climbing_import(tmp_path):
-    """The parse catches the import ``text`` once had (an exception from ``check``),
+    """The parse catches a climbing import (``text`` importing an exception from ``check``),
     written relative, absolute or lazily inside a function."""
     for src in ("from .measure.hf_check import compare_with_hf\n",
                 "def f():\n    from . import tp\n",

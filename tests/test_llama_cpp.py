@@ -1,7 +1,7 @@
 """The llama.cpp peer on the CPU: the GGUF writer at the tiny specs' shapes, read back
 with gguf-py's own reader (names, shapes, types, values, metadata, bytes), llama-bench's
 JSON parsed (a hand-written parser fixture, tests/fixtures/README.md), and the peer's
-one line where the binary is missing. The build and the timing run on the GPU machine
+one line where the binary is missing. The build and the timing run on the GPU host
 (``bash ci/gpu_run.sh llama``)."""
 import json
 from pathlib import Path

@@ -1,4 +1,4 @@
-"""Near ties in one table form (issue 27, item 7): every page that reports the oracle
+"""Near ties in one table form: every page that reports the oracle
 check lists the steps that differ through ``chapter.near_ties``, from the rows' own
 records (a rung's ``flips``, the oracle's ``disagreements`` against Hugging Face, an
 older record's margin and bound)."""

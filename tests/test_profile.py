@@ -399,7 +399,7 @@ def test_profile_rows_checks_each_rung_first(monkeypatch):
 
 
 def test_lead_in_leaves_out_a_sessions_lost_or_corrupt_head():
-    """CUPTI can lose or corrupt a session's first kernel records: the session runs
+    """CUPTI can lose or corrupt a recording's first kernel records: the recording runs
     lead-in steps first and the replays are taken from the last kernel backwards."""
     plan = layer_plan()
     n = len(plan)
@@ -444,8 +444,8 @@ def test_clock_phases_reads_the_stamps():
 
 
 def clock_rows():
-    """Phase rows as ``phase_rows`` makes them: Qwen's clock of session 9 (us), the
-    bytes at 4 TB/s."""
+    """Phase rows as ``phase_rows`` makes them: Qwen's clock (us) in
+    results/h200/2026-11-30_persistent-layer-clock/, the bytes at 4 TB/s."""
     lp = __import__("importlib").import_module("onelaunch.kernels.layer_persistent")
     clock = [(4.5, 4.0, 0.75, 6.3e6), (2.5, 0.75, 0.75, 0), (4.25, 0.25, 0.75, 5.2e5),
              (3.0, 0.25, 0.75, 0), (3.5, 2.75, 0.75, 4.7e6), (16.75, 14.5, 0.75, 5.5e7),

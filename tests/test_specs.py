@@ -1,5 +1,5 @@
 """Specs: parameter counts against Hugging Face's own count, and the anchor figures that
-every floor in the book is built from (``/work/shared/ANCHORS.md``)."""
+every floor in the book is built from."""
 import pytest
 import torch
 from transformers import AutoModelForCausalLM

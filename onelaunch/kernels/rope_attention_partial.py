@@ -28,7 +28,8 @@ requested (k0, v0, tm0: ``load_kv_tile``):
 Bit for bit ``rope_kv_write`` followed by ``attention_partial``. The same function ran
 in a standalone one-kernel attention (RoPE, KV write, partial and merge in one launch,
 ``lab/attention_onekernel.py``), measured no faster than the separate kernels on the H200
-(NOTES.md entries 8 and 18) and moved to the lab.
+(``results/h200/2026-11-29_launch-tuning/ladder_d5af865030f4.json``,
+``results/h200/2026-11-30_o-merge-and-l2-prefetch/rope_check.json``) and moved to the lab.
 """
 import triton
 import triton.language as tl

@@ -38,7 +38,7 @@ FALLBACK_NOTE = ("no kernel events were recorded inside the CUDA graph's replays
                  "the same plan launched eagerly (with PDL where the rung has it), not the graph")
 
 
-LEAD_IN = 2          # steps a session runs before the measured ones (left out)
+LEAD_IN = 2          # steps a recording runs before the measured ones (left out)
 
 
 def _require_cuda(dev: torch.device) -> None:
@@ -51,7 +51,7 @@ def _record(engine, graph: bool, replays: int, trace_path: str | None = None):
     """Kernel events of ``replays`` steps under torch.profiler (CUDA activity only)."""
     from torch.profiler import ProfilerActivity, profile
     torch.cuda.synchronize(engine.device)
-    with warnings.catch_warnings():    # one profiler session: "clears events ... each cycle"
+    with warnings.catch_warnings():    # one profiler recording: "clears events ... each cycle"
         warnings.filterwarnings("ignore", message=".*Profiler clears events")
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(replays):
@@ -82,8 +82,8 @@ def step_profile(engine, ctx: int, replays: int = 20, read_tbps: float | None = 
     where it is not the graph, and ``step_ms``: the same step timed with CUDA events
     outside the profiler, to show what the profiler's presence costs. If no kernel
     events come from the graph's replays, the plan is profiled eagerly instead and the
-    rows say so (``note``). Each session runs ``lead_in`` steps first, from ``ctx -
-    lead_in``, whose kernels are left out (a session's first records can be lost or
+    rows say so (``note``). Each recording runs ``lead_in`` steps first, from ``ctx -
+    lead_in``, whose kernels are left out (a recording's first records can be lost or
     corrupt); the ``replays`` measured ones run at positions ctx, ctx + 1, ..."""
     dev = torch.device(engine.device)
     _require_cuda(dev)
@@ -138,7 +138,7 @@ def profile_rows(spec, weights, device="cuda", ctx: int = 512, rungs=PROFILE_RUN
     kernels cannot be attributed, one row with ``error``. PDL rungs are
     left out on a GPU without PDL (as the ladder does).
 
-    ``cupti_warmup``: open an empty profiler session before any graph is captured
+    ``cupti_warmup``: open an empty profiler recording before any graph is captured
     (``torch.profiler._utils._init_for_cuda_graphs``, PyTorch's documented workaround for
     graphs captured before the profiler's first use). Off by default: on CUDA 13 it has
     been reported to leave the process with no kernel records at all (and attaching after

@@ -73,7 +73,7 @@ def _matches(name: str, patterns) -> bool:
     return any(p in b for p in patterns)
 
 
-BAD_TS_US = 60e6      # a kernel record this far (us) from the session's median start is corrupt
+BAD_TS_US = 60e6      # a kernel record this far (us) from the recording's median start is corrupt
 
 
 def split_replays(events, ops: list[str], replays: int | None = None,
@@ -86,9 +86,9 @@ def split_replays(events, ops: list[str], replays: int | None = None,
     name), then any following kernels that match its op and not the next launch's. When
     every op has names, kernels matching none of them (another library's, between
     replays) are set aside and counted, as are records whose start lies a minute or more
-    from the others' (CUPTI hands back such corrupt records at a session's head).
+    from the others' (CUPTI hands back such corrupt records at a recording's head).
 
-    ``lead_in``: the session ran that many steps before the ``replays`` it measures (its
+    ``lead_in``: the recording ran that many steps before the ``replays`` it measures (its
     head records can be missing or corrupt: pytorch/pytorch#192021). The walk then goes
     from the last kernel backwards, takes exactly ``replays`` whole replays and leaves
     the rest, which must be no more than ``lead_in`` replays' kernels.

@@ -256,7 +256,7 @@ def fixed_cost_text(ans: dict, model: str = "qwen2.5-1.5b") -> str:
 def others_text() -> str:
     """The peers that cannot run here and the published megakernels, as reported."""
     v, o = REPORTED["seed_vllm_olmoe"], REPORTED["seed_4090_olmoe"]
-    return ("vLLM and SGLang cannot be brought to the GPU machine (no network there, "
+    return ("vLLM and SGLang cannot be brought to the GPU host the book runs on (no network there, "
             "and their wheels are far larger than what a run can carry), so they are "
             f"cited, not measured: on an {v['gpu']} the seed post reports vLLM 0.11 at "
             f"{v['ms']:.2f} ms a token for OLMoE-1B-7B, {v['ms'] / v['floor_ms']:.2f}x "
