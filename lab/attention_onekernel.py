@@ -8,12 +8,12 @@ below) is, as the persistent layer's attention phase with RoPE folded in
                                                        # (interpreted on a CPU)
 
 Measured (`results/h200/2026-11-29_launch-tuning/ladder_d5af865030f4.json`,
-`results/h200/2026-11-30_o-merge-and-l2-prefetch/rope_check.json`): as the engine's "+ RoPE in attention" rung
-(``fuse_reduce=False``, 170 launches a step against 198), 1.196 against 1.185 ms at ctx
-512 at d5af865030f4, and no difference beyond the noise at ctx 512 and 2048 on 2026-11-30:
-28 launches fewer a step bought nothing measurable. The fully fused version (merge by
-last arrival) is slower still where GROUP is large (the table below). The engine's
-``fuse_rope`` flag and the rung were removed with this file's move.
+`results/h200/2026-11-30_o-merge-and-l2-prefetch/rope_check.json`): as the engine's "+
+RoPE in attention" rung (``fuse_reduce=False``, 170 launches a step against 198), 1.196
+against 1.185 ms at ctx 512 at d5af865030f4, and no difference beyond the noise at ctx 512
+and 2048 on 2026-11-30: 28 launches fewer a step bought nothing measurable. The fully
+fused version (merge by last arrival) is slower still where GROUP is large (the table
+below). The engine's ``fuse_rope`` flag and the rung were removed with this file's move.
 
 RoPE + KV-cache write + split-K flash-decode attention + its reduction, in one launch.
 

@@ -9,8 +9,8 @@ argmax over the same forced ids, and the graph step's median ms.
 
 Measured (`results/h200/2026-12-01_megakernel-mlp-stream/engine_tokens_*.json`: the
 package at 68230ea against the one with the input checks and path reports): the checks
-left 32 free-running and 32 teacher-forced tokens bit-identical for both models
-and the step within 0.1% (Qwen 1.184 ms, OLMoE 1.009 ms with PDL at ctx 512).
+left 32 free-running and 32 teacher-forced tokens bit-identical for both models and the
+step within 0.1% (Qwen 1.184 ms, OLMoE 1.009 ms with PDL at ctx 512).
 """
 import json
 import sys

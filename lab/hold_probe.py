@@ -16,13 +16,13 @@ torch before any time is taken.
     python lab/hold_probe.py --aot             # CPU: compile for sm_90 only (no run)
     python -m pytest lab/test_hold_probe.py    # the same compile, as a test
 
-Measured (`results/h200/2026-11-30_bulk-prefetch-and-smem-hold/hold.json`): with 8-12 slots and a
-10 us stretch, held tiles came back as 67-72% of their bytes' time (2.6-3.8 us a layer),
-50-60% with 2-4 slots; no difference without a stretch. Shared memory keeps bytes
-requested while idle, where the L2 did not
+Measured (`results/h200/2026-11-30_bulk-prefetch-and-smem-hold/hold.json`): with 8-12
+slots and a 10 us stretch, held tiles came back as 67-72% of their bytes' time (2.6-3.8 us
+a layer), 50-60% with 2-4 slots; no difference without a stretch. Shared memory keeps
+bytes requested while idle, where the L2 did not
 (`results/h200/2026-11-30_o-merge-and-l2-prefetch/l2p_*.json`,
-`results/h200/2026-11-30_bulk-prefetch-and-smem-hold/l2pb_*.json`); not enough alone to beat the
-chain.
+`results/h200/2026-11-30_bulk-prefetch-and-smem-hold/l2pb_*.json`); not enough alone to
+beat the chain.
 """
 from __future__ import annotations
 

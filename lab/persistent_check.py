@@ -11,12 +11,12 @@ against the split-K + PDL engine, then ms per token.
 tiny-qwen2 --ctx 8 --steps 2 --iters 2 --warps 4 --grids 1`` is a dry run of the script.)
 
 Measured (every variant bit-identical to its reference;
-`results/h200/2026-11-30_tp-peer-and-split-caps/persistent_check.json`): the register ring, best at 4 warps and
-2 programs an SM, 1.904 ms against the chain's 1.19;
-`results/h200/2026-11-30_persistent-layer/persistent_stream.json`): streamed through shared memory, 1.54
-ms; `results/h200/2026-11-30_persistent-layer-variants/`: each op's own tiles;
-`results/h200/2026-11-30_persistent-layer-clock/`: 3-4 programs an SM slower, and the phases' clock (a layer
-50 us, a quarter of it in the three weightless phases);
+`results/h200/2026-11-30_tp-peer-and-split-caps/persistent_check.json`): the register
+ring, best at 4 warps and 2 programs an SM, 1.904 ms against the chain's 1.19;
+`results/h200/2026-11-30_persistent-layer/persistent_stream.json`: streamed through
+shared memory, 1.54 ms; `results/h200/2026-11-30_persistent-layer-variants/`: each op's
+own tiles; `results/h200/2026-11-30_persistent-layer-clock/`: 3-4 programs an SM slower,
+and the phases' clock (a layer 50 us, a quarter of it in the three weightless phases);
 `results/h200/2026-11-30_o-merge-and-l2-prefetch/fold_qwen_*.json`: RoPE folded into the
 attention phase (``--persist fold_rope=1``).
 

@@ -6,11 +6,10 @@ a CUDA graph, and what does the exchange cost per call inside a graph?
     python lab/tp_peer_check.py            # the same: spawns the 2 ranks itself
     TP_CHECK_ONLY=down python lab/tp_peer_check.py   # the fused split-K down alone
 
-Measured (`results/h200/2026-11-30_tp-peer-and-split-caps/tp_peer_check.json`): the
-fused exchange hung on 50 fused downs in one graph until a race in ``peer_sum``
-was fixed; after the fix 100 checked replays bit-identical on both
-ranks, the split-K down 7.2 us a call fused against 4.8 plain, the MoE expert down 11.0
-against 8.9.
+Measured (`results/h200/2026-11-30_tp-peer-and-split-caps/tp_peer_check.json`): the fused
+exchange hung on 50 fused downs in one graph until a race in ``peer_sum`` was fixed; after
+the fix 100 checked replays bit-identical on both ranks, the split-K down 7.2 us a call
+fused against 4.8 plain, the MoE expert down 11.0 against 8.9.
 
 Shapes are one rank's of TP=2 on the real models: Qwen2.5-1.5B (hidden 1536; O K = 768,
 down K = 4480, lm_head 75968 rows per rank) and OLMoE-1B-7B (hidden 2048; O K = 1024; 64
