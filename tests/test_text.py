@@ -12,7 +12,8 @@ import torch
 from onelaunch.prompt import UsageError
 from onelaunch.specs import get_spec
 from onelaunch.text import TextStream, encode, load_tokenizer, progress, stop_ids
-from onelaunch.weights import CheckpointError, hf_model, random_weights
+from onelaunch.checkpoint import CheckpointError
+from onelaunch.weights import hf_model, random_weights
 
 CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
                  "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
