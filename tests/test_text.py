@@ -88,6 +88,11 @@ def test_stop_ids_from_generation_config(tok, tmp_path):
     assert stop_ids(tok) == {tok.eos_token_id}
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [7, 9]}))
     assert stop_ids(tok, str(tmp_path)) == {tok.eos_token_id, 7, 9}
+    # the common form: one integer
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": 7}))
+    assert stop_ids(tok, str(tmp_path)) == {tok.eos_token_id, 7}
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": None}))
+    assert stop_ids(tok, str(tmp_path)) == {tok.eos_token_id}
 
 
 @pytest.mark.parametrize("batch", [1, 2, 5])

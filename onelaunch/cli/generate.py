@@ -136,7 +136,8 @@ def cmd_generate(args) -> int:
         print("ids:", " ".join(map(str, got)))
     ttft = stamps[0][0] - t0
     note = "" if device == "cuda" else "  (Triton interpreter on the CPU: not a speed)"
-    line = f"time to first token {ttft:.3f} s ({n}-token prompt, {args.prefill} prefill)"
+    ran = e.last_run["prefill"]                 # what ran, not what was asked for
+    line = f"time to first token {ttft:.3f} s ({n}-token prompt, {ran} prefill)"
     rest = len(got) - stamps[0][1]
     if rest > 0:
         line += (f"; decode {(stamps[-1][0] - stamps[0][0]) / rest * 1e3:.3f} ms/token over "
