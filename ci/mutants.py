@@ -117,7 +117,7 @@ MUTANTS = [
     Mutant("persistent layer's clock: release from the first arrival",
            "onelaunch/measure/profile.py", "rel = nxt - en.amax(1)", "rel = nxt - en.amin(1)",
            CLOCK),
-    # the checks' blind spots (issue 23): a wrong constant in a full-size spec, which every
+    # the checks' blind spots: a wrong constant in a full-size spec, which every
     # reference built from the same spec shares; a flag that silently falls back, which a
     # comparison of two runs down the same path cannot see; and kernel bugs that only show
     # with several live splits or K tiles, which generate --check's own run never reaches
@@ -137,9 +137,36 @@ MUTANTS = [
     Mutant("split-K merge: partial maxima not rescaled", "attention_splitk.py",
            "w = tl.where(sm, tl.exp(m_s - M), 0.0)", "w = tl.where(sm, 1.0 + 0.0 * m_s, 0.0)",
            GEN_CHECK),
+    Mutant("MoE router: padded lanes enter the softmax", "moe_router.py",
+           'lg = tl.load(logits_ptr + e, mask=em, other=float("-inf"), volatile=True)',
+           "lg = tl.load(logits_ptr + e, mask=em, other=0.0, volatile=True)",
+           ["tests/test_paths.py", "-k", "covering_run_reaches"]),
     Mutant("gate/up: last K tile dropped", "_common.py",
            "    for k0 in range(BLOCK_K, K, BLOCK_K):\n        k_next",
            "    for k0 in range(BLOCK_K, K - BLOCK_K, BLOCK_K):\n        k_next", GEN_CHECK),
+    # the agreement rule, the stop ids, the CLI's record of what ran, the checkpoint gate
+    Mutant("judge: forced along the engine's own tokens", "onelaunch/measure/agree.py",
+           "tf = engine.teacher_forced(prompt, ref_ids, graph=graph)",
+           "tf = engine.teacher_forced(prompt, free, graph=graph)",
+           ["tests/test_agreement_forcing.py"]),
+    Mutant("stop ids: an integer eos_token_id dropped", "onelaunch/text.py",
+           "else [] if eos is None else [eos])", "else [])", ["tests/test_text.py", "-k", "stop_ids"]),
+    Mutant("generate: --prefill batched falls back to steps", "onelaunch/cli/generate.py",
+           'batched = args.prefill == "batched"', "batched = False",
+           ["tests/test_cli.py", "-k", "prefill"]),
+    Mutant("checkpoint: floats compared within a tolerance", "onelaunch/checkpoint.py",
+           "if theirs.get(k) != want]",
+           "if theirs.get(k) != want and not (isinstance(want, float) and "
+           "abs(theirs.get(k) - want) < 1e-4)]", ["tests/test_checkpoint.py", "-k", "eps"]),
+    Mutant("checkpoint: a distinct head beside tied embeddings accepted",
+           "onelaunch/checkpoint.py", "        _same_head(p, got)\n", "        pass\n",
+           ["tests/test_checkpoint.py", "-k", "tied"]),
+    Mutant("checkpoint: a layer past the config accepted", "onelaunch/checkpoint.py",
+           "if layers and layers[-1] >= spec.layers:", "if layers and layers[-1] > spec.layers:",
+           ["tests/test_checkpoint.py", "-k", "header"]),
+    Mutant("checkpoint: headers read only after the weights", "onelaunch/checkpoint.py",
+           "    if any(p.glob(\"*.safetensors\")):\n        check_headers(p, spec)\n", "",
+           ["tests/test_checkpoint.py", "-k", "header"]),
     # the megakernel's schedule and the CPU VM that runs it (tests/test_megakernel_vm.py)
     Mutant("megakernel: a counter not waited for", "onelaunch/megakernel/schedule.py",
            "        after_merge = (merged(), s.heads)",

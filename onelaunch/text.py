@@ -17,7 +17,7 @@ from pathlib import Path
 
 from . import env
 from .prompt import UsageError
-from .weights import CheckpointError
+from .checkpoint import CheckpointError
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
 
@@ -59,8 +59,14 @@ def encode(tok, text: str, chat: bool = False) -> list[int]:
         if not getattr(tok, "chat_template", None):
             raise UsageError("--chat needs a tokenizer with a chat template and this one has "
                              "none (a base model?); drop --chat to send the text as it is")
-        wrapped = tok.apply_chat_template([{"role": "user", "content": text}],
-                                          add_generation_prompt=True, tokenize=False)
+        try:
+            wrapped = tok.apply_chat_template([{"role": "user", "content": text}],
+                                              add_generation_prompt=True, tokenize=False)
+        except Exception as e:  # jinja's TemplateSyntaxError, UndefinedError, ...
+            why = " ".join(str(e).split())[:160]
+            raise UsageError(f"the checkpoint's chat template does not render ({type(e).__name__}: "
+                             f"{why}): fix chat_template in its tokenizer files, or drop --chat"
+                             ) from None
         ids = list(tok(wrapped, add_special_tokens=False)["input_ids"])
     else:
         ids = list(tok(text)["input_ids"])

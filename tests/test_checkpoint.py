@@ -11,8 +11,8 @@ import torch
 from onelaunch.cli import main
 from onelaunch.oracle import Oracle
 from onelaunch.specs import get_spec
-from onelaunch.weights import (CheckpointError, hf_model, inspect_checkpoint, load_checkpoint,
-                                random_weights)
+from onelaunch.checkpoint import CheckpointError, inspect_checkpoint, load_checkpoint
+from onelaunch.weights import hf_model, random_weights
 
 
 def _save(spec, folder, seed=0):
@@ -70,11 +70,113 @@ def test_wrong_architecture(saved):
 def test_wrong_shapes(tmp_path):
     other = dataclasses.replace(get_spec("tiny-qwen2"), name="tiny-qwen2-wide", intermediate=104)
     _save(other, tmp_path)
-    with pytest.raises(CheckpointError, match=r"does not match tiny-qwen2: .*mlp.*\(104, 96\)"):
-        load_checkpoint(str(tmp_path), "tiny-qwen2")
-    # with no spec given, the one of the same family, width, depth and vocab is picked
-    with pytest.raises(CheckpointError, match="does not match tiny-qwen2"):
-        load_checkpoint(str(tmp_path))
+    for spec in ("tiny-qwen2", None):   # given, or the one of the same width, depth and vocab
+        with pytest.raises(CheckpointError,
+                           match="intermediate_size is 104 there, 200 in tiny-qwen2"):
+            load_checkpoint(str(tmp_path), spec)
+
+
+def _no_weights(monkeypatch):
+    import transformers
+
+    def boom(*a, **k):
+        raise AssertionError("weights were read before the checkpoint was refused")
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", boom)
+
+
+def _rewritten(saved, tmp_path, name, edit_tensors=None, edit_config=None):
+    """A copy of the saved ``name`` checkpoint, its tensors and config.json edited."""
+    from safetensors.torch import load_file, save_file
+    d = tmp_path / "broken"
+    shutil.copytree(saved[name][0], d)
+    if edit_tensors:
+        st = d / "model.safetensors"
+        t = load_file(st)
+        edit_tensors(t)
+        save_file(t, st, metadata={"format": "pt"})
+    if edit_config:
+        cfg = json.loads((d / "config.json").read_text())
+        edit_config(cfg)
+        (d / "config.json").write_text(json.dumps(cfg))
+    return str(d)
+
+
+def _extra_layer(t):
+    for k in [k for k in t if k.startswith("model.layers.0.")]:
+        t[k.replace("layers.0.", "layers.2.")] = t[k].clone()
+
+
+def _put(name, fn):
+    return lambda t: t.__setitem__(name, fn(t[name]))
+
+
+HEADER_CASES = [   # (id, model, tensors edit, config edit, words of the refusal)
+    ("tied-flag-distinct-head", "tiny-qwen2",
+     lambda t: t.__setitem__("lm_head.weight", t["model.embed_tokens.weight"].flip(0).clone()),
+     None, "tie_word_embeddings true, but the safetensors also hold a distinct lm_head.weight"),
+    ("more-layers-than-config", "tiny-qwen2", _extra_layer, None,
+     "hold layers 0-2 (3), but config.json's num_hidden_layers is 2"),
+    ("unknown-tensor", "tiny-olmoe",
+     lambda t: t.__setitem__("model.layers.0.mlp.shared_expert.weight", torch.zeros(4, 4)),
+     None, "1 tensor(s) that tiny-olmoe does not read, e.g. model.layers.0.mlp.shared_expert"),
+    ("missing-tensor", "tiny-qwen2", lambda t: t.pop("model.layers.1.mlp.up_proj.weight"),
+     None, "lacks 1 tensor(s) that tiny-qwen2 reads, e.g. model.layers.1.mlp.up_proj.weight"),
+    ("int8-weight", "tiny-qwen2",
+     _put("model.layers.0.mlp.down_proj.weight", lambda w: w.to(torch.int8)), None,
+     "model.layers.0.mlp.down_proj.weight is I8, not a float type"),
+    ("transposed", "tiny-qwen2", _put("model.layers.1.mlp.down_proj.weight",
+                                      lambda w: w.t().contiguous()), None,
+     "down_proj.weight is [200, 96] in model.safetensors (transposed), but config.json "
+     "implies [96, 200] (hidden_size x intermediate_size)"),
+    ("wrong-shape-expert", "tiny-olmoe", _put("model.layers.1.mlp.experts.3.gate_proj.weight",
+                                              lambda w: w[:40].clone()), None,
+     "experts.3.gate_proj.weight is [40, 96]"),
+    ("hidden-size-config", "tiny-qwen2", None, lambda c: c.update(hidden_size=128),
+     "hidden_size is 128 there, 96 in tiny-qwen2"),
+    ("vocab-size-config", "tiny-olmoe", None, lambda c: c.update(vocab_size=640),
+     "vocab_size is 640 there, 611 in tiny-olmoe"),
+    ("layers-config", "tiny-olmoe", None, lambda c: c.update(num_hidden_layers=3),
+     "num_hidden_layers is 3 there, 2 in tiny-olmoe"),
+    ("eps-close-not-equal", "tiny-qwen2", None, lambda c: c.update(rms_norm_eps=1e-5),
+     "rms_norm_eps is 1e-05 there, 1e-06 in tiny-qwen2"),
+]
+
+
+@pytest.mark.parametrize("name, tensors, config, words", [r[1:] for r in HEADER_CASES],
+                         ids=[r[0] for r in HEADER_CASES])
+def test_header_contradictions_refused_before_weights_load(saved, tmp_path, monkeypatch, name,
+                                                            tensors, config, words):
+    """Every contradiction between the safetensors headers, config.json and the spec is one
+    line naming the field, the checkpoint's value and the expected one, before any weight
+    is read (``from_pretrained`` raises if called)."""
+    folder = _rewritten(saved, tmp_path, name, tensors, config)
+    _no_weights(monkeypatch)
+    for call in (lambda: inspect_checkpoint(folder, name), lambda: load_checkpoint(folder, name)):
+        with pytest.raises(CheckpointError) as e:
+            call()
+        assert words in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_tied_head_with_the_same_numbers_is_accepted(saved, tmp_path):
+    """A tied checkpoint that also stores its head as a copy of the embedding is the same
+    model: accepted, and loads to the oracle's logits."""
+    folder = _rewritten(saved, tmp_path, "tiny-qwen2", lambda t: t.__setitem__(
+        "lm_head.weight", t["model.embed_tokens.weight"].clone()))
+    spec, w = load_checkpoint(folder, "tiny-qwen2")
+    assert torch.equal(w["lm_head.weight"], w["model.embed_tokens.weight"])
+
+
+def test_positions_past_the_checkpoints_limit(saved, tmp_path, capsys):
+    from onelaunch.checkpoint import positions_fit
+    folder = _rewritten(saved, tmp_path, "tiny-qwen2", None,
+                        lambda c: c.update(max_position_embeddings=12))
+    positions_fit(folder, 12)
+    with pytest.raises(CheckpointError, match="needs 13 positions .* max_position_embeddings 12"):
+        positions_fit(folder, 13)
+    assert main(["generate", "--checkpoint", folder, "--prompt-len", "8", "--tokens", "6",
+                 "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "max_position_embeddings 12" in err[0], err
 
 
 def test_no_spec_of_these_shapes(tmp_path):

@@ -49,7 +49,7 @@ def _main(capsys, *args):
     (["--prompt-len", "300"], "exceeds the context"),
     (["--prompt-len", "250", "--tokens", "7"], "exceeds the context"),
     (["--prompt-ids", "1,2,997"], "out of range"),
-    (["--prompt-ids", "1,-3"], "out of range"),
+    (["--prompt-ids", "1,-3"], "has id -3"),
     (["--prompt-ids", "1,two"], "comma-separated"),
     (["--prompt-len", "0"], "at least 1"),
     (["--tokens", "many"], "invalid int"),
@@ -138,7 +138,7 @@ def test_generate_text_round_trip(capsys, ckpts, key, chat, text):
     streamed text: equal to decoding the oracle's greedy ids (up to a stop token)."""
     from onelaunch.oracle import Oracle
     from onelaunch.text import TextStream, encode, load_tokenizer, stop_ids
-    from onelaunch.weights import load_checkpoint
+    from onelaunch.checkpoint import load_checkpoint
     folder = str(ckpts[key])
     rc, out = _main(capsys, "generate", "--checkpoint", folder, "--prompt", text,
                     *(["--chat"] if chat else []), "--tokens", "4", "--device", "cpu", "--check")
@@ -162,7 +162,9 @@ def test_generate_batched_and_step_prefill_agree(capsys):
         rc, out = _main(capsys, "generate", "--model", "tiny-qwen2", "--prompt-ids", "5,400,17",
                         "--tokens", "1", "--device", "cpu", "--prefill", mode, "--no-pdl")
         assert rc == 0, out.err
-        assert f"{mode} prefill" in out.out and "time to first token" in out.out
+        # the header says what the plan will run; the last line what ran (Engine.last_run)
+        assert f"{mode} prefill" in out.out.splitlines()[0], out.out
+        assert f"(3-token prompt, {mode} prefill" in out.out.splitlines()[-1], out.out
         got[mode] = [l for l in out.out.splitlines() if l.startswith("ids:")]
     assert got["batched"] == got["steps"] and len(got["steps"][0].split()) == 2
 

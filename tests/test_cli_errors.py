@@ -68,6 +68,18 @@ def _broken(ckpt, tmp_path, how):
         tok = Tokenizer(models.WordLevel({"hi": 0, "<unk>": 1}, unk_token="<unk>"))
         tok.pre_tokenizer = pre_tokenizers.Whitespace()
         PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>").save_pretrained(d)
+    elif how == "wide-tokenizer":            # another model's tokenizer: ids past the vocab
+        from transformers import AutoTokenizer
+        tok = AutoTokenizer.from_pretrained(d)
+        tok.add_tokens([f"<pad{i}>" for i in range(1099 - len(tok))] + ["zzwide"])
+        tok.save_pretrained(d)                # "zzwide" is id 1099; tiny-qwen2 has 997
+    elif how == "bad-chat-template":
+        t = d / "tokenizer_config.json"
+        c = json.loads(t.read_text())
+        c["chat_template"] = "{% for m in messages %}{{ m['content'] }"      # unclosed
+        t.write_text(json.dumps(c))
+        for f in d.glob("chat_template.*"):
+            f.unlink()
     return str(d)
 
 
@@ -112,9 +124,20 @@ ROWS = [
     ([*GEN, "--max-ctx", "1000"], ["--max-ctx 256 or less"], []),
     (["generate", "--checkpoint", "CKPT", "--prompt", ""], ["--prompt is empty"], ["--prompt-len"]),
     (["check", "--checkpoint", ""], ["checkpoint is an empty string"], []),
-    ([*GEN, "--prompt-ids", "-1,2"], ["token id -1 is out of range"],
-     ["expected one argument"]),
-    ([*CHECK, "--prompt-ids", "-1,2"], ["token id -1 is out of range"], []),
+    ([*GEN, "--prompt-ids=-1,2"], ["--prompt-ids", "has id -1"], ["expected one argument"]),
+    ([*CHECK, "--prompt-ids=-1,2"], ["--prompt-ids", "has id -1"], []),
+    ([*GEN, "--prompt-ids", "1,2000"], ["token id 2000 is out of range"], []),
+    ([*GEN, "--prompt-ids", BIG], ["--prompt-ids", f"has id {BIG}"], []),
+    ([*CHECK, f"--prompt-ids=-{BIG}"], ["--prompt-ids", f"has id -{BIG}"], []),
+    (["check", "--model", ""], ["--model", "is empty", "tiny-qwen2"], []),
+    (["generate", "--model", ""], ["--model", "is empty", "tiny-qwen2"], []),
+    ([*GEN, "--prompt-ids", "1,2", "--prompt-len", "4"], ["--prompt-ids or --prompt-len"], []),
+    ([*CHECK, "--prompt-ids", "1,2", "--prompt-len", "4"], ["--prompt-ids or --prompt-len"], []),
+    (["generate", "--checkpoint", "bad-chat-template", "--prompt", "hi", "--chat"],
+     ["chat template does not render", "drop --chat"], []),
+    (["generate", "--checkpoint", "wide-tokenizer", "--prompt", "zzwide"],
+     ["tokenizer gives id 1099", "vocabulary has 997", "tokenizer files are another"],
+     ["out of range"]),
     ([*BENCH, "--tp", "3", "--ctx", "8", "--iters", "2", "--tokens", "2"],
      ["2 kv heads, not divisible by --tp 3"], []),
     ([*GEN, "--tp", "3"], ["2 kv heads, not divisible by --tp 3"], []),
@@ -132,7 +155,7 @@ def test_bad_input_is_one_line_before_weights(capsys, no_weights, ckpt, tmp_path
         if a == "CKPT":
             a = str(ckpt)
         elif a in ("truncated", "garbage", "config-not-json", "config-bad-field",
-                   "no-ids-tokenizer"):
+                   "no-ids-tokenizer", "wide-tokenizer", "bad-chat-template"):
             a = _broken(ckpt, tmp_path, a)
         cmd.append(a)
     if cmd[0] in ("generate", "bench"):

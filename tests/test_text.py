@@ -12,7 +12,8 @@ import torch
 from onelaunch.prompt import UsageError
 from onelaunch.specs import get_spec
 from onelaunch.text import TextStream, encode, load_tokenizer, progress, stop_ids
-from onelaunch.weights import CheckpointError, hf_model, random_weights
+from onelaunch.checkpoint import CheckpointError
+from onelaunch.weights import hf_model, random_weights
 
 CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
                  "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
@@ -87,6 +88,11 @@ def test_stop_ids_from_generation_config(tok, tmp_path):
     assert stop_ids(tok) == {tok.eos_token_id}
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [7, 9]}))
     assert stop_ids(tok, str(tmp_path)) == {tok.eos_token_id, 7, 9}
+    # the common form: one integer
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": 7}))
+    assert stop_ids(tok, str(tmp_path)) == {tok.eos_token_id, 7}
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": None}))
+    assert stop_ids(tok, str(tmp_path)) == {tok.eos_token_id}
 
 
 @pytest.mark.parametrize("batch", [1, 2, 5])

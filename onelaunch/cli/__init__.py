@@ -16,7 +16,7 @@ import sys
 
 from ..prompt import UsageError
 from ..specs import UnknownModel
-from ..weights import CheckpointError
+from ..checkpoint import CheckpointError
 from .args import _Parser
 from .bench import _add_bench, print_ladder  # noqa: F401  (print_ladder: the table)
 from .check import _add_check

@@ -92,10 +92,32 @@ def _prompt_ids(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"{text!r} has an empty item (two commas in a row, or "
                                          "one at an end); write e.g. --prompt-ids 1,2,3")
     try:
-        return [int(t) for t in items]
+        ids = [int(t) for t in items]
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of "
                                          "integers; write e.g. --prompt-ids 1,2,3") from None
+    bad = next((i for i in ids if not 0 <= i < 2 ** 31), None)
+    if bad is not None:     # before torch sees it: 10**30 overflows an int64
+        raise argparse.ArgumentTypeError(f"has id {bad}, which no vocabulary holds: ids are "
+                                         "0 or more, below the model's vocabulary size")
+    return ids
+
+
+def _model_name(text: str) -> str:
+    """--model as typed: a name, not an empty string (the spec itself is looked up later,
+    with the list of known ones in the refusal)."""
+    if not text.strip():
+        from ..specs import SPECS
+        raise argparse.ArgumentTypeError(f"is empty: give one of: {', '.join(SPECS)}")
+    return text
+
+
+def _prompt_len(args, default: int) -> int:
+    """--prompt-len, or its default; refused beside --prompt-ids (which sets the length)."""
+    if args.prompt_ids is not None and args.prompt_len is not None:
+        raise UsageError("give --prompt-ids or --prompt-len, not both (the ids set the "
+                         "prompt's length)")
+    return default if args.prompt_len is None else args.prompt_len
 
 
 def _prompt_text(text: str) -> None:

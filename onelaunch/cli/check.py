@@ -5,7 +5,7 @@ import torch
 
 from ..prompt import UsageError
 from ..specs import SPECS, get_spec
-from .args import _device, _int_at_least, _prompt_ids, _seed
+from .args import _device, _int_at_least, _model_name, _prompt_ids, _prompt_len, _seed
 
 
 def cmd_check(args) -> int:
@@ -15,10 +15,11 @@ def cmd_check(args) -> int:
                          f"(known models: {', '.join(SPECS)})")
     from ..measure.hf_check import compare_with_hf, format_report
     from ..prompt import make_prompt, validate_prompt
-    from ..weights import inspect_checkpoint, load_checkpoint
+    from ..checkpoint import inspect_checkpoint, load_checkpoint
     spec = get_spec(args.model) if args.model else None
     if args.checkpoint is not None:            # its config, before any weight is read
         spec, _ = inspect_checkpoint(args.checkpoint, spec)
+    args.prompt_len = _prompt_len(args, 7)
     validate_prompt(spec, make_prompt(spec, args.prompt_len, args.seed, args.prompt_ids),
                     args.tokens, spec.max_ctx)
     weights = None
@@ -35,12 +36,12 @@ def _add_check(sub):
                        description="Greedy-decode with the oracle and with HF on one prompt; "
                        "print the token agreement, the logit error and the smallest "
                        "top-1/top-2 margin. Exit 1 on disagreement.")
-    p.add_argument("--model", help=f"one of: {', '.join(SPECS)}")
+    p.add_argument("--model", type=_model_name, help=f"one of: {', '.join(SPECS)}")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cpu: fp32 oracle; cuda: bf16 oracle against an fp32 reference")
     p.add_argument("--tokens", type=_int_at_least(1), default=12, help="greedy tokens to generate")
-    p.add_argument("--prompt-len", type=_int_at_least(1), default=7,
-                   help="random prompt ids to draw")
+    p.add_argument("--prompt-len", type=_int_at_least(1), default=None,
+                   help="random prompt ids to draw (default 7)")
     p.add_argument("--prompt-ids", type=_prompt_ids,
                    help="the prompt as comma-separated ids (replaces --prompt-len)")
     p.add_argument("--seed", type=_seed, default=0, help="seed of the weights and the prompt")

@@ -11,7 +11,7 @@ import torch
 from ..prompt import UsageError
 from ..specs import SPECS, get_spec
 from .args import (_add_engine_device, _add_tp, _device, _int_at_least, _kernels_on,
-                   _prompt_ids, _prompt_text, _seed, _tp_fits)
+                   _model_name, _prompt_ids, _prompt_len, _prompt_text, _seed, _tp_fits)
 
 
 class _Stop(Exception):
@@ -33,7 +33,8 @@ def cmd_generate(args) -> int:
     from ..measure.timing import run_ctx
     from ..prompt import make_prompt, validate_prompt
     from ..text import TextStream, encode, load_tokenizer, progress, stop_ids
-    from ..weights import inspect_checkpoint, load_checkpoint, random_weights
+    from ..checkpoint import inspect_checkpoint, load_checkpoint, positions_fit
+    from ..weights import random_weights
     text = args.prompt is not None
     if text and args.prompt_ids is not None:
         raise UsageError("give the prompt as text (--prompt) or as ids (--prompt-ids), not both")
@@ -64,14 +65,20 @@ def cmd_generate(args) -> int:
     if text:
         tok = load_tokenizer(str(folder))
         prompt = torch.tensor(encode(tok, args.prompt, chat=args.chat), dtype=torch.long)
+        if prompt.numel() and int(prompt.max()) >= spec.vocab:
+            raise UsageError(f"the checkpoint's tokenizer gives id {int(prompt.max())}, but "
+                             f"{spec.name}'s vocabulary has {spec.vocab} ids: the tokenizer "
+                             "files are another model's; use the tokenizer of this checkpoint")
     else:
-        prompt = make_prompt(spec, args.prompt_len, args.seed, args.prompt_ids)
+        prompt = make_prompt(spec, _prompt_len(args, 16), args.seed, args.prompt_ids)
     n = prompt.numel()
     if args.max_ctx is not None and n + tokens > args.max_ctx:
         raise UsageError(f"--max-ctx {args.max_ctx} is less than the prompt ({n}) + new tokens "
                          f"({tokens}) = {n + tokens}: use --max-ctx {n + tokens} or more "
                          "(or leave it out)")
     validate_prompt(spec, prompt, tokens, args.max_ctx or spec.max_ctx)
+    if folder is not None:
+        positions_fit(folder, n + tokens)
     max_ctx = args.max_ctx or min(spec.max_ctx, run_ctx(n, tokens, 0))
     if args.tp > 1:                            # every rank loads its own weights
         return _generate_tp(args, spec, prompt, tokens, max_ctx, tok, device)
@@ -129,7 +136,8 @@ def cmd_generate(args) -> int:
         print("ids:", " ".join(map(str, got)))
     ttft = stamps[0][0] - t0
     note = "" if device == "cuda" else "  (Triton interpreter on the CPU: not a speed)"
-    line = f"time to first token {ttft:.3f} s ({n}-token prompt, {args.prefill} prefill)"
+    ran = e.last_run["prefill"]                 # what ran, not what was asked for
+    line = f"time to first token {ttft:.3f} s ({n}-token prompt, {ran} prefill)"
     rest = len(got) - stamps[0][1]
     if rest > 0:
         line += (f"; decode {(stamps[-1][0] - stamps[0][0]) / rest * 1e3:.3f} ms/token over "
@@ -181,7 +189,8 @@ def generate_job(rank, world, device, model, prompt, tokens, rung="fused", seed=
     from ..measure.timing import run_ctx
     from ..tp.group import rank_engine
     from ..tp.shard import rank_weights, shard_weights
-    from ..weights import load_checkpoint, random_weights
+    from ..checkpoint import load_checkpoint
+    from ..weights import random_weights
     spec = get_spec(model)
     cuda = torch.device(device).type == "cuda"
     if checkpoint:
@@ -218,14 +227,14 @@ def _add_generate(sub):
                        description="Prefill and decode with the engine: one CUDA graph per "
                        "token on a GPU, eager launches in the Triton interpreter on a CPU. "
                        "With --checkpoint and --prompt, text in and streamed text out.")
-    p.add_argument("--model", help=f"one of: {', '.join(SPECS)} (default with --checkpoint: "
+    p.add_argument("--model", type=_model_name, help=f"one of: {', '.join(SPECS)} (default with --checkpoint: "
                    "inferred from its shapes)")
     p.add_argument("--checkpoint", help="a local checkpoint folder (or hub id): its weights, "
                    "and its tokenizer for --prompt")
     p.add_argument("--prompt", default=None, help="the prompt as text (needs --checkpoint)")
     p.add_argument("--chat", action="store_true",
                    help="wrap --prompt in the tokenizer's chat template (instruct models)")
-    p.add_argument("--prompt-len", type=_int_at_least(1), default=16,
+    p.add_argument("--prompt-len", type=_int_at_least(1), default=None,
                    help="random prompt length (default 16)")
     p.add_argument("--prompt-ids", type=_prompt_ids, default=None,
                    help="comma-separated token ids instead of a random prompt")
