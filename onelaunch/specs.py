@@ -140,7 +140,7 @@ class ModelSpec:
             per_layer += n
         lm_head = self.vocab * self.hidden           # [vocab, hidden], tied or not
         weights = self.layers * per_layer + lm_head + self.hidden   # + the final norm
-        kv = ctx * self.layers * 2 * self.kv_heads * self.head_dim  # K and V, each layer
+        kv = ctx * self.layers * 2 * self.kv_heads * self.head_dim  # K and V, a layer
         return (weights + kv) * BF16_BYTES
 
     @property

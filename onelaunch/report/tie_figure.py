@@ -21,7 +21,8 @@ def tie_groups(check_rows: list[dict], ladder_rows: list[dict], rungs) -> list[d
     Face); ``ladder_rows``: the rows of ``rungs`` (each against the oracle)."""
     def group(name, r):
         gaps = [t["gap_ulps"] for t in tie_rows([r]) if t.get("gap_ulps") is not None]
-        return {"label": name, "model": r["model"], "agree": r.get("agree"), "gaps": gaps}
+        return {"label": name, "model": r["model"], "agree": r.get("agree"),
+                "gaps": gaps}
     out = [group("oracle vs HF", r) for r in check_rows]
     for rung in rungs:
         out += [group(f"{rung} vs oracle", r) for r in ladder_rows
@@ -82,6 +83,6 @@ def tie_figure(groups: list[dict], head: str, dpi: int = DPI) -> _Figure:
     caption = (f"Each mark is a step whose token differed from its reference's: "
                f"{len(gaps)} of {steps} checked steps, placed at the reference's own "
                f"logit gap between the two tokens. The largest is "
-               f"{max(gaps, default=0):.3g} ulps; the threshold is {NEAR_TIE_ULPS}, and a "
-               f"step beyond it would have refused its run.")
+               f"{max(gaps, default=0):.3g} ulps; the threshold is "
+               f"{NEAR_TIE_ULPS}, and a step beyond it would have refused its run.")
     return _Figure(buf.getvalue(), caption)
