@@ -127,31 +127,35 @@ class ModelSpec:
         head = 0 if self.tie_embeddings else emb
         return self.layers * per_layer + emb + head + self.hidden
 
-    @property
-    def active_params(self) -> int:
-        """Parameters one decode step reads. Dense: all of them but the embedding, whose
-        one looked-up row is negligible (tied: the lm_head reads the same matrix, so it is
-        counted once). MoE: attention, router, norms, ``top_k`` of the experts, lm_head."""
+    def bytes_per_token(self, ctx: int = 0) -> int:
+        """The bytes one decode step must read from memory at context ``ctx``: each
+        weight it multiplies by, once, in bf16, and the keys and values of the ``ctx``
+        tokens before it. The embedding's one looked-up row is left out (negligible); a
+        tied lm_head reads the embedding matrix, so it is counted once either way."""
         per_layer = 0
         for role, shape in self.layer_shapes().items():
             n = self._numel(shape)
-            if role.startswith("experts_"):
+            if role.startswith("experts_"):          # MoE: a token reads top_k experts
                 n = n // self.experts * self.top_k
             per_layer += n
-        head = self.vocab * self.hidden  # the lm_head, tied or not
-        return self.layers * per_layer + head + self.hidden
+        lm_head = self.vocab * self.hidden           # [vocab, hidden], tied or not
+        weights = self.layers * per_layer + lm_head + self.hidden   # + the final norm
+        kv = ctx * self.layers * 2 * self.kv_heads * self.head_dim  # K and V, a layer
+        return (weights + kv) * BF16_BYTES
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one decode step reads (:meth:`bytes_per_token` at no context)."""
+        return self.bytes_per_token(0) // BF16_BYTES
 
     @property
     def weight_bytes_per_token(self) -> int:
         """Bytes of bf16 weights one decode step must stream from memory."""
-        return self.active_params * BF16_BYTES
+        return self.bytes_per_token(0)
 
     def kv_bytes_per_token_of_context(self) -> int:
-        return self.layers * 2 * self.kv_heads * self.head_dim * BF16_BYTES
-
-    def bytes_per_token(self, ctx: int = 0) -> int:
-        """Weights plus the KV cache one step reads at context ``ctx``."""
-        return self.weight_bytes_per_token + ctx * self.kv_bytes_per_token_of_context()
+        """Bytes of keys and values one step reads per token of context."""
+        return self.bytes_per_token(1) - self.bytes_per_token(0)
 
     def floor_ms(self, bandwidth_tbps: float, ctx: int = 0) -> float:
         """The bandwidth floor in ms/token: bytes read / bandwidth."""

@@ -80,20 +80,24 @@ def verdict(ref_token: int, got_token: int, gap: float, thr: float) -> str:
 
 
 def judge_step(step: int, ref_logits: torch.Tensor, got_token: int) -> dict:
-    """One row of the rule. ``ref_logits``: the reference's logits [V] at this step."""
+    """The rule at one step. The reference chose the top of its logits ``ref_logits``
+    [V]; the run under test chose ``got_token``. The same token is a match; another one
+    whose logit, in the reference's own logits, lies strictly within ``NEAR_TIE_ULPS``
+    bf16 ulps of the top is a near tie (rounding decided it); anything else, a flip."""
     lg = ref_logits.detach().float().cpu()
-    ref = int(lg.argmax())                         # the first index among equal maxima
+    ref = int(lg.argmax())                     # the first index among equal maxima
     got = int(got_token)
     top = float(lg[ref])
-    if not 0 <= got < lg.numel():
-        ref_got, gap = None, math.inf              # not a token: never a near tie
-    else:
+    if 0 <= got < lg.numel():
         ref_got = float(lg[got])
-        gap = top - ref_got
-    thr = threshold(top)
+        gap = top - ref_got                    # how far the reference prefers its own
+    else:
+        ref_got, gap = None, math.inf          # not a token: never a near tie
+    ulp = bf16_ulp(top)                        # bf16's spacing at the top logit
+    thr = threshold(top)                       # NEAR_TIE_ULPS of them
     return {"step": step, "ref_token": ref, "got_token": got, "ref_top": top,
-            "ref_got": ref_got, "gap": gap, "gap_ulps": gap / bf16_ulp(top),
-            "threshold": thr, "verdict": verdict(ref, got, gap, thr)}
+            "ref_got": ref_got, "gap": gap, "gap_ulps": gap / ulp, "threshold": thr,
+            "verdict": verdict(ref, got, gap, thr)}
 
 
 def judge_tokens(ref_logits, got_ids) -> dict:
