@@ -137,9 +137,10 @@ MUTANTS = [
     Mutant("split-K merge: partial maxima not rescaled", "attention_splitk.py",
            "w = tl.where(sm, tl.exp(m_s - M), 0.0)", "w = tl.where(sm, 1.0 + 0.0 * m_s, 0.0)",
            GEN_CHECK),
-    Mutant("gate/up: last K tile dropped", "_common.py",
-           "    for k0 in range(BLOCK_K, K, BLOCK_K):\n        k_next",
-           "    for k0 in range(BLOCK_K, K - BLOCK_K, BLOCK_K):\n        k_next", GEN_CHECK),
+    Mutant("gate/up: last K tile dropped", "rms_gate_up_swiglu.py",
+           "    for k0 in range(BLOCK_K, K, BLOCK_K):\n        gate = ring_next(",
+           "    for k0 in range(BLOCK_K, K - BLOCK_K, BLOCK_K):\n        gate = ring_next(",
+           GEN_CHECK),
     # the megakernel's schedule and the CPU VM that runs it (tests/test_megakernel_vm.py)
     Mutant("megakernel: a counter not waited for", "onelaunch/megakernel/schedule.py",
            "        after_merge = (merged(), s.heads)",
