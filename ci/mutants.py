@@ -141,9 +141,10 @@ MUTANTS = [
            'lg = tl.load(logits_ptr + e, mask=em, other=float("-inf"), volatile=True)',
            "lg = tl.load(logits_ptr + e, mask=em, other=0.0, volatile=True)",
            ["tests/test_paths.py", "-k", "covering_run_reaches"]),
-    Mutant("gate/up: last K tile dropped", "_common.py",
-           "    for k0 in range(BLOCK_K, K, BLOCK_K):\n        k_next",
-           "    for k0 in range(BLOCK_K, K - BLOCK_K, BLOCK_K):\n        k_next", GEN_CHECK),
+    Mutant("gate/up: last K tile dropped", "rms_gate_up_swiglu.py",
+           "    for k0 in range(BLOCK_K, K, BLOCK_K):\n        gate = ring_next(",
+           "    for k0 in range(BLOCK_K, K - BLOCK_K, BLOCK_K):\n        gate = ring_next(",
+           GEN_CHECK),
     # the agreement rule, the stop ids, the CLI's record of what ran, the checkpoint gate
     Mutant("judge: forced along the engine's own tokens", "onelaunch/measure/agree.py",
            "tf = engine.teacher_forced(prompt, ref_ids, graph=graph)",

@@ -123,6 +123,29 @@ def advance_tiles(w_ptr, stride_w_n, offs_n, n_mask, w0, w1, w2, w3, k_next, k_e
 
 
 @triton.jit
+def ring_start(w_ptr, stride_w_n, offs_n, n_mask, K, BLOCK_K: tl.constexpr,
+               PREFETCH: tl.constexpr):
+    """A program's ring of weight tiles in flight: W[offs_n, tile] for the first PREFETCH
+    tiles of K, requested at once (:func:`load_w_tiles`). ``ring[0]`` is the tile the K
+    loop consumes next; a kernel calls this before its PDL wait."""
+    w0, w1, w2, w3 = load_w_tiles(w_ptr, stride_w_n, offs_n, n_mask, 0, K, BLOCK_K,
+                                  PREFETCH)
+    return w0, w1, w2, w3
+
+
+@triton.jit
+def ring_next(ring, w_ptr, stride_w_n, offs_n, n_mask, k0, K, BLOCK_K: tl.constexpr,
+              PREFETCH: tl.constexpr):
+    """The ring at K tile ``k0``: request the tile PREFETCH - 1 ahead of it and drop the
+    one consumed (:func:`advance_tiles`), so PREFETCH tiles stay in flight through the
+    whole K loop. ``ring[0]`` is then W[offs_n, k0:k0 + BLOCK_K]."""
+    w0, w1, w2, w3 = ring
+    w0, w1, w2, w3 = advance_tiles(w_ptr, stride_w_n, offs_n, n_mask, w0, w1, w2, w3,
+                                   k0 + (PREFETCH - 1) * BLOCK_K, K, BLOCK_K, PREFETCH)
+    return w0, w1, w2, w3
+
+
+@triton.jit
 def gemv_tiles(w_ptr, stride_w_n, offs_n, n_mask, x_ptr, g_ptr, rstd, w0, w1, w2, w3,
                k_start, k_end, BLOCK_K: tl.constexpr, HAS_NORM: tl.constexpr,
                PREFETCH: tl.constexpr):

@@ -211,11 +211,14 @@ def figure_caption(rows: list[dict], rungs: list[str], models: list[str]) -> str
     from the same rows and rule: prose about a figure is generated, never typed."""
     drawn = [r for r in rows if r["model"] in models and r["rung"] in rungs]
     ours = any(not is_peer(r) for r in drawn)
+    peers = any(is_peer(r) for r in drawn)
+    colours = [c for c, on in (("the peers a user would run instead in grey", peers),
+                               ("our rungs in blue", ours)) if on]
     parts = ["Milliseconds per token of each rung (bars, log scale: shorter is "
-             "faster), the peers a user would run instead in grey"
-             + (" and our rungs in blue" if ours else "")
-             + ", against the bandwidth floor of the same run (dashed) and the "
-             "fastest peer (dotted); the legend names each colour."]
+             "faster), " + " and ".join(colours)
+             + ", against the bandwidth floor of the same run (dashed)"
+             + (" and the fastest peer (dotted)" if peers else "")
+             + "; the legend names each colour."]
     if any(spread(r) for r in rows if r["model"] in models and r["rung"] in rungs):
         parts.append("The whiskers span the fastest to the slowest of each rung's timed "
                      "repeats.")
