@@ -182,6 +182,14 @@ MUTANTS = [
     Mutant("megakernel MoE: q/k norm from one QKV block", "onelaunch/megakernel/schedule.py",
            "idx=kh, splits=len(qkv) if s.qk_norm else 0)", "idx=kh, splits=1 if s.qk_norm else 0)",
            MEGA_MOE),
+    # what the VM marks unwritten at a step's start against the rows' writes
+    # (tests/test_vm_writes.py): a wrong slot hides a read of the new key before its store
+    Mutant("megakernel VM: the KV slot after pos marked unwritten", "onelaunch/megakernel/vm.py",
+           "b[name].poison((slice(None), slice(None), pos))",
+           "b[name].poison((slice(None), slice(None), pos + 1))", ["tests/test_vm_writes.py"]),
+    Mutant("megakernel VM: the KV slot before pos marked unwritten", "onelaunch/megakernel/vm.py",
+           "b[name].poison((slice(None), slice(None), pos))",
+           "b[name].poison((slice(None), slice(None), pos - 1))", ["tests/test_vm_writes.py"]),
 ]
 
 
