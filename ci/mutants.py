@@ -190,6 +190,11 @@ MUTANTS = [
     Mutant("megakernel VM: the KV slot before pos marked unwritten", "onelaunch/megakernel/vm.py",
            "b[name].poison((slice(None), slice(None), pos))",
            "b[name].poison((slice(None), slice(None), pos - 1))", ["tests/test_vm_writes.py"]),
+    # a wrong sum inside the logits' rounding noise, checked where it is summed
+    # (tests/test_vm_sums.py): the first row of v in a QKV block's k squares
+    Mutant("megakernel MoE: a QKV block's k squares take in one extra row",
+           "onelaunch/megakernel/vm_ops.py", "(at < s.q_size + s.kv_size)].sum()",
+           "(at <= s.q_size + s.kv_size)].sum()", ["tests/test_vm_sums.py"]),
 ]
 
 
