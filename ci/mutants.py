@@ -190,6 +190,9 @@ MUTANTS = [
     Mutant("megakernel VM: the KV slot before pos marked unwritten", "onelaunch/megakernel/vm.py",
            "b[name].poison((slice(None), slice(None), pos))",
            "b[name].poison((slice(None), slice(None), pos - 1))", ["tests/test_vm_writes.py"]),
+    Mutant("megakernel VM: a prompt token marked unwritten", "onelaunch/megakernel/vm.py",
+           "if pos + 1 >= self.prompt_len:\n            b[\"seq\"]",
+           "if pos + 1 >= 0:\n            b[\"seq\"]", ["tests/test_vm_writes.py"]),
     # a wrong sum inside the logits' rounding noise, checked where it is summed
     # (tests/test_vm_sums.py): the first row of v in a QKV block's k squares
     Mutant("megakernel MoE: a QKV block's k squares take in one extra row",
