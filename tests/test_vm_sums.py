@@ -13,13 +13,14 @@ unnormalised ones, and it sums its experts' outputs in bf16. So no bound there c
 0, and each rounding where the two differ moves an activation by up to one ulp, which
 two layers carry to the logits. Measured at 4968eb5 (4 Dec 2026), tiny-olmoe, 4
 prompts x 3 SM counts x 5 steps from position 60: the VM's logits sit 0.88 to 3.25
-ulps of the top logit from the oracle's with no bug (one step of one prompt, whose
-router nearly ties, routes differently: 31 ulps); a block whose k sum takes in one
-extra row (the first row of v) moves them by 0.50 to 3.25 ulps, and they sit 0.75 to
-4.00 from the oracle's. The bug is inside the noise: no bound on the logits separates
-them. The engine's Triton-interpreter step is closer (the same rounding points: a
-one-layer tiny-olmoe's qkv, q and new k and v are the VM's bits) but its attention
-splits and online-softmax tiles are not the VM's: 1.00 to 2.00 ulps of the VM's logits.
+ulps of the top logit from the oracle's with no bug (one step of one prompt, where a
+router margin of 0.004 picks another expert: 31 ulps); a block whose k sum takes in
+one extra row (the first row of v) moves them by 0.50 to 3.25 ulps, and they sit 0.75
+to 4.00 from the oracle's. The bug is inside the noise: no bound on the logits
+separates them. The engine's Triton-interpreter step rounds where the VM does (on one
+prompt, a one-layer tiny-olmoe's qkv, q and new k and v are the VM's bits), but its
+attention splits and online-softmax tiles are not the VM's: its logits sit 1.00 to
+2.00 ulps from the VM's (3 prompts x 2 SM counts x 3 steps).
 
 So the statistic is checked where it is made, from the qkv the VM stored, with bounds
 that follow from the arithmetic: the square of a bf16 value is exact in fp32 (8
