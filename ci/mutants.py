@@ -210,6 +210,22 @@ MUTANTS = [
     Mutant("megakernel MoE: q/k norm from one QKV block", "onelaunch/megakernel/schedule.py",
            "idx=kh, splits=len(qkv) if s.qk_norm else 0)", "idx=kh, splits=1 if s.qk_norm else 0)",
            MEGA_MOE),
+    # what the VM marks unwritten at a step's start against the rows' writes
+    # (tests/test_vm_writes.py): a wrong slot hides a read of the new key before its store
+    Mutant("megakernel VM: the KV slot after pos marked unwritten", "onelaunch/megakernel/vm.py",
+           "b[name].poison((slice(None), slice(None), pos))",
+           "b[name].poison((slice(None), slice(None), pos + 1))", ["tests/test_vm_writes.py"]),
+    Mutant("megakernel VM: the KV slot before pos marked unwritten", "onelaunch/megakernel/vm.py",
+           "b[name].poison((slice(None), slice(None), pos))",
+           "b[name].poison((slice(None), slice(None), pos - 1))", ["tests/test_vm_writes.py"]),
+    Mutant("megakernel VM: a prompt token marked unwritten", "onelaunch/megakernel/vm.py",
+           "if pos + 1 >= self.prompt_len:\n            b[\"seq\"]",
+           "if pos + 1 >= 0:\n            b[\"seq\"]", ["tests/test_vm_writes.py"]),
+    # a wrong sum inside the logits' rounding noise, checked where it is summed
+    # (tests/test_vm_sums.py): the first row of v in a QKV block's k squares
+    Mutant("megakernel MoE: a QKV block's k squares take in one extra row",
+           "onelaunch/megakernel/vm_ops.py", "(at < s.q_size + s.kv_size)].sum()",
+           "(at <= s.q_size + s.kv_size)].sum()", ["tests/test_vm_sums.py"]),
 ]
 
 

@@ -19,9 +19,10 @@ stage, then stores, then bumps (separate steps: a bump before its store shows). 
 scheduler picks at random among actors that can progress; when none can before the end,
 ``VMDeadlock`` names each blocked SM, instruction and counter.
 
-Hazards: at each step start the activations (and every layer's KV slot pos) are
-poisoned with NaN and marked unwritten. Each actor keeps a vector clock (a tick per
-access or bump; computes 0..P-1, loaders P..2P-1); a bump releases it into the counter,
+Hazards: at each step start the activations (and what the step writes in the carried
+buffers: every layer's KV slot pos, argmax and seq at pos + 1) are poisoned with NaN
+(-1) and marked unwritten. Each actor keeps a vector clock (a tick per access or bump;
+computes 0..P-1, loaders P..2P-1); a bump releases it into the counter,
 a satisfied wait acquires it. A read must find every element written this step, by an
 access ordered before it; a write must be ordered after the last write and every read
 since (write after read). Else ``VMHazard``. ARGMAX's reset needs every SM's last bump
@@ -188,8 +189,10 @@ class Machine:
         return {self.sched.counters[i]: int(v) for i, v in enumerate(self.counters) if v}
 
     def buffers(self, sched) -> dict[str, Tracked]:
-        """This step's buffers: activations poisoned; the cache, seq and pos carried over
-        (every layer's slot pos poisoned: this step writes it). MoE: the router's logits,
+        """This step's buffers: activations poisoned; the cache, seq, argmax and pos
+        carried over, what this step writes in them poisoned (every layer's slot pos,
+        argmax and seq at pos + 1; not pos, the step's input, read before ARGMAX writes
+        it: the write-after-read rule orders that). MoE: the router's logits,
         per layer its ids and weights, h per (slot, row), the QKV blocks' q/k squares."""
         s, A = self.spec, 2 * sched.P
         rows = [r for sm in range(sched.P) for r in sched.rows(sm)]
@@ -222,6 +225,9 @@ class Machine:
             b[name].poison((slice(None), slice(None), pos))
         for name in ("seq", "argmax", "pos"):
             b[name] = Tracked(getattr(self, name), A)
+        b["argmax"].poison((pos + 1,))           # ARGMAX writes them; pos it reads first
+        if pos + 1 >= self.prompt_len:
+            b["seq"].poison((pos + 1,))
         return b
 
     # ---- the scheduler -----------------------------------------------------------------------
