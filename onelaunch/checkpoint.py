@@ -237,6 +237,8 @@ _SHAPE_FIELDS = (
     ("layernorm.weight", "hidden_size"),
 )
 _LAYER = re.compile(r"model\.layers\.(\d+)\.")
+# what a checkpoint lacks, by the spec's setting that reads it
+_FEATURE_OF = {".bias": "qkv_bias", "q_norm": "qk_norm", "k_norm": "qk_norm"}
 
 
 def read_headers(p: Path) -> dict[str, tuple[str, tuple[int, ...], str]]:
@@ -319,11 +321,7 @@ def check_headers(p: Path, spec) -> None:
                               "another model, or a config.json that is not this checkpoint's")
     lost = sorted(k for k in want if k not in got)
     if lost:
-        feats = sorted({f for k in lost for part, f in _FEATURE_OF.items() if part in k})
-        why = "".join(f"; {spec.name} has {f} True" for f in feats)
-        raise CheckpointError(f"{p} lacks {len(lost)} tensor(s) that {spec.name} reads, e.g. "
-                              f"{lost[0]}{why}: transformers would fill them with random "
-                              f"numbers; use a complete checkpoint of {spec.name}")
+        raise _lacks(p, spec, lost)
     for k, shape in want.items():
         have = got[k][1]
         if have != shape:
@@ -331,6 +329,16 @@ def check_headers(p: Path, spec) -> None:
             raise CheckpointError(f"{p}: {k} is {list(have)} in {got[k][2]}{how}, but "
                                   f"config.json implies {list(shape)} ({_fields_of(k)}): the "
                                   "tensors and the config are of different models")
+
+
+def _lacks(p: Path, spec, lost: list[str]) -> CheckpointError:
+    """The refusal of a checkpoint without tensors the spec reads (and which setting of the
+    spec reads them: biases and q/k norms are not config fields)."""
+    feats = sorted({f for k in lost for part, f in _FEATURE_OF.items() if part in k})
+    why = "".join(f"; {spec.name} has {f} True" for f in feats)
+    return CheckpointError(f"{p} lacks {len(lost)} tensor(s) that {spec.name} reads, e.g. "
+                           f"{lost[0]}{why}: transformers would fill them with random "
+                           f"numbers; use a complete checkpoint of {spec.name}")
 
 
 def _same_head(p: Path, got: dict) -> None:
@@ -360,9 +368,6 @@ def positions_fit(p: Path, positions: int) -> None:
                               f"{most}: use a shorter prompt or fewer --tokens")
 
 
-# what a checkpoint lacks, by the spec's setting that reads it
-_FEATURE_OF = {".bias": "qkv_bias", "q_norm": "qk_norm", "k_norm": "qk_norm"}
-
 
 def load_checkpoint(path_or_id: str, spec=None, device="cpu", dtype=torch.bfloat16):
     """Load a real checkpoint (a local folder, or a hub id resolved through
@@ -388,11 +393,7 @@ def load_checkpoint(path_or_id: str, spec=None, device="cpu", dtype=torch.bfloat
                               f"({_one_line(e)}); download the checkpoint again") from None
     lost = sorted(info.get("missing_keys") or ())
     if lost:
-        feats = sorted({f for k in lost for part, f in _FEATURE_OF.items() if part in k})
-        why = "".join(f"; {spec.name} has {f} True" for f in feats)
-        raise CheckpointError(f"{p} lacks {len(lost)} tensor(s) that {spec.name} reads, e.g. "
-                              f"{lost[0]}{why}: transformers would fill them with random "
-                              f"numbers; use a complete checkpoint of {spec.name}")
+        raise _lacks(p, spec, lost)
     got = {k: v for k, v in model.state_dict().items()}
     bad = [f"{k}: checkpoint {tuple(got[k].shape)} vs {spec.name} {expected[k]}"
            for k in expected if k in got and tuple(got[k].shape) != expected[k]]
