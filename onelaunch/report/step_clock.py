@@ -262,8 +262,9 @@ def draw(c: Clock, until: float | None = None, ring_bytes: int | None = None,
     op's colour. Bottom (with ask stamps): what is in flight per SM, each SM a faint
     line, the median over SMs in black, the ring's capacity dashed: with ``ring_stages``
     (and the clock's stages) the ring's stages in use, in KiB of the ring
-    (``ring_bytes`` / ``ring_stages`` a stage); else the weight bytes' even-spread
-    estimate, which overcounts (module docstring). Returns the figure."""
+    (``ring_bytes`` / ``ring_stages`` a stage), shaded grey where fewer than half the
+    SMs are working on an instruction that reads weights; else the weight bytes'
+    even-spread estimate, which overcounts (module docstring). Returns the figure."""
     import matplotlib.pyplot as plt
 
     until = until or c.step_us
@@ -309,11 +310,19 @@ def draw(c: Clock, until: float | None = None, ring_bytes: int | None = None,
             bx.plot(times, f[p], color="0.6", linewidth=0.3, alpha=0.4)
         bx.plot(times, f.median(0).values, color="black", linewidth=1.2,
                 label="median over SMs")
+        if ring:         # where most SMs read no weights: the ring cannot refill
+            tt = times.view(1, 1, -1)
+            on = (c.live & (c.nbytes > 0)).unsqueeze(-1) & (
+                c.t[..., IN].unsqueeze(-1) <= tt) & (tt < c.t[..., END].unsqueeze(-1))
+            idle = on.any(1).double().mean(0) < 0.5
+            bx.fill_between(times, 0, ring_bytes / 1024, where=idle.numpy(),
+                            color="#c8c8c8", alpha=0.6, linewidth=0,
+                            label="most SMs read no weights")
         if ring_bytes:
             bx.axhline(ring_bytes / 1024, color="#55a868", linestyle="--", linewidth=1.2,
                        label=f"the ring ({ring} stages)" if ring else "the ring's capacity")
         bx.set_ylabel("ring in use, KiB" if ring else "KiB in flight", fontsize=FONT)
-        bx.legend(fontsize=FONT - 2, loc="upper right", frameon=False)
+        bx.legend(fontsize=FONT - 2, loc="lower right", frameon=True, ncol=3)
         bx.tick_params(labelsize=FONT)
     axes[-1, 0].set_xlabel("µs from the step's first instruction", fontsize=FONT)
     fig.tight_layout()
