@@ -13,23 +13,16 @@ unless ``--model``/``--ctx``/``--attention``).
 """
 import argparse
 
-import torch
-
-from onelaunch.megakernel.loads import weight_bytes_grid
-from onelaunch.megakernel.step import ATTENTION, plan_schedule
+from onelaunch.megakernel.step import ATTENTION, STAGES, ring_bytes
 from onelaunch.report import step_clock as sc
 from onelaunch.specs import get_spec
 
 
 def clock_of(path, model, ctx, attention):
-    clk, prog = sc.load(path)
-    sched = plan_schedule(get_spec(model), clk.shape[0], ctx, attention)
-    k = prog.shape[2]
-    if sched.instr.shape[:2] != prog.shape[:2] or not torch.equal(
-            sched.instr[..., :k], prog.to(sched.instr.dtype)):
-        raise SystemExit(f"{path}: its instructions are not the schedule of {model} at "
-                         f"ctx {ctx}, attention {attention!r} (give --ctx/--attention)")
-    return sc.Clock.of(clk, prog, weight_bytes_grid(sched))
+    try:
+        return sc.from_file(path, get_spec(model), ctx, attention)
+    except ValueError as ex:
+        raise SystemExit(f"{ex} (give --ctx/--attention)")
 
 
 def main():
@@ -57,7 +50,7 @@ def main():
     if a.png:
         import matplotlib
         matplotlib.use("Agg")
-        sc.draw(c, until=a.until).savefig(a.png)
+        sc.draw(c, until=a.until, ring_bytes=ring_bytes(), ring_stages=STAGES).savefig(a.png)
 
 
 if __name__ == "__main__":

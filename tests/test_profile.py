@@ -516,3 +516,18 @@ def test_a_folded_phase_has_no_barrier_of_its_own():
     words = " ".join(t.get_text() for t in fig.findobj(matplotlib.text.Text))
     assert "rope_kv_write (in the next)" in words
     plt.close(fig)
+
+
+def test_tp_split_draws_compute_then_communication():
+    import matplotlib
+    matplotlib.use("Agg")
+    rows = [{"rung": "one GPU", "ms_per_token": 1.2},
+            {"rung": "nccl", "ms_per_token": 1.28, "compute_ms": 0.82, "comm_ms": 0.46},
+            {"rung": "fused", "ms_per_token": 0.97},          # no split measured: grey
+            {"rung": "none", "ms_per_token": 0.82}]
+    fig = profile_figures.draw_tp_split([("m", rows)])
+    ax = fig.axes[0]
+    bars = [(round(p.get_x(), 3), round(p.get_width(), 3)) for p in ax.patches]
+    assert bars == [(0, 0.82), (0.82, 0.46), (0, 0.97)]      # compute, comm after it, whole
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["nccl", "fused"]
+    assert ax.lines[0].get_xdata()[0] == 1.2                 # the one-GPU step, dashed

@@ -84,3 +84,27 @@ def test_the_prose_reads_the_numbers():
     assert "no one-launch step" in sc.bound_text(s, None, 1.2)
     none = sc.bound_text(sc.summary(synthetic(asks=False)), 1.1, 1.2)
     assert "no loader stamps" in none
+
+
+def test_ring_in_use_by_hand():
+    # SM 0 only, in ring stages: gate/up 4 stages, down 2, a ring of 2 stages
+    c = synthetic()
+    c.stages = torch.zeros_like(c.nbytes)
+    c.stages[0, 0], c.stages[0, 1] = 4, 2
+    f = sc.in_flight(c, [2.0, 3.5, 6.0, 8.0], ring=2)[0]
+    # at 2 µs: 1 stage done (evenly over [1, 5]), the loader 2 ahead, gate/up's 4 the most
+    # it may have asked; at 3.5 the stamp says all 4 asked, done 2.5; at 8 down's stamp
+    # (7) says all 6 asked, done 4 + 2/3 x 2: less than a ring left to ask
+    assert f.tolist() == pytest.approx([2.0, 2.0, 2.0, 6 - (4 + 4 / 3)])
+    assert float(sc.in_flight(c, torch.linspace(0, 12, 97), ring=2).max()) <= 2 + 1e-9
+
+
+def test_loader_stages_follow_the_loader():
+    from onelaunch.specs import get_spec
+    prog = torch.zeros(1, 4, isa.WIDTH, dtype=torch.int32)
+    for i, (op, rows) in enumerate([(isa.OP_RMS_QKV, 12), (isa.OP_GATE_UP, 12),
+                                    (isa.OP_DOWN, 12), (isa.OP_ATTN_FUSED, 1)]):
+        prog[0, i, isa.OP], prog[0, i, isa.ROWS] = op, rows
+    # QKV: pairs of 4-row blocks; gate/up: a block a stage; down (Qwen's 8960 = 35 K
+    # tiles): 2 boxes of 16 tiles and a tail box a block; attention: no weights
+    assert sc.loader_stages(prog, get_spec("qwen2.5-1.5b"))[0].tolist() == [2, 3, 9, 0]

@@ -1,5 +1,6 @@
 """The step profile's figures: where each rung's step time goes, per op
-(:func:`draw_profile`), and one persistent layer phase by phase (:func:`draw_phases`),
+(:func:`draw_profile`), one persistent layer phase by phase (:func:`draw_phases`), and two
+GPUs' steps split into compute and communication (:func:`draw_tp_split`),
 each with a caption written from the same rows. Drawn in the book's one figure style
 (:mod:`onelaunch.report.figures`).
 """
@@ -311,3 +312,47 @@ def phase_caption(rows: list[dict]) -> str:
                    + (f" The phases with almost no bytes ({', '.join(r['phase'] for r in light)}) "
                       f"take {lt:.3g} µs of the layer ({lt / total:.0%})." if light else ""))
     return " ".join(out)
+
+
+def draw_tp_split(panels: list[tuple[str, list[dict]]]):
+    """Two GPUs: per model (``panels``: (name, a ``bench --tp`` run's rows)), each rung's
+    step as the rank's compute alone (the ``none`` row) plus the rest (communication),
+    the one-GPU step of the same run dashed. A rung without a compute split is one grey
+    bar. Returns the matplotlib Figure."""
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(len(panels), 1, figsize=(PAGE_W, 2.4 * len(panels) + 0.6),
+                             dpi=DPI, squeeze=False)
+    for ax, (name, rows) in zip(axes[:, 0], panels):
+        by = {r["rung"]: r for r in rows}
+        bars = [r for r in rows
+                if r["rung"] not in ("one GPU", "none") and r.get("ms_per_token")]
+        y = {r["rung"]: i for i, r in enumerate(bars)}
+        split = [r for r in bars if r.get("compute_ms")]
+        whole = [r for r in bars if not r.get("compute_ms")]
+        if split:
+            ax.barh([y[r["rung"]] for r in split], [r["compute_ms"] for r in split],
+                    color="#4c72b0", label="compute (the rank alone)")
+            ax.barh([y[r["rung"]] for r in split], [r["comm_ms"] for r in split],
+                    left=[r["compute_ms"] for r in split], color="#dd8452",
+                    label="communication")
+        if whole:
+            ax.barh([y[r["rung"]] for r in whole], [r["ms_per_token"] for r in whole],
+                    color="#9a9a9a", label="the step (no split measured)")
+        one = by.get("one GPU", {}).get("ms_per_token")
+        if one:
+            ax.axvline(one, color="black", lw=1.2, ls="--")
+            ax.text(one, len(bars) - 0.45, f"one GPU {one:.2f} ms ", fontsize=FONT,
+                    va="bottom", ha="right")
+        ax.set_yticks(list(y.values()), list(y), fontsize=FONT)
+        ax.set_xlabel("ms per token", fontsize=FONT)
+        ax.set_title(name, fontsize=FONT + 1)
+        ax.tick_params(labelsize=FONT)
+        ax.set_ylim(-0.6, len(bars) + 0.2)
+    handles = {}
+    for ax in axes[:, 0]:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(lab, h)
+    fig.legend(handles.values(), handles.keys(), fontsize=FONT, loc="lower center",
+               ncol=2, frameon=False, bbox_to_anchor=(0.5, 0))
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    return fig

@@ -11,14 +11,24 @@ takes one): int64 ``[P, N, 4]`` globaltimer ns per instruction of SM p's list,
 with ``prog`` the schedule's ``[P, N, WIDTH]`` rows (``isa``) and ``nbytes`` ``[P, N]``
 each instruction's weight bytes (``loads.weight_bytes``).
 
-    c = Clock.of(clk, prog, nbytes)
-    op_rows(c); stage_ends(c); in_flight(c, times); draw(c); summary(c)
+    c = Clock.of(clk, prog, nbytes, stages)     # or from_file(path, spec, ctx)
+    op_rows(c); stage_ends(c); layer_window(c); in_flight(c, times, ring); draw(c)
 
-Bytes in flight on an SM at time t = the bytes its loader has asked for by t minus the
-bytes its compute has finished by t. Each instruction's bytes are taken as asked evenly
-from the SM's previous ask stamp to its own (the loader streams in order) and finished
-evenly over its work (counters in to end): the stamps bound each, the even spread is an
-estimate between them.
+In flight on an SM at time t: what its loader has asked for by t minus what its compute
+has finished by t. Two counts:
+
+- weight bytes, each instruction's asked evenly from the SM's previous ask stamp to its
+  own and finished evenly over its work (counters in to end). The stamps bound each; the
+  even spread between them is an estimate, and it overcounts: the loader does not ask
+  evenly, it fills every free stage at once and then waits, so the estimate can exceed
+  what the ring holds (on the H200's clock, ~310 KiB of weights "in flight" above a
+  192 KiB ring).
+- ring stages (``ring`` given): each instruction's stages (:func:`loader_stages`, the
+  loader's rule), asked as early as the ring lets it. By t the compute has finished at
+  least the stages asked by the stamps passed (``lo``) less the ring (each tile asked
+  needed a free stage), and its even spread otherwise; the loader has asked ``done +
+  ring`` stages, but no more than those of the instructions whose predecessor's stamp
+  has passed. Never more than the ring.
 """
 from __future__ import annotations
 
@@ -26,7 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..megakernel.isa import (LAYER, NONE, OP, OP_ARGMAX, OP_ATTN_FUSED, OP_ATTN_MERGE,
+from ..megakernel.isa import (LAYER, NONE, OP, ROWS, OP_ARGMAX, OP_ATTN_FUSED, OP_ATTN_MERGE,
                               OP_ATTN_PARTIAL, OP_DOWN, OP_EMBED, OP_END, OP_EXPERT_DOWN,
                               OP_EXPERT_GATE_UP, OP_GATE_UP, OP_LM_HEAD, OP_O_PROJ,
                               OP_RMS_QKV, OP_ROPE_KV, OP_ROUTER, OP_TOPK, OPCODES)
@@ -42,9 +52,10 @@ class Clock:
     op: torch.Tensor         # int64 [P, N]
     layer: torch.Tensor      # int64 [P, N] (NONE: the embedding, the head)
     nbytes: torch.Tensor     # float64 [P, N]: weight bytes (0 where not live)
+    stages: torch.Tensor | None = None   # float64 [P, N]: ring stages (loader_stages)
 
     @classmethod
-    def of(cls, clk, prog, nbytes=None) -> "Clock":
+    def of(cls, clk, prog, nbytes=None, stages=None) -> "Clock":
         clk, prog = torch.as_tensor(clk), torch.as_tensor(prog)
         live = prog[:, :, OP] != OP_END
         if not live.any():
@@ -53,8 +64,10 @@ class Clock:
         t[..., ASKED] = torch.where(clk[..., ASKED] > 0, t[..., ASKED], float("nan"))
         t[~live] = float("nan")
         nb = (torch.zeros(live.shape) if nbytes is None else torch.as_tensor(nbytes))
+        st = None if stages is None else torch.where(live, torch.as_tensor(stages).double(),
+                                                     0.0)
         return cls(t, live, prog[:, :, OP].long(), prog[:, :, LAYER].long(),
-                   torch.where(live, nb.double(), 0.0))
+                   torch.where(live, nb.double(), 0.0), st)
 
     @property
     def P(self) -> int:
@@ -75,6 +88,45 @@ def load(path) -> tuple[torch.Tensor, torch.Tensor]:
     d = torch.load(path)
     clk = d["clk"]
     return (clk[-1] if clk.dim() == 4 else clk), d["prog"]
+
+
+def loader_stages(prog, spec, num_warps: int = 4) -> torch.Tensor:
+    """float64 [P, N]: the ring stages the dense kernel's loader fills for each
+    instruction (``gluon_step._loader``'s rule): QKV, O and the LM head a stage per pair
+    of TN-row blocks; gate/up a stage per block (its gate and up rows); down NF stages a
+    block (boxes of 2 KB K tiles) and one more for the tail box."""
+    from ..megakernel.mlp_stream import KB, TK, TN, down_boxes
+    prog = torch.as_tensor(prog)
+    op, rows = prog[:, :, OP].long(), prog[:, :, ROWS].double()
+    nf, tail = down_boxes(spec.intermediate // TK, 2 * KB, True, num_warps)
+    blocks = torch.ceil(rows / TN)
+    out = torch.zeros(op.shape, dtype=torch.float64)
+    out = torch.where((op == OP_RMS_QKV) | (op == OP_O_PROJ) | (op == OP_LM_HEAD),
+                      torch.ceil(rows / (2 * TN)), out)
+    out = torch.where(op == OP_GATE_UP, blocks, out)
+    return torch.where(op == OP_DOWN, blocks * (nf + (tail > 0)), out)
+
+
+def from_file(path, spec, ctx: int, attention: str | None = None) -> Clock:
+    """The clock a file holds (``save``'s, or ``lab/step_check.py --clock``'s), with each
+    instruction's weight bytes and ring stages from the schedule replanned at its shape;
+    raises where the file's instructions are not that schedule."""
+    from ..megakernel.loads import weight_bytes_grid
+    from ..megakernel.step import plan_schedule
+    clk, prog = load(path)
+    sched = plan_schedule(spec, clk.shape[0], ctx, attention)
+    k = prog.shape[2]
+    if sched.instr.shape[:2] != prog.shape[:2] or not torch.equal(
+            sched.instr[..., :k], prog.to(sched.instr.dtype)):
+        raise ValueError(f"{path}: its instructions are not the schedule of {spec.name} at "
+                         f"ctx {ctx}, attention {attention!r}")
+    return Clock.of(clk, prog, weight_bytes_grid(sched), loader_stages(sched.instr, spec))
+
+
+def save(path, got: dict) -> None:
+    """``profile.step_clock``'s clock to ``path`` (what :func:`from_file` reads)."""
+    torch.save({"clk": got["clk"][None], "prog": got["prog"][:, :, :4].clone(),
+                "counters": got.get("counters")}, path)
 
 
 def op_name(op: int) -> str:
@@ -128,6 +180,30 @@ def stage_ends(c: Clock) -> list[dict]:
     return [out[k] for k in sorted(out, key=lambda l: (l == NONE, l))]
 
 
+def layer_window(c: Clock) -> dict:
+    """Medians over the dense step's layers: ``layer_us``, from one layer's last down to
+    the next one's; ``window_us``, on each SM from its down's end to its next gate/up's
+    counters in (the attention's chain: QKV, the partials, the merges, O)."""
+    import statistics
+
+    def when(op, l, k, f):
+        m = c.live & (c.op == op) & (c.layer == l)
+        return f(c.t[..., k][m]) if m.any() else None
+
+    layers = sorted(x for x in c.layer[c.live & (c.op == OP_DOWN)].unique().tolist())
+    ends = [when(OP_DOWN, l, END, torch.max) for l in layers]
+    gaps = [float(b - a) for a, b in zip(ends, ends[1:])]
+    win = []
+    for p in range(c.P):
+        for l in layers[:-1]:
+            d = c.live[p] & (c.op[p] == OP_DOWN) & (c.layer[p] == l)
+            g = c.live[p] & (c.op[p] == OP_GATE_UP) & (c.layer[p] == l + 1)
+            if d.any() and g.any():
+                win.append(float(c.t[p, :, IN][g].min() - c.t[p, :, END][d].max()))
+    return {"layer_us": statistics.median(gaps) if gaps else None,
+            "window_us": statistics.median(win) if win else None}
+
+
 # ---- bytes in flight --------------------------------------------------------------------
 def _ramps(a: torch.Tensor, b: torch.Tensor, times: torch.Tensor) -> torch.Tensor:
     """[P, N, T]: 0 before a, 1 after b, linear between (a step at b where a >= b)."""
@@ -151,31 +227,44 @@ def ask_spans(c: Clock) -> tuple[torch.Tensor, torch.Tensor]:
     return prev, torch.where(has, asked, float("nan"))
 
 
-def in_flight(c: Clock, times) -> torch.Tensor | None:
-    """float64 [P, T]: bytes each SM's loader has asked for by each time minus the bytes
-    its compute has finished (None: the clock has no ask stamps)."""
-    if not c.has_asks:
+def in_flight(c: Clock, times, ring: int | None = None) -> torch.Tensor | None:
+    """float64 [P, T]: what each SM's loader has asked for by each time minus what its
+    compute has finished: weight bytes spread evenly between the stamps, or with ``ring``
+    (the ring's stages) ring stages asked as early as the ring lets them (module
+    docstring). None: the clock has no ask stamps (or, with ``ring``, no stages)."""
+    if not c.has_asks or (ring and c.stages is None):
         return None
     times = torch.as_tensor(times, dtype=torch.float64)
     a0, a1 = ask_spans(c)
     ok = ~a1.isnan()
-    b = torch.where(ok, c.nbytes, 0.0).unsqueeze(-1)
     zero = torch.zeros_like(a0)
-    ramps = _ramps(torch.where(ok, a0, zero), torch.where(ok, a1, zero), times)
-    asked = (b * ramps).sum(1)
+    b = torch.where(ok, c.stages if ring else c.nbytes, 0.0).unsqueeze(-1)
     w0 = torch.where(ok, c.t[..., IN], zero)
     w1 = torch.where(ok, c.t[..., END], zero)
     done = (b * _ramps(w0, w1, times)).sum(1)
+    if not ring:
+        asked = (b * _ramps(torch.where(ok, a0, zero), torch.where(ok, a1, zero),
+                            times)).sum(1)
+        return asked - done
+    tt = times.view(1, 1, -1)
+    lo = (b * (tt >= torch.where(ok, a1, zero).unsqueeze(-1))).sum(1)
+    hi = (b * (tt >= torch.where(ok, a0, zero).unsqueeze(-1))).sum(1)
+    done = torch.maximum(done, lo - ring)   # a stage was free for every tile asked
+    asked = torch.minimum(done + ring, hi)
     return asked - done
 
 
 # ---- the picture ------------------------------------------------------------------------
 def draw(c: Clock, until: float | None = None, ring_bytes: int | None = None,
-         points: int = 400, title: str = ""):
+         points: int = 400, title: str = "", ring_stages: int | None = None):
     """Top: per SM (one row each) its compute's instructions, waiting on counters in grey
     and working in its op's colour; its loader's asks above each row, a thin line in the
-    op's colour. Bottom (with ask stamps): the bytes in flight per SM, each SM a faint
-    line, the median over SMs in black, the ring's capacity dashed. Returns the figure."""
+    op's colour. Bottom (with ask stamps): what is in flight per SM, each SM a faint
+    line, the median over SMs in black, the ring's capacity dashed: with ``ring_stages``
+    (and the clock's stages) the ring's stages in use, in KiB of the ring
+    (``ring_bytes`` / ``ring_stages`` a stage), shaded grey where fewer than half the
+    SMs are working on an instruction that reads weights; else the weight bytes'
+    even-spread estimate, which overcounts (module docstring). Returns the figure."""
     import matplotlib.pyplot as plt
 
     until = until or c.step_us
@@ -213,17 +302,27 @@ def draw(c: Clock, until: float | None = None, ring_bytes: int | None = None,
               fontsize=FONT - 2, ncol=5, frameon=False)
     if flight:
         times = torch.linspace(0, until, points, dtype=torch.float64)
-        f = in_flight(c, times) / 1024
+        ring = ring_stages if (ring_stages and ring_bytes and c.stages is not None) else None
+        f = (in_flight(c, times, ring) * (ring_bytes / ring) if ring
+             else in_flight(c, times)) / 1024
         bx = axes[1, 0]
         for p in range(c.P):
             bx.plot(times, f[p], color="0.6", linewidth=0.3, alpha=0.4)
         bx.plot(times, f.median(0).values, color="black", linewidth=1.2,
                 label="median over SMs")
+        if ring:         # where most SMs read no weights: the ring cannot refill
+            tt = times.view(1, 1, -1)
+            on = (c.live & (c.nbytes > 0)).unsqueeze(-1) & (
+                c.t[..., IN].unsqueeze(-1) <= tt) & (tt < c.t[..., END].unsqueeze(-1))
+            idle = on.any(1).double().mean(0) < 0.5
+            bx.fill_between(times, 0, ring_bytes / 1024, where=idle.numpy(),
+                            color="#c8c8c8", alpha=0.6, linewidth=0,
+                            label="most SMs read no weights")
         if ring_bytes:
-            bx.axhline(ring_bytes / 1024, color="tab:red", linestyle="--", linewidth=1,
-                       label="the ring's capacity")
-        bx.set_ylabel("KiB in flight", fontsize=FONT)
-        bx.legend(fontsize=FONT - 2, loc="upper right", frameon=False)
+            bx.axhline(ring_bytes / 1024, color="#55a868", linestyle="--", linewidth=1.2,
+                       label=f"the ring ({ring} stages)" if ring else "the ring's capacity")
+        bx.set_ylabel("ring in use, KiB" if ring else "KiB in flight", fontsize=FONT)
+        bx.legend(fontsize=FONT - 2, loc="lower right", frameon=True, ncol=3)
         bx.tick_params(labelsize=FONT)
     axes[-1, 0].set_xlabel("µs from the step's first instruction", fontsize=FONT)
     fig.tight_layout()
@@ -232,11 +331,12 @@ def draw(c: Clock, until: float | None = None, ring_bytes: int | None = None,
 
 # ---- what bounds it ---------------------------------------------------------------------
 def summary(c: Clock, read_tbps: float | None = None, ring_bytes: int | None = None,
-            points: int = 400) -> dict:
+            points: int = 400, ring_stages: int | None = None) -> dict:
     """The numbers the prose reads: the step, each SM's share of it waiting on counters
     and working (medians over SMs), the op whose instructions wait the most and the op
-    that works the most, and with ask stamps the bytes in flight (the median SM's mean
-    over the step, and the share of the step it holds a full ring's worth or more)."""
+    that works the most, a layer and its attention's window (:func:`layer_window`), and
+    with ask stamps what is in flight (the median SM's mean over the step, and the share
+    of the step it holds a full ring): in ring stages with ``ring_stages``, else bytes."""
     step = c.step_us
     wait = torch.nansum(torch.where(c.live, c.t[..., IN] - c.t[..., START], 0.0), 1)
     work = torch.nansum(torch.where(c.live, c.t[..., END] - c.t[..., IN], 0.0), 1)
@@ -247,12 +347,17 @@ def summary(c: Clock, read_tbps: float | None = None, ring_bytes: int | None = N
            "most_work": rows[0], "bytes": float(c.nbytes.sum())}
     if read_tbps:
         out["bytes_us"] = out["bytes"] / (read_tbps * 1e6)
+    out.update(layer_window(c))
+    ring = ring_stages if (ring_stages and ring_bytes and c.stages is not None) else None
     if c.has_asks:
         times = torch.linspace(0, step, points, dtype=torch.float64)
-        f = in_flight(c, times)
+        f = in_flight(c, times, ring)
+        full = (f >= ring - 0.5) if ring else (f >= 0.95 * ring_bytes) if ring_bytes else None
+        if ring:
+            f = f * (ring_bytes / ring)
         out["in_flight_mean"] = float(f.mean(1).median())
-        if ring_bytes:
-            out["full_share"] = float((f >= 0.95 * ring_bytes).double().mean())
+        if full is not None:
+            out["full_share"] = float(full.double().mean())
     return out
 
 
