@@ -71,10 +71,8 @@ def attention_figure(rows: list[dict], head: str, smoke: bool = False, dpi: int 
              color="#c92a2a" if smoke else "black")
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi)
-    p, s = by["plain"][-1], by["split-K"][-1]
-    caption = (f"One layer's attention at {len(cs)} context lengths, the median of its "
-               f"timed repeats (whiskers: fastest to slowest). At {p['ctx']:,} positions "
-               f"the plain kernel takes {_us(p['us'])}, split-K {_us(s['us'])}: "
-               f"{p['us'] / s['us']:.0f} times less. The dashed line is the time the keys "
-               f"and values alone need at the streaming read bandwidth of the same run.")
+    caption = (f"One layer's attention at {len(cs)} context lengths: the median of the "
+               f"timed repeats (whiskers: fastest to slowest), on log axes. The dashed line "
+               f"is the time its keys and values need at the streaming read bandwidth of "
+               f"the same run.")
     return _Figure(buf.getvalue(), caption)
