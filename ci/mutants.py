@@ -10,8 +10,8 @@ too loose, a test on round shapes, or a check of the wrong quantity lets through
 dropped last tile, a dropped column, a split-K boundary off by one, a lost residual, a
 RoPE sign, a dropped bias, the argmax tie order, the RMS epsilon, for the mixture of
 experts the expert id and the routing weight, and for split-K attention the newest token
-read before the PDL wait, a dropped wait, token or split, and a share of the live length
-that ignores the grid). The script copies the package and the
+read before the PDL wait, a tile wider than its chunk, a dropped wait, token or split, and
+a share of the live length that ignores the grid). The script copies the package and the
 tests to a scratch directory (the working tree is never touched), applies the edit there,
 runs the tests named for that mutant in Triton's CPU interpreter and records which
 failed. A mutant that no test catches is a hole in the suite: the script exits 1.
@@ -94,8 +94,14 @@ MUTANTS = [
     Mutant("TP q/k norm statistic", "rope_kv_write.py",
            "rstd_of(tl.load(ss_ptr + 1), k_total", "rstd_of(tl.load(ss_ptr), k_total", [TP]),
     Mutant("attention: newest token in the early tile", "attention_splitk.py",
-           "kh * stride_c_h, start, tl.minimum(end, pos),",
-           "kh * stride_c_h, start, tl.minimum(end, pos + 1),", SPLITK),
+           "base, start,\n                                   tl.minimum(end, pos), stride_c_t",
+           "base, start,\n                                   tl.minimum(end, pos + 1), stride_c_t",
+           SPLITK),
+    Mutant("attention: a tile wider than its chunk reads the next split's tokens",
+           "attention_splitk.py",
+           "base, start,\n                                   tl.minimum(end, pos), stride_c_t",
+           "base, start,\n                                   tl.minimum(start + BLOCK_T, pos), "
+           "stride_c_t", SPLITK),
     Mutant("attention: no PDL wait", "attention_splitk.py",
            "        pdl_wait(USE_PDL)\n        # ---- after it: q and slot pos",
            "        # ---- after it: q and slot pos", SPLITK),

@@ -107,13 +107,66 @@ def softmax_tile(q, k, v, tm, m_i, l_i, acc, scale, DOT_F32: tl.constexpr):
 
 
 @triton.jit
+def _attention_partial_kernel(q_ptr, k_cache_ptr, v_cache_ptr, part_o_ptr, part_m_ptr,
+                              part_l_ptr, pos_ptr, stride_c_h, stride_c_t, n_splits, n_share,
+                              scale, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
+                              D: tl.constexpr, BLOCK_D: tl.constexpr, CHUNK: tl.constexpr,
+                              BLOCK_T: tl.constexpr, DOT_F32: tl.constexpr,
+                              USE_PDL: tl.constexpr):
+    kh = tl.program_id(0)                            # the kv head
+    split = tl.program_id(1)                         # which share of its timeline
+    d = tl.arange(0, BLOCK_D)
+    dm = d < D
+    base = kh * stride_c_h
+    # ---- before the wait: pos (the previous step's) and the first tile older than pos
+    pos = tl.load(pos_ptr)
+    start, end = split_range(pos, split, n_share, CHUNK)
+    if start < end:                                  # else: past the live length, exit
+        k0, v0, tm0 = load_kv_tile(k_cache_ptr, v_cache_ptr, base, start,
+                                   tl.minimum(end, pos), stride_c_t, d, dm, BLOCK_T)
+        pdl_wait(USE_PDL)
+        # ---- after it: q and slot pos, both written by the previous kernel ----------
+        g = tl.arange(0, GROUP_PAD)                  # the query heads of this kv head
+        gm = g < GROUP
+        heads = kh * GROUP + g
+        q = tl.load(q_ptr + heads[:, None] * D + d[None, :], mask=gm[:, None] & dm[None, :],
+                    other=0.0)                       # [GROUP_PAD, BLOCK_D]
+        if DOT_F32:
+            q = q.to(tl.float32)
+        # the newest token: a tile whose only valid row is slot pos (no rows elsewhere)
+        kn, vn, tmn = load_kv_tile(k_cache_ptr, v_cache_ptr, base, pos,
+                                   tl.where(end == pos + 1, pos + 1, pos), stride_c_t, d,
+                                   dm, NEW_T)
+        m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)  # running max score
+        l_i = tl.zeros([GROUP_PAD], tl.float32)                 # sum of exp(s - m_i)
+        acc = tl.zeros([GROUP_PAD, BLOCK_D], tl.float32)        # sum of exp(s - m_i) v
+        if end == pos + 1:                           # this split holds the newest token
+            m_i, l_i, acc = softmax_tile(q, kn, vn, tmn, m_i, l_i, acc, scale, DOT_F32)
+        m_i, l_i, acc = softmax_tile(q, k0, v0, tm0, m_i, l_i, acc, scale, DOT_F32)
+        for t0 in range(start + BLOCK_T, tl.minimum(end, pos), BLOCK_T):  # a tile at a time
+            k, v, tm = load_kv_tile(k_cache_ptr, v_cache_ptr, base, t0, tl.minimum(end, pos),
+                                    stride_c_t, d, dm, BLOCK_T)
+            m_i, l_i, acc = softmax_tile(q, k, v, tm, m_i, l_i, acc, scale, DOT_F32)
+        row = heads * n_splits + split               # the partial: (m, l, acc) per head
+        tl.store(part_m_ptr + row, m_i, mask=gm)
+        tl.store(part_l_ptr + row, l_i, mask=gm)
+        tl.store(part_o_ptr + row[:, None] * D + d[None, :], acc,
+                 mask=gm[:, None] & dm[None, :])
+
+
+# ---- the partial kernel's work in pieces, for the persistent layer (``layer_persistent``:
+# ``partial_early`` before its barrier, ``partial_rest`` after) and for RoPE folded into
+# attention (``rope_attention_partial``: ``split_partial``, ``store_partials``). Same loads
+# and online-softmax steps in the same order as ``_attention_partial_kernel``, so the same
+# bits: tests/test_persistent.py compares them bit for bit.
+
+@triton.jit
 def partial_tiles(q, k_cache_ptr, v_cache_ptr, base, start, end, stride_c_t, d, dm, scale,
                   m_i, l_i, acc, BLOCK_T: tl.constexpr, DOT_F32: tl.constexpr):
     """The online softmax over positions [start, end) of one kv head's timeline, in
     BLOCK_T tiles, for the GROUP_PAD query rows in ``q`` ([GROUP_PAD, BLOCK_D], bf16, or
     fp32 with DOT_F32), continuing from the state (m_i, l_i, acc). Returns (m, l, acc): the
-    max score, sum of exp(s - m), and unnormalised sum of exp(s - m) v, per row. Shared by
-    every kernel that computes split-K partials."""
+    max score, sum of exp(s - m), and unnormalised sum of exp(s - m) v, per row."""
     for t0 in range(start, end, BLOCK_T):
         k, v, tm = load_kv_tile(k_cache_ptr, v_cache_ptr, base, t0, end, stride_c_t, d, dm, BLOCK_T)
         m_i, l_i, acc = softmax_tile(q, k, v, tm, m_i, l_i, acc, scale, DOT_F32)
@@ -217,29 +270,6 @@ def partial_rest(q_ptr, k_cache_ptr, v_cache_ptr, part_o_ptr, part_m_ptr, part_l
                                   GROUP_PAD, BLOCK_D, BLOCK_T, DOT_F32)
     store_partials(part_o_ptr, part_m_ptr, part_l_ptr, heads, gm, split, n_splits, m_i,
                    l_i, acc, d, dm, D)
-
-
-@triton.jit
-def _attention_partial_kernel(q_ptr, k_cache_ptr, v_cache_ptr, part_o_ptr, part_m_ptr,
-                         part_l_ptr, pos_ptr, stride_c_h, stride_c_t, n_splits, n_share,
-                         scale, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
-                         D: tl.constexpr, BLOCK_D: tl.constexpr, CHUNK: tl.constexpr,
-                         BLOCK_T: tl.constexpr, DOT_F32: tl.constexpr,
-                         USE_PDL: tl.constexpr):
-    kh = tl.program_id(0)
-    split = tl.program_id(1)
-    # ---- before the wait: pos (the previous step's) and the first tile older than pos
-    pos = tl.load(pos_ptr)
-    start, end = split_range(pos, split, n_share, CHUNK)
-    if start < end:                                 # else: past the live length, exit
-        k0, v0, tm0 = partial_early(k_cache_ptr, v_cache_ptr, pos, kh, start, end,
-                                    stride_c_h, stride_c_t, D, BLOCK_D, BLOCK_T)
-        pdl_wait(USE_PDL)
-        # ---- after it: q and slot pos, both written by the previous kernel ----------
-        partial_rest(q_ptr, k_cache_ptr, v_cache_ptr, part_o_ptr, part_m_ptr,
-                     part_l_ptr, pos, kh, split, start, end, k0, v0, tm0, stride_c_h,
-                     stride_c_t, n_splits, scale, GROUP, GROUP_PAD, D, BLOCK_D, BLOCK_T,
-                     DOT_F32)
 
 
 @triton.jit

@@ -42,14 +42,14 @@ from .peer import epilogue_args
 def _moe_gate_up_swiglu_kernel(xn_ptr, w_ptr, ids_ptr, h_ptr, I, K, stride_w_e,
                                stride_w_n, USE_PDL: tl.constexpr, BLOCK_N: tl.constexpr,
                                BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr):
-    slot = tl.program_id(0)
-    pid = tl.program_id(1)
+    slot = tl.program_id(0)                  # which of the TOP_K chosen experts
+    pid = tl.program_id(1)                   # a block of BLOCK_N of its I rows
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < I
     pdl_wait(USE_PDL)                        # the ids come from the router: wait first
-    e = tl.load(ids_ptr + slot).to(tl.int64)
-    gate_ptr = w_ptr + e * stride_w_e
-    up_ptr = gate_ptr + I * stride_w_n
+    e = tl.load(ids_ptr + slot).to(tl.int64)  # the expert the router chose for this slot
+    gate_ptr = w_ptr + e * stride_w_e        # its slab of the stacked W_gu [E, 2I, K]
+    up_ptr = gate_ptr + I * stride_w_n       # up rows follow the I gate rows
     g0, g1, g2, g3 = load_w_tiles(gate_ptr, stride_w_n, offs_n, n_mask, 0, K, BLOCK_K,
                                   PREFETCH)
     u0, u1, u2, u3 = load_w_tiles(up_ptr, stride_w_n, offs_n, n_mask, 0, K, BLOCK_K,
@@ -58,7 +58,7 @@ def _moe_gate_up_swiglu_kernel(xn_ptr, w_ptr, ids_ptr, h_ptr, I, K, stride_w_e,
                            1.0, g0, g1, g2, g3, u0, u1, u2, u3, K, BLOCK_K, PREFETCH,
                            False)
     tl.store(h_ptr + slot * I + offs_n, swiglu(gate, up).to(h_ptr.dtype.element_ty),
-             mask=n_mask)
+             mask=n_mask)                    # h[slot, rows] = silu(gate) * up
 
 
 @triton.jit
