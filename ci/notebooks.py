@@ -3,7 +3,7 @@
 
     python ci/notebooks.py cpu   [CHAPTER ...] [--out DIR]   # CPU smoke run (scratch)
     python ci/notebooks.py gpu   [CHAPTER ...]               # GPU run -> notebooks/*.ipynb
-    python ci/notebooks.py stage [--reuse]                   # book sources -> _build/src
+    python ci/notebooks.py stage [--reuse] [-p results_gpu G] # book sources -> _build/src
     python ci/notebooks.py list                              # chapters and GPU parameters
 
 A chapter is ``notebooks/<stem>.md`` (MyST markdown, jupytext) whose first code cell is
@@ -23,12 +23,19 @@ papermill, like ``papermill -p``). ``-p NAME VALUE`` (VALUE as YAML) adds to eit
   kernel by an IPython startup file before the first cell.
 * ``stage`` lays out the book's sources in ``_build/src`` for ``jupyter-book build``: the
   config, ``book/``, ``_static/`` and, per chapter, the committed GPU notebook (with a
-  visible note if the package changed since its run) or else a CPU execution (reused
-  from the scratch folder when its source and the package are unchanged, with
-  ``--reuse``). Staging keeps CPU smoke outputs out of ``notebooks/``, where only GPU
-  runs are committed. A GPU notebook whose code matches its source is staged with the
-  source's prose (``ci/refresh_prose.py``, applied to the staged copy), so a prose edit
-  shows in the book without a rerun and without touching the committed notebook.
+  one-line note if the package changed since its run) or else a CPU execution (reused
+  from the scratch folder when its source, the package and the parameters are
+  unchanged, with ``--reuse``), then the book's own pages that compute (``book/*.md``
+  with a kernelspec: the introduction, the ladder), executed with papermill. Staging
+  keeps CPU outputs out of ``notebooks/``, where only GPU runs are committed. A GPU
+  notebook whose code matches its source is staged with the source's prose
+  (``ci/refresh_prose.py``, applied to the staged copy), so a prose edit shows in the
+  book without a rerun and without touching the committed notebook.
+  ``-p results_gpu rtx4090`` makes every page that is executed here (the CPU chapters,
+  the introduction, the ladder) show ``results/rtx4090/`` instead of the book's run.
+
+On every page the parameters cell and papermill's injected one are hidden (tag
+``remove-cell``); the stage adds one line saying what ran instead (:func:`ran_note`).
 """
 from __future__ import annotations
 
@@ -51,6 +58,8 @@ SCRATCH = ROOT / "_build" / "cpu-notebooks"
 STAGE = ROOT / "_build" / "src"
 DEFAULT_GPU = {"device": "cuda"}
 DEFAULT_GPU_MEM_GB = 24      # an RTX 4090: every chapter must fit (book/run_yourself.md)
+CPU_WORKERS = 2              # chapters executed at once on the CPU (ci/test.sh: two cores)
+HIDDEN = ("parameters", "injected-parameters")      # cells tagged so are not shown
 
 
 def chapters(names=()) -> list[Path]:
@@ -69,7 +78,13 @@ def chapters(names=()) -> list[Path]:
 
 
 def gpu_parameters(nb) -> dict:
+    """The GPU run's parameters: :data:`DEFAULT_GPU`, ``results_gpu`` None (the page
+    shows the run's own results) where the chapter has that parameter, and the front
+    matter's ``gpu_parameters`` (jupytext drops a null there: None is set here)."""
     p = dict(DEFAULT_GPU)
+    if any("results_gpu" in c.source for c in nb.cells
+           if "parameters" in c.get("metadata", {}).get("tags", [])):
+        p["results_gpu"] = None
     p.update(nb.metadata.get("onelaunch", {}).get("gpu_parameters", {}) or {})
     return p
 
@@ -117,6 +132,19 @@ def kernel_startup() -> Path:
     return d
 
 
+def kernel_env() -> str:
+    """What a chapter's kernel inherits: the commit, this tree on ``PYTHONPATH`` (the
+    package is imported from it, installed or not: a GPU run gets a bare copy of the
+    tree) and the IPython start-up file. Returns the commit."""
+    env_commit = commit()
+    os.environ.setdefault("ONELAUNCH_COMMIT", env_commit)
+    pp = os.environ.get("PYTHONPATH", "")
+    if str(ROOT) not in pp.split(os.pathsep):
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([pp] if pp else []))
+    os.environ["IPYTHONDIR"] = str(kernel_startup())
+    return env_commit
+
+
 def execute(src: Path, out: Path, run: str, extra: dict, timeout: int) -> float:
     """Execute one chapter with papermill; raises if a cell raises. Returns seconds."""
     import tempfile
@@ -130,14 +158,7 @@ def execute(src: Path, out: Path, run: str, extra: dict, timeout: int) -> float:
     tmp = out.with_name(f".{out.stem}.input.ipynb")
     nbformat.write(nb, tmp)
     t0 = time.time()
-    env_commit = commit()
-    os.environ.setdefault("ONELAUNCH_COMMIT", env_commit)
-    # the kernel imports the package from this tree (installed or not: the GPU machine
-    # gets a bare copy of the tree)
-    pp = os.environ.get("PYTHONPATH", "")
-    if str(ROOT) not in pp.split(os.pathsep):
-        os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([pp] if pp else []))
-    os.environ["IPYTHONDIR"] = str(kernel_startup())
+    env_commit = kernel_env()
     if run == "cpu":
         # the chapters on the CPU turn the interpreter on themselves; on before the kernel
         # starts, the package's import at start-up sees it and spares the interpreter its
@@ -156,6 +177,7 @@ def execute(src: Path, out: Path, run: str, extra: dict, timeout: int) -> float:
         Path(peak_file).unlink(missing_ok=True)
     seconds = time.time() - t0
     done = nbformat.read(out, as_version=4)
+    hide_parameters(done)
     done.metadata["onelaunch"] = {
         **done.metadata.get("onelaunch", {}),
         "run": run, "run_id": os.environ.get("ONELAUNCH_RUN"), "commit": env_commit,
@@ -172,6 +194,26 @@ def execute(src: Path, out: Path, run: str, extra: dict, timeout: int) -> float:
     if run == "gpu":
         print(memory_line(src.stem, done.metadata["onelaunch"]), flush=True)
     return seconds
+
+
+def hide_parameters(nb) -> None:
+    """Tag the parameters cell and papermill's injected-parameters cell ``remove-cell``:
+    bookkeeping the page does not show (:func:`ran_note` says what ran in one line)."""
+    for c in nb.cells:
+        tags = c.get("metadata", {}).get("tags", [])
+        if any(t in tags for t in HIDDEN) and "remove-cell" not in tags:
+            c.metadata["tags"] = list(tags) + ["remove-cell"]
+
+
+def ran_note(meta: dict) -> str:
+    """The one line a page shows of what ran: the GPU run's parameters, or that the code
+    ran on a CPU at tiny shapes and the numbers are those of the run the page names."""
+    if meta.get("run") == "gpu":
+        params = ", ".join(f"{k} {v}" for k, v in (meta.get("parameters") or {}).items()
+                           if not isinstance(v, (list, dict)))
+        return f"This page ran on the GPU ({params}) at commit `{meta.get('commit')}`."
+    return ("This page's code ran on a CPU at tiny shapes, to show that it runs; its "
+            "numbers are those of the GPU run it names.")
 
 
 def memory_line(stem: str, m: dict) -> str:
@@ -220,16 +262,11 @@ def run_all(run: str, names, out_dir: Path, extra: dict, timeout: int,
 
     todo = chapters(names)
     if run == "cpu":
-        # The CPU smoke run uses both cores: the chapters that merge rows into the shared
-        # ladder file run in order, the others (their own results files only) beside them.
+        # the CPU run uses every core: CPU_WORKERS chapters at once, each taking the next
+        # in order (results.write locks a results file while it merges rows into it); on
+        # the CPU a chapter shows the GPU run's files, so no chapter waits for another's.
         # The GPU run keeps strict chapter order.
-        import threading
-        shared = [s for s in todo if "write_ladder(" in s.read_text()]
-        alone = [s for s in todo if s not in shared]
-        side = threading.Thread(target=run_in_order, args=(alone,))
-        side.start()
-        run_in_order(shared)
-        side.join()
+        in_parallel(todo, run_in_order)
     else:
         run_in_order(todo)
     if failed:
@@ -238,22 +275,50 @@ def run_all(run: str, names, out_dir: Path, extra: dict, timeout: int,
     return 0
 
 
+def in_parallel(todo: list[Path], run_in_order, workers: int = CPU_WORKERS) -> None:
+    """Run ``run_in_order([src])`` for each of ``todo`` on ``workers`` threads, each
+    taking the next chapter in order."""
+    import queue
+    import threading
+    q = queue.Queue()
+    for src in todo:
+        q.put(src)
+
+    def worker():
+        while True:
+            try:
+                src = q.get_nowait()
+            except queue.Empty:
+                return
+            run_in_order([src])
+    threads = [threading.Thread(target=worker) for _ in range(max(1, workers))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
 # ---- staging the book -----------------------------------------------------------------
-def _fresh_cpu_run(src: Path, out: Path) -> bool:
+def _fresh_cpu_run(src: Path, out: Path, params: dict | None = None) -> bool:
     if not out.exists():
         return False
     import nbformat
     m = nbformat.read(out, as_version=4).metadata.get("onelaunch", {})
-    return m.get("source_hash") == source_hash(src) and m.get("package_hash") == package_hash()
+    return (m.get("source_hash") == source_hash(src) and m.get("package_hash") ==
+            package_hash() and (m.get("parameters") or {}) == (params or {}))
 
 
 def _insert_note(nb, text: str):
     import nbformat
     cell = nbformat.v4.new_markdown_cell(text)
     cell.metadata["tags"] = ["onelaunch-note"]
-    # after the title cell, so the note sits right under the chapter's heading
+    # under the title and the question that opens the chapter
     at = 1 if nb.cells and nb.cells[0].cell_type == "markdown" else 0
     nb.cells.insert(at, cell)
+
+
+def _note(text: str) -> str:
+    return f"*{text}*"
 
 
 def _refresh_prose(nb_path: Path) -> bool:
@@ -286,10 +351,80 @@ def _drop_repeated_glue(nb) -> list[str]:
     return dropped
 
 
-def stage(reuse: bool, timeout: int) -> int:
+def _stage_gpu_run(src: Path, gpu_nb: Path, dest: Path) -> None:
+    """A committed GPU notebook, staged with its source's prose, its parameters hidden,
+    one line of what ran and, if the package changed since, one line saying so."""
     import nbformat
-    sys.path.insert(0, str(ROOT))
     from onelaunch.report.chapter import staleness_note
+    # the source's prose over the executed code and outputs (code must match:
+    # check_stale), applied to the staged copy; the committed notebook is untouched
+    shutil.copy2(src, dest.with_suffix(".md"))
+    shutil.copy2(gpu_nb, dest)
+    fresh = _refresh_prose(dest)
+    dest.with_suffix(".md").unlink()
+    nb = nbformat.read(dest, as_version=4)
+    dropped = _drop_repeated_glue(nb)
+    if dropped:
+        print(f"[stage] {src.stem}: glued twice with the same value, kept once: "
+              + ", ".join(dropped))
+    meta = nb.metadata.get("onelaunch", {})
+    hide_parameters(nb)
+    note = staleness_note(src.stem, meta.get("commit"))
+    _insert_note(nb, _note(ran_note(meta)) + (f"\n\n{note}" if note else ""))
+    print(f"[stage] {src.stem}: GPU run" + ("" if fresh else ", prose as run (code "
+          "differs, or the new prose reads values the run did not glue)")
+          + (", package changed since (note added)" if note else ""))
+    nbformat.write(nb, dest)
+
+
+def _stage_cpu_run(run: Path, dest: Path) -> None:
+    import nbformat
+    nb = nbformat.read(run, as_version=4)
+    hide_parameters(nb)
+    _drop_repeated_glue(nb)
+    _insert_note(nb, _note(ran_note(nb.metadata.get("onelaunch", {}))))
+    nbformat.write(nb, dest)
+
+
+def pages() -> list[Path]:
+    """The book's own pages that compute (``book/*.md`` with a kernelspec): executed
+    when the book is staged, after the chapters."""
+    return sorted(p for p in (ROOT / "book").glob("*.md")
+                  if "kernelspec:" in p.read_text().split("\n---", 1)[0])
+
+
+def _stage_page(src: Path, extra: dict, timeout: int) -> None:
+    """Execute one of the book's pages in the staged tree (so that its paths to the
+    staged chapters hold) and replace its source there with the executed notebook."""
+    import nbformat
+    staged = STAGE / "book" / src.name
+    out = staged.with_suffix(".ipynb")
+    params = {k: v for k, v in extra.items() if k in src.read_text()}
+    cwd = str(STAGE / "book")
+    kernel_env()
+    import papermill as pm
+    from chapter_source import read_source
+    nb = read_source(src)
+    tmp = out.with_name(f".{out.stem}.input.ipynb")
+    nbformat.write(nb, tmp)
+    try:
+        pm.execute_notebook(str(tmp), str(out), parameters=params, kernel_name="python3",
+                            cwd=cwd, progress_bar=False, log_output=False,
+                            execution_timeout=timeout, report_mode=False)
+    finally:
+        tmp.unlink(missing_ok=True)
+    done = nbformat.read(out, as_version=4)
+    hide_parameters(done)
+    done.metadata.pop("mystnb", None)        # executed here: the build only renders it
+    _drop_repeated_glue(done)
+    nbformat.write(done, out)
+    staged.unlink()
+    print(f"[stage] {src.relative_to(ROOT)}: executed" + (f" with {params}" if params else ""))
+
+
+def stage(reuse: bool, timeout: int, extra: dict | None = None) -> int:
+    extra = dict(extra or {})
+    sys.path.insert(0, str(ROOT))
     if STAGE.exists():
         shutil.rmtree(STAGE)
     (STAGE / "notebooks").mkdir(parents=True)
@@ -298,42 +433,42 @@ def stage(reuse: bool, timeout: int) -> int:
     shutil.copytree(ROOT / "book", STAGE / "book")
     if (ROOT / "_static").exists():
         shutil.copytree(ROOT / "_static", STAGE / "_static")
-    rc = 0
+    os.environ.setdefault("ONELAUNCH_RUN", f"cpu-{commit()}-"
+                          f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}")
+    rc, on_cpu = 0, []
     for src in chapters():
         gpu_nb = NOTEBOOKS / f"{src.stem}.ipynb"
-        dest = STAGE / "notebooks" / gpu_nb.name
         if gpu_nb.exists():
-            # the source's prose over the executed code and outputs (code must match:
-            # check_stale), applied to the staged copy; the committed notebook is untouched
-            shutil.copy2(src, dest.with_suffix(".md"))
-            shutil.copy2(gpu_nb, dest)
-            fresh = _refresh_prose(dest)
-            dest.with_suffix(".md").unlink()
-            nb = nbformat.read(dest, as_version=4)
-            dropped = _drop_repeated_glue(nb)
-            if dropped:
-                print(f"[stage] {src.stem}: glued twice with the same value, kept once: "
-                      + ", ".join(dropped))
-            note = staleness_note(src.stem, nb.metadata.get("onelaunch", {}).get("commit"))
-            if note:
-                _insert_note(nb, note)
-            print(f"[stage] {src.stem}: GPU run" + ("" if fresh else ", prose as run (code "
-                  "differs, or the new prose reads values the run did not glue)")
-                  + (", package changed since (note added)" if note else ""))
-            nbformat.write(nb, dest)
-            continue
-        out = SCRATCH / gpu_nb.name
-        if not (reuse and _fresh_cpu_run(src, out)):
+            _stage_gpu_run(src, gpu_nb, STAGE / "notebooks" / gpu_nb.name)
+        else:
+            on_cpu.append(src)
+    todo = [s for s in on_cpu if not (reuse and _fresh_cpu_run(
+        s, SCRATCH / f"{s.stem}.ipynb", extra))]
+    failed = []
+
+    def run_in_order(srcs):
+        for src in srcs:
             print(f"[stage] {src.stem}: no GPU run; executing on the CPU", flush=True)
             try:
-                execute(src, out, "cpu", {}, timeout)
+                execute(src, SCRATCH / f"{src.stem}.ipynb", "cpu", extra, timeout)
             except Exception as e:
                 print(f"[stage] {src.stem} FAILED: {e}", file=sys.stderr)
-                rc = 1
-                continue
-        else:
-            print(f"[stage] {src.stem}: no GPU run; reusing the CPU run in {out.relative_to(ROOT)}")
-        shutil.copy2(out, dest)
+                failed.append(src)
+    in_parallel(todo, run_in_order)
+    for src in on_cpu:
+        if src in failed:
+            rc = 1
+            continue
+        if src not in todo:
+            print(f"[stage] {src.stem}: no GPU run; reusing the CPU run in "
+                  f"{SCRATCH.relative_to(ROOT)}")
+        _stage_cpu_run(SCRATCH / f"{src.stem}.ipynb", STAGE / "notebooks" / f"{src.stem}.ipynb")
+    for page in pages():
+        try:
+            _stage_page(page, extra, timeout)
+        except Exception as e:
+            print(f"[stage] {page.name} FAILED: {e}", file=sys.stderr)
+            rc = 1
     return rc
 
 
@@ -358,7 +493,7 @@ def main(argv=None) -> int:
             print(f"{src.stem}: gpu parameters {json.dumps(gpu_parameters(read_source(src)))}")
         return 0
     if a.what == "stage":
-        return stage(a.reuse, a.timeout)
+        return stage(a.reuse, a.timeout, extra)
     out_dir = a.out or (SCRATCH if a.what == "cpu" else NOTEBOOKS)
     return run_all(a.what, a.chapters, out_dir.resolve(), extra, a.timeout, a.mem_gb)
 
