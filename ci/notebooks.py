@@ -35,7 +35,7 @@ papermill, like ``papermill -p``). ``-p NAME VALUE`` (VALUE as YAML) adds to eit
   the introduction, the ladder) show ``results/rtx4090/`` instead of the book's run.
 
 On every page the parameters cell and papermill's injected one are hidden (tag
-``remove-cell``); the stage adds one line saying what ran instead (:func:`ran_note`).
+``remove-cell``); the stage (``ci/stage_book.py``) adds one line saying what ran.
 """
 from __future__ import annotations
 
@@ -44,7 +44,6 @@ import datetime as dt
 import hashlib
 import json
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -205,17 +204,6 @@ def hide_parameters(nb) -> None:
             c.metadata["tags"] = list(tags) + ["remove-cell"]
 
 
-def ran_note(meta: dict) -> str:
-    """The one line a page shows of what ran: the GPU run's parameters, or that the code
-    ran on a CPU at tiny shapes and the numbers are those of the run the page names."""
-    if meta.get("run") == "gpu":
-        params = ", ".join(f"{k} {v}" for k, v in (meta.get("parameters") or {}).items()
-                           if not isinstance(v, (list, dict)))
-        return f"This page ran on the GPU ({params}) at commit `{meta.get('commit')}`."
-    return ("This page's code ran on a CPU at tiny shapes, to show that it runs; its "
-            "numbers are those of the GPU run it names.")
-
-
 def memory_line(stem: str, m: dict) -> str:
     """What the run log says of a chapter's memory: its kernel's peak and the cap it
     applied, or a warning when the kernel recorded no peak or did not apply the cap asked
@@ -250,10 +238,10 @@ def run_all(run: str, names, out_dir: Path, extra: dict, timeout: int,
         for src in srcs:
             out = out_dir / f"{src.stem}.ipynb"
             shown = out.relative_to(ROOT) if out.is_relative_to(ROOT) else out
-            print(f"[notebooks] {run}: {src.relative_to(ROOT)} -> {shown}", flush=True)
+            say(f"[notebooks] {run}: {src.relative_to(ROOT)} -> {shown}")
             try:
                 s = execute(src, out, run, extra, timeout)
-                print(f"[notebooks]   {src.stem} ok in {s:.0f} s", flush=True)
+                say(f"[notebooks]   {src.stem} ok in {s:.0f} s")
             except Exception as e:  # papermill's error names the cell and the exception
                 failed.append(src.stem)
                 msg = str(e).strip().splitlines()
@@ -273,6 +261,12 @@ def run_all(run: str, names, out_dir: Path, extra: dict, timeout: int,
         print(f"[notebooks] {len(failed)} chapter(s) raised: {', '.join(failed)}", file=sys.stderr)
         return 1
     return 0
+
+
+def say(line: str) -> None:
+    """One line of the log in one write (chapters run side by side)."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 def in_parallel(todo: list[Path], run_in_order, workers: int = CPU_WORKERS) -> None:
@@ -298,180 +292,6 @@ def in_parallel(todo: list[Path], run_in_order, workers: int = CPU_WORKERS) -> N
         t.join()
 
 
-# ---- staging the book -----------------------------------------------------------------
-def _fresh_cpu_run(src: Path, out: Path, params: dict | None = None) -> bool:
-    if not out.exists():
-        return False
-    import nbformat
-    m = nbformat.read(out, as_version=4).metadata.get("onelaunch", {})
-    return (m.get("source_hash") == source_hash(src) and m.get("package_hash") ==
-            package_hash() and (m.get("parameters") or {}) == (params or {}))
-
-
-def _insert_note(nb, text: str):
-    import nbformat
-    cell = nbformat.v4.new_markdown_cell(text)
-    cell.metadata["tags"] = ["onelaunch-note"]
-    # under the title and the question that opens the chapter
-    at = 1 if nb.cells and nb.cells[0].cell_type == "markdown" else 0
-    nb.cells.insert(at, cell)
-
-
-def _note(text: str) -> str:
-    return f"*{text}*"
-
-
-def _refresh_prose(nb_path: Path) -> bool:
-    import contextlib
-    import io
-    from refresh_prose import refresh
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        return refresh(nb_path)
-
-
-def _drop_repeated_glue(nb) -> list[str]:
-    """Later outputs that glue a name already glued with the same value (a chapter that
-    glues a default twice): myst-nb would warn and the strict build fail, though the page
-    reads the same. A name glued twice with *different* values is left for the build to
-    reject."""
-    seen, dropped = {}, []
-    for cell in nb.cells:
-        keep = []
-        for o in cell.get("outputs", []):
-            name = o.get("metadata", {}).get("scrapbook", {}).get("name")
-            if name is not None:
-                value = json.dumps(o.get("data", {}), sort_keys=True)
-                if seen.get(name) == value:
-                    dropped.append(name)
-                    continue
-                seen.setdefault(name, value)
-            keep.append(o)
-        if "outputs" in cell:
-            cell["outputs"] = keep
-    return dropped
-
-
-def _stage_gpu_run(src: Path, gpu_nb: Path, dest: Path) -> None:
-    """A committed GPU notebook, staged with its source's prose, its parameters hidden,
-    one line of what ran and, if the package changed since, one line saying so."""
-    import nbformat
-    from onelaunch.report.chapter import staleness_note
-    # the source's prose over the executed code and outputs (code must match:
-    # check_stale), applied to the staged copy; the committed notebook is untouched
-    shutil.copy2(src, dest.with_suffix(".md"))
-    shutil.copy2(gpu_nb, dest)
-    fresh = _refresh_prose(dest)
-    dest.with_suffix(".md").unlink()
-    nb = nbformat.read(dest, as_version=4)
-    dropped = _drop_repeated_glue(nb)
-    if dropped:
-        print(f"[stage] {src.stem}: glued twice with the same value, kept once: "
-              + ", ".join(dropped))
-    meta = nb.metadata.get("onelaunch", {})
-    hide_parameters(nb)
-    note = staleness_note(src.stem, meta.get("commit"))
-    _insert_note(nb, _note(ran_note(meta)) + (f"\n\n{note}" if note else ""))
-    print(f"[stage] {src.stem}: GPU run" + ("" if fresh else ", prose as run (code "
-          "differs, or the new prose reads values the run did not glue)")
-          + (", package changed since (note added)" if note else ""))
-    nbformat.write(nb, dest)
-
-
-def _stage_cpu_run(run: Path, dest: Path) -> None:
-    import nbformat
-    nb = nbformat.read(run, as_version=4)
-    hide_parameters(nb)
-    _drop_repeated_glue(nb)
-    _insert_note(nb, _note(ran_note(nb.metadata.get("onelaunch", {}))))
-    nbformat.write(nb, dest)
-
-
-def pages() -> list[Path]:
-    """The book's own pages that compute (``book/*.md`` with a kernelspec): executed
-    when the book is staged, after the chapters."""
-    return sorted(p for p in (ROOT / "book").glob("*.md")
-                  if "kernelspec:" in p.read_text().split("\n---", 1)[0])
-
-
-def _stage_page(src: Path, extra: dict, timeout: int) -> None:
-    """Execute one of the book's pages in the staged tree (so that its paths to the
-    staged chapters hold) and replace its source there with the executed notebook."""
-    import nbformat
-    staged = STAGE / "book" / src.name
-    out = staged.with_suffix(".ipynb")
-    params = {k: v for k, v in extra.items() if k in src.read_text()}
-    cwd = str(STAGE / "book")
-    kernel_env()
-    import papermill as pm
-    from chapter_source import read_source
-    nb = read_source(src)
-    tmp = out.with_name(f".{out.stem}.input.ipynb")
-    nbformat.write(nb, tmp)
-    try:
-        pm.execute_notebook(str(tmp), str(out), parameters=params, kernel_name="python3",
-                            cwd=cwd, progress_bar=False, log_output=False,
-                            execution_timeout=timeout, report_mode=False)
-    finally:
-        tmp.unlink(missing_ok=True)
-    done = nbformat.read(out, as_version=4)
-    hide_parameters(done)
-    done.metadata.pop("mystnb", None)        # executed here: the build only renders it
-    _drop_repeated_glue(done)
-    nbformat.write(done, out)
-    staged.unlink()
-    print(f"[stage] {src.relative_to(ROOT)}: executed" + (f" with {params}" if params else ""))
-
-
-def stage(reuse: bool, timeout: int, extra: dict | None = None) -> int:
-    extra = dict(extra or {})
-    sys.path.insert(0, str(ROOT))
-    if STAGE.exists():
-        shutil.rmtree(STAGE)
-    (STAGE / "notebooks").mkdir(parents=True)
-    for name in ("_config.yml", "_toc.yml"):
-        shutil.copy2(ROOT / name, STAGE / name)
-    shutil.copytree(ROOT / "book", STAGE / "book")
-    if (ROOT / "_static").exists():
-        shutil.copytree(ROOT / "_static", STAGE / "_static")
-    os.environ.setdefault("ONELAUNCH_RUN", f"cpu-{commit()}-"
-                          f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}")
-    rc, on_cpu = 0, []
-    for src in chapters():
-        gpu_nb = NOTEBOOKS / f"{src.stem}.ipynb"
-        if gpu_nb.exists():
-            _stage_gpu_run(src, gpu_nb, STAGE / "notebooks" / gpu_nb.name)
-        else:
-            on_cpu.append(src)
-    todo = [s for s in on_cpu if not (reuse and _fresh_cpu_run(
-        s, SCRATCH / f"{s.stem}.ipynb", extra))]
-    failed = []
-
-    def run_in_order(srcs):
-        for src in srcs:
-            print(f"[stage] {src.stem}: no GPU run; executing on the CPU", flush=True)
-            try:
-                execute(src, SCRATCH / f"{src.stem}.ipynb", "cpu", extra, timeout)
-            except Exception as e:
-                print(f"[stage] {src.stem} FAILED: {e}", file=sys.stderr)
-                failed.append(src)
-    in_parallel(todo, run_in_order)
-    for src in on_cpu:
-        if src in failed:
-            rc = 1
-            continue
-        if src not in todo:
-            print(f"[stage] {src.stem}: no GPU run; reusing the CPU run in "
-                  f"{SCRATCH.relative_to(ROOT)}")
-        _stage_cpu_run(SCRATCH / f"{src.stem}.ipynb", STAGE / "notebooks" / f"{src.stem}.ipynb")
-    for page in pages():
-        try:
-            _stage_page(page, extra, timeout)
-        except Exception as e:
-            print(f"[stage] {page.name} FAILED: {e}", file=sys.stderr)
-            rc = 1
-    return rc
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("what", choices=["cpu", "gpu", "stage", "list"])
@@ -493,6 +313,7 @@ def main(argv=None) -> int:
             print(f"{src.stem}: gpu parameters {json.dumps(gpu_parameters(read_source(src)))}")
         return 0
     if a.what == "stage":
+        from stage_book import stage
         return stage(a.reuse, a.timeout, extra)
     out_dir = a.out or (SCRATCH if a.what == "cpu" else NOTEBOOKS)
     return run_all(a.what, a.chapters, out_dir.resolve(), extra, a.timeout, a.mem_gb)

@@ -69,7 +69,7 @@ def test_check_stale_allows_layout_but_not_values(tmp_path):
 
 def test_staging_keeps_one_of_a_glue_repeated_with_the_same_value():
     import nbformat
-    from notebooks import _drop_repeated_glue
+    from stage_book import _drop_repeated_glue
 
     def out(name, v):
         return nbformat.v4.new_output("display_data", data={"text/plain": v},
@@ -83,7 +83,8 @@ def test_staging_keeps_one_of_a_glue_repeated_with_the_same_value():
 
 def test_parameters_are_hidden_and_one_line_says_what_ran():
     import nbformat
-    from notebooks import gpu_parameters, hide_parameters, ran_note
+    from notebooks import gpu_parameters, hide_parameters
+    from stage_book import ran_note
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell("device = 'cpu'\nresults_gpu = 'h200'"),
                 nbformat.v4.new_code_cell("device = 'cuda'"),
@@ -122,7 +123,8 @@ def test_chapters_run_side_by_side_in_order():
 
 def test_a_cpu_run_is_reused_only_with_its_parameters(tmp_path):
     import nbformat
-    from notebooks import _fresh_cpu_run, package_hash, source_hash
+    from notebooks import package_hash, source_hash
+    from stage_book import _fresh_cpu_run
     src = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.md"))[0]
     nb = nbformat.v4.new_notebook()
     nb.metadata["onelaunch"] = {"source_hash": source_hash(src),

@@ -1,4 +1,4 @@
-"""A chapter's figure draws only what its chapter's run had made (issue 27, item 1).
+"""A chapter's figure draws only what its chapter's run had made.
 
 A ladder file holds rows of two runs: an older one that measured every rung (chapter 8's
 gpt-fast peer and persistent rungs among them) and this run, which has reached a given

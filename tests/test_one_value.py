@@ -1,4 +1,4 @@
-"""One value per quantity per run, with its spread (issue 27, items 2 and 3).
+"""One value per quantity per run, with its spread.
 
 Within one run the first chapter that writes a ladder row owns it; the run's bandwidth is
 chapter 1's wherever a later chapter reads it; every timing carries its min and max, and

@@ -1,4 +1,4 @@
-"""Every time in a table or figure carries its spread (issue 27, item 3): the kernel and
+"""Every time in a table or figure carries its spread: the kernel and
 op rows (graph_time), the two-GPU rows (each rank's timed steps), the profile's ops and
 step (its replays), and the figures and captions that show them."""
 from __future__ import annotations

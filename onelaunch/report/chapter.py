@@ -3,7 +3,7 @@
 A chapter imports these instead of redefining them (QuantEcon's habit: shared code lives
 in the package). Nothing here needs the jupyter packages to be importable except IPython,
 so the chapters also run as plain scripts; ``glue`` writes the same display data that
-``myst_nb.glue`` writes, so the GPU machine needs no myst-nb to publish a number.
+``myst_nb.glue`` writes, so a GPU run needs no myst-nb to publish a number.
 """
 from __future__ import annotations
 
@@ -130,7 +130,7 @@ def run_banner(device, chapter: str | None = None):
 
 
 def commit() -> str:
-    """The commit the code comes from: ``ONELAUNCH_COMMIT`` if set (the GPU machine gets
+    """The commit the code comes from: ``ONELAUNCH_COMMIT`` if set (a GPU run gets
     a copy of the tree without ``.git``), else ``git rev-parse``."""
     from .results import git_commit
     return git_commit()

@@ -354,8 +354,7 @@ def draw_ops(per_model: dict[str, list[dict]], head: str = ""):
         ax.tick_params(axis="x", labelsize=FONT)
         ax.grid(axis="x", alpha=0.2)
         fig.text(0.012, 1 - (at - above + 0.08) / fig_h,
-                 f"{model}, {rows[0]['rung']}: {rows[0]['span_ms']:.3f} ms a step; "
-                 "beside each op its time and launches",
+                 f"{model}, {rows[0]['rung']}: {rows[0]['step_ms']:.3f} ms a step",
                  va="top", ha="left", fontsize=FONT + 1, fontweight="bold")
         ax.legend(handles=[Patch(color=BYTES_C, label="its bytes at the read bandwidth"),
                            Patch(color=BEYOND_C, label="beyond its bytes")],
@@ -375,7 +374,7 @@ def ops_caption(per_model: dict[str, list[dict]]) -> str:
     bytes in all and the op that takes most of it, from the same rows."""
     parts = ["Each op of the step, in step order: the time its bytes need at the read "
              "bandwidth of the same run (blue) and the time it takes beyond them (grey), "
-             "summed over its launches."]
+             "summed over its launches; beside each op its time and its launches."]
     for model, rows in per_model.items():
         beyond = sum(r["beyond_ms"] for r in rows)
         top = max(rows, key=lambda r: r["beyond_ms"])
