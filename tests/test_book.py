@@ -140,13 +140,16 @@ def test_the_words_rule_counts_prose_and_outputs_and_finds_process_words(tmp_pat
     page.write_text("<html><nav>menu words here</nav><main><p>one two three</p>"
                     "<div class='cell_input'><pre>code not counted</pre></div>"
                     "<div class='cell_output'><p>four five</p></div>"
-                    "<p>made in session 9</p></main></html>")
+                    "<p>made in session 9</p><p>it is 0.62x faster</p></main></html>")
     got = read(page)
-    assert (got["prose"], got["outputs"]) == (7, 2) and got["process_words"] == ["session"]
-    assert problems([got], book=100, page=100) == ["p: process words ['session']"]
-    clean = dict(got, process_words=[])
-    assert problems([clean] * 3, book=20, page=8) == [
-        "p: 9 words (over 8)"] * 3 + ["the book: 27 words (over 20)"]
+    assert (got["prose"], got["outputs"]) == (11, 2) and got["process_words"] == ["session"]
+    assert got["contradictions"] == ["0.62x faster"]
+    assert problems([got], book=100, page=100) == [
+        "p: process words ['session']",
+        "p: a comparison word against its ratio ['0.62x faster']"]
+    clean = dict(got, process_words=[], contradictions=[])
+    assert problems([clean] * 3, book=38, page=12) == [
+        "p: 13 words (over 12)"] * 3 + ["the book: 39 words (over 38)"]
     assert problems([clean], book=100, page=100) == []
 
 
@@ -282,7 +285,8 @@ def test_one_value_per_quantity_across_the_built_book():
 
 def test_book_words_within_budget():
     """The built book: at most 13,000 words of prose and outputs in all and about 2,000
-    on one page, and no page prints a process word (ci/book_words.py)."""
+    on one page, no page prints a process word, and no comparison word contradicts its
+    ratio (ci/book_words.py)."""
     from book_words import pages, problems, read
     html = ROOT / "_build" / "html"
     stats = [read(p) for p in pages(html)]
