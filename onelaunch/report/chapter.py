@@ -366,7 +366,10 @@ def shown(device, results_gpu: str | None = None) -> str:
 def numbers_line(gpu: str, name: str = "ladder") -> dict | None:
     """Show one line naming the run behind the page's numbers (GPU, versions, commit,
     date) and, when the package changed after it, the commit the code is at now.
-    Returns that run's meta (``None``, and a line saying so, when the file is missing)."""
+    Returns that run's meta (``None``, and a line saying so, when the file is missing):
+    a cell that ends with the call shows that dict too, so assign it (``m = ...``).
+    ``gpu`` ``h200x2`` names a run on two H200s (chapter 7's ``numbers_line("h200x2",
+    "tp")``)."""
     from . import results
     data = results.load(name, gpu)
     if data is None:
