@@ -47,12 +47,11 @@ def one_gpu(rows: list[dict], model: str) -> dict:
     mine = [r for r in rows if r["model"] == model]
     ours = [r for r in mine if not ladder_file.is_peer(r) and r["rung"] != LLAMA]
     llama = [r for r in mine if r["rung"] == LLAMA]
+    compiled = [_fastest([r for r in mine if r["rung"] == c]) for c in COMPILED]
     return {"floor_ms": ladder_file.summary(rows, model)["floor_ms"],
             "best": _fastest(ours),
             "one_launch": _fastest([r for r in mine if r["rung"] == MEGA]),
-            "compiled": next((_fastest([r for r in mine if r["rung"] == c])
-                              for c in COMPILED
-                              if _fastest([r for r in mine if r["rung"] == c])), None),
+            "compiled": next((r for r in compiled if r), None),
             "llama": _fastest(llama) or (llama[0] if llama else None),
             "read_tbps": next((r["read_tbps"] for r in mine if r.get("read_tbps")), None),
             "ctx": next((r["ctx"] for r in mine), None)}
