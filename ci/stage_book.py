@@ -29,7 +29,7 @@ def ran_note(meta: dict) -> str:
     ran on a CPU at tiny shapes and the numbers are those of the run the page names."""
     if meta.get("run") == "gpu":
         params = ", ".join(f"{k} {v}" for k, v in (meta.get("parameters") or {}).items()
-                           if not isinstance(v, (list, dict)))
+                           if v is not None and not isinstance(v, (list, dict)))
         return f"This page ran on the GPU ({params}) at commit `{meta.get('commit')}`."
     return ("This page's code ran on a CPU at tiny shapes, to show that it runs; its "
             "numbers are those of the GPU run it names.")
