@@ -69,6 +69,21 @@ def glue(name: str, value, fmt: str | None = None, *, key: tuple | None = None,
     display({GLUE_PREFIX + k: v for k, v in bundle.items()}, raw=True, metadata=metadata)
 
 
+def glue_from(name: str, get, fmt: str | None = None, *, key: tuple | None = None,
+              run: str | None = None, missing: str = "–"):
+    """:func:`glue` of ``get()``, or of ``missing`` when the results this page reads lack
+    what ``get`` looks up (a reader's run without that rung or file): the page still
+    builds, and says "–" where the number would be."""
+    try:
+        value = get()
+    except (KeyError, TypeError, AttributeError, IndexError, ZeroDivisionError,
+            StopIteration):
+        value = None
+    if value is None:
+        return glue(name, missing)
+    return glue(name, value, fmt, key=key, run=run)
+
+
 def markdown(text: str):
     """Show MyST markdown (admonitions included: the book renders ``text/markdown``
     outputs as MyST)."""
