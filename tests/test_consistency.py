@@ -155,3 +155,13 @@ def test_the_executed_answer_pages_agree_with_the_ladder(tmp_path):
     assert consistency.conflicts(facts) == []
     words = " ".join(f["text"] for f in keyed)
     assert wording.contradictions(words) == []
+
+
+def test_a_number_the_results_lack_is_glued_as_a_dash(monkeypatch):
+    """A reader's run without a rung still builds: the page says "–" there, unkeyed."""
+    got = []
+    monkeypatch.setattr(chapter, "glue", lambda name, value, fmt=None, **kw:
+                        got.append((name, value, fmt, kw)))
+    chapter.glue_from("a", lambda: {}["one launch"]["ms"], ".2f", key=("m",), run="r")
+    chapter.glue_from("b", lambda: 1.5, ".2f", key=("m",), run="r")
+    assert got == [("a", "–", None, {}), ("b", 1.5, ".2f", {"key": ("m",), "run": "r"})]
