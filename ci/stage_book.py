@@ -24,15 +24,22 @@ from notebooks import (NOTEBOOKS, ROOT, SCRATCH, STAGE, chapters, commit,  # noq
                        say, source_hash)
 
 
-def ran_note(meta: dict) -> str:
+def _params_text(params: dict) -> str:
+    return ", ".join(f"{k} {v}" for k, v in (params or {}).items()
+                     if v is not None and not isinstance(v, (list, dict)))
+
+
+def ran_note(meta: dict, gpu_params: dict | None = None) -> str:
     """The one line a page shows of what ran: the GPU run's parameters, or that the code
-    ran on a CPU at tiny shapes and the numbers are those of the run the page names."""
+    ran on a CPU at tiny shapes and the numbers are those of the GPU run the page names
+    (with the parameters a GPU run gives it, ``gpu_params``)."""
     if meta.get("run") == "gpu":
-        params = ", ".join(f"{k} {v}" for k, v in (meta.get("parameters") or {}).items()
-                           if v is not None and not isinstance(v, (list, dict)))
-        return f"This page ran on the GPU ({params}) at commit `{meta.get('commit')}`."
+        return (f"This page ran on the GPU ({_params_text(meta.get('parameters'))}) at "
+                f"commit `{meta.get('commit')}`.")
+    on_gpu = _params_text(gpu_params)
     return ("This page's code ran on a CPU at tiny shapes, to show that it runs; its "
-            "numbers are those of the GPU run it names.")
+            "numbers are those of the GPU run it names"
+            + (f", which runs it with {on_gpu}." if on_gpu else "."))
 
 
 def _fresh_cpu_run(src: Path, out: Path, params: dict | None = None) -> bool:
@@ -113,12 +120,15 @@ def _stage_gpu_run(src: Path, gpu_nb: Path, dest: Path) -> None:
     nbformat.write(nb, dest)
 
 
-def _stage_cpu_run(run: Path, dest: Path) -> None:
+def _stage_cpu_run(src: Path, run: Path, dest: Path) -> None:
     import nbformat
+    from chapter_source import read_source
+    from notebooks import gpu_parameters
     nb = nbformat.read(run, as_version=4)
     hide_parameters(nb)
     _drop_repeated_glue(nb)
-    _insert_note(nb, _note(ran_note(nb.metadata.get("onelaunch", {}))))
+    _insert_note(nb, _note(ran_note(nb.metadata.get("onelaunch", {}),
+                                    gpu_parameters(read_source(src)))))
     nbformat.write(nb, dest)
 
 
@@ -199,7 +209,8 @@ def stage(reuse: bool, timeout: int, extra: dict | None = None) -> int:
         if src not in todo:
             print(f"[stage] {src.stem}: no GPU run; reusing the CPU run in "
                   f"{SCRATCH.relative_to(ROOT)}")
-        _stage_cpu_run(SCRATCH / f"{src.stem}.ipynb", STAGE / "notebooks" / f"{src.stem}.ipynb")
+        _stage_cpu_run(src, SCRATCH / f"{src.stem}.ipynb",
+                       STAGE / "notebooks" / f"{src.stem}.ipynb")
     for page in pages():
         try:
             _stage_page(page, extra, timeout)

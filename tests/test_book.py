@@ -99,7 +99,9 @@ def test_parameters_are_hidden_and_one_line_says_what_ran():
     gpu = ran_note({"run": "gpu", "commit": "abc", "parameters": {"device": "cuda",
                                                                  "ctx": 512, "m": [1]}})
     assert gpu == "This page ran on the GPU (device cuda, ctx 512) at commit `abc`."
-    assert "tiny shapes" in ran_note({"run": "cpu"}) and "\n" not in ran_note({"run": "cpu"})
+    cpu = ran_note({"run": "cpu"}, {"device": "cuda", "results_gpu": None, "ctx": 512})
+    assert "tiny shapes" in cpu and "\n" not in cpu
+    assert cpu.endswith("the GPU run it names, which runs it with device cuda, ctx 512.")
 
 
 def test_chapters_run_side_by_side_in_order():
