@@ -11,8 +11,10 @@ tagged ``parameters``. Its defaults are the CPU smoke run; the ``gpu`` set is th
 ``onelaunch: gpu_parameters:`` mapping in the chapter's front matter (injected with
 papermill, like ``papermill -p``). ``-p NAME VALUE`` (VALUE as YAML) adds to either set.
 
-* ``cpu`` executes into a scratch folder (default ``_build/cpu-notebooks/``, ignored) and
-  exits non-zero if any cell of any chapter raises.
+* ``cpu`` executes into a scratch folder (default ``_build/cpu-notebooks/``, ignored),
+  :data:`CPU_WORKERS` chapters at a time, and exits non-zero if any cell of any chapter
+  raises. A ``results_gpu`` parameter (a chapter's default: ``h200``) names the results
+  folder its figures show; the ``gpu`` run sets it to None (the run's own).
 * ``gpu`` writes the executed notebooks to ``notebooks/<stem>.ipynb``: the committed
   outputs the book renders. The commit they come from is ``$ONELAUNCH_COMMIT`` or ``git
   rev-parse HEAD`` and is stored in the notebook's metadata (``onelaunch.commit``), with
@@ -21,7 +23,8 @@ papermill, like ``papermill -p``). ``-p NAME VALUE`` (VALUE as YAML) adds to eit
   memory. GPU memory is capped at ``--mem-gb`` (default 24 GB, an RTX 4090's; 0: no cap)
   through ``ONELAUNCH_GPU_MEM_GB`` (:mod:`onelaunch.memcap`), applied in each chapter's
   kernel by an IPython startup file before the first cell.
-* ``stage`` lays out the book's sources in ``_build/src`` for ``jupyter-book build``: the
+* ``stage`` (``ci/stage_book.py``) lays out the book's sources in ``_build/src`` for
+  ``jupyter-book build``: the
   config, ``book/``, ``_static/`` and, per chapter, the committed GPU notebook (with a
   one-line note if the package changed since its run) or else a CPU execution (reused
   from the scratch folder when its source, the package and the parameters are
