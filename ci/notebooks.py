@@ -24,8 +24,8 @@ papermill, like ``papermill -p``). ``-p NAME VALUE`` (VALUE as YAML) adds to eit
   through ``ONELAUNCH_GPU_MEM_GB`` (:mod:`onelaunch.memcap`), applied in each chapter's
   kernel by an IPython startup file before the first cell.
 * ``stage`` (``ci/stage_book.py``) lays out the book's sources in ``_build/src`` for
-  ``jupyter-book build``: the
-  config, ``book/``, ``_static/`` and, per chapter, the committed GPU notebook (with a
+  ``jupyter-book build``: the config, ``book/``, ``_static/`` and, per chapter, the
+  committed GPU notebook (with a
   one-line note if the package changed since its run) or else a CPU execution (reused
   from the scratch folder when its source, the package and the parameters are
   unchanged, with ``--reuse``), then the book's own pages that compute (``book/*.md``
