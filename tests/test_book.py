@@ -136,6 +136,35 @@ def test_a_cpu_run_is_reused_only_with_its_parameters(tmp_path):
     assert not _fresh_cpu_run(src, tmp_path / "x.ipynb", {"results_gpu": "rtx4090"})
 
 
+def test_a_book_page_is_executed_with_results_gpu(tmp_path, monkeypatch):
+    """ci/book.sh -p results_gpu G: a book page that computes is executed in the staged
+    tree with the parameter it has (and no other), its parameters hidden, its source
+    replaced by the executed notebook."""
+    import nbformat
+    import stage_book
+    src = tmp_path / "page.md"
+    src.write_text("---\nkernelspec:\n  display_name: Python 3\n  language: python\n"
+                   "  name: python3\njupytext:\n  text_representation:\n    extension: "
+                   ".md\n    format_name: myst\n---\n\n# P\n\n```{code-cell} ipython3\n"
+                   ":tags: [parameters, remove-cell]\n\nresults_gpu = None\n```\n\n"
+                   "```{code-cell} ipython3\nprint('shows', results_gpu)\n```\n")
+    (tmp_path / "stage" / "book").mkdir(parents=True)
+    (tmp_path / "stage" / "book" / "page.md").write_text(src.read_text())
+    monkeypatch.setattr(stage_book, "STAGE", tmp_path / "stage")
+    monkeypatch.setattr(stage_book, "ROOT", tmp_path)
+    stage_book._stage_page(src, {"results_gpu": "rtx4090", "model": "x"}, 120)
+    out = tmp_path / "stage" / "book" / "page.ipynb"
+    assert out.exists() and not (tmp_path / "stage" / "book" / "page.md").exists()
+    nb = nbformat.read(out, as_version=4)
+    text = "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []))
+    assert "shows rtx4090" in text
+    injected = [c for c in nb.cells if "injected-parameters" in c.metadata.get("tags", [])]
+    assert injected and "model" not in injected[0].source
+    assert all("remove-cell" in c.metadata["tags"] for c in nb.cells
+               if "parameters" in c.metadata.get("tags", [])
+               or "injected-parameters" in c.metadata.get("tags", []))
+
+
 def test_the_words_rule_counts_prose_and_outputs_and_finds_process_words(tmp_path):
     from book_words import problems, read
     page = tmp_path / "p.html"
