@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run on the GPU host: execute every chapter with its GPU parameters, compare the new
+# Run on a GPU: execute every chapter with its GPU parameters, compare the new
 # results with the committed ones, and pack the executed notebooks and results into one
 # archive. The regression run of the README: exit 1 if a chapter raised, a ratio moved
 # beyond its noise band the wrong way, or a check failed (ci/regress.py; its table is

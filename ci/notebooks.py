@@ -3,7 +3,7 @@
 
     python ci/notebooks.py cpu   [CHAPTER ...] [--out DIR]   # CPU smoke run (scratch)
     python ci/notebooks.py gpu   [CHAPTER ...]               # GPU run -> notebooks/*.ipynb
-    python ci/notebooks.py stage [--reuse]                   # book sources -> _build/src
+    python ci/notebooks.py stage [--reuse] [-p results_gpu G] # book sources -> _build/src
     python ci/notebooks.py list                              # chapters and GPU parameters
 
 A chapter is ``notebooks/<stem>.md`` (MyST markdown, jupytext) whose first code cell is
@@ -11,8 +11,10 @@ tagged ``parameters``. Its defaults are the CPU smoke run; the ``gpu`` set is th
 ``onelaunch: gpu_parameters:`` mapping in the chapter's front matter (injected with
 papermill, like ``papermill -p``). ``-p NAME VALUE`` (VALUE as YAML) adds to either set.
 
-* ``cpu`` executes into a scratch folder (default ``_build/cpu-notebooks/``, ignored) and
-  exits non-zero if any cell of any chapter raises.
+* ``cpu`` executes into a scratch folder (default ``_build/cpu-notebooks/``, ignored),
+  :data:`CPU_WORKERS` chapters at a time, and exits non-zero if any cell of any chapter
+  raises. A ``results_gpu`` parameter (a chapter's default: ``h200``) names the results
+  folder its figures show; the ``gpu`` run sets it to None (the run's own).
 * ``gpu`` writes the executed notebooks to ``notebooks/<stem>.ipynb``: the committed
   outputs the book renders. The commit they come from is ``$ONELAUNCH_COMMIT`` or ``git
   rev-parse HEAD`` and is stored in the notebook's metadata (``onelaunch.commit``), with
@@ -21,14 +23,22 @@ papermill, like ``papermill -p``). ``-p NAME VALUE`` (VALUE as YAML) adds to eit
   memory. GPU memory is capped at ``--mem-gb`` (default 24 GB, an RTX 4090's; 0: no cap)
   through ``ONELAUNCH_GPU_MEM_GB`` (:mod:`onelaunch.memcap`), applied in each chapter's
   kernel by an IPython startup file before the first cell.
-* ``stage`` lays out the book's sources in ``_build/src`` for ``jupyter-book build``: the
-  config, ``book/``, ``_static/`` and, per chapter, the committed GPU notebook (with a
-  visible note if the package changed since its run) or else a CPU execution (reused
-  from the scratch folder when its source and the package are unchanged, with
-  ``--reuse``). Staging keeps CPU smoke outputs out of ``notebooks/``, where only GPU
-  runs are committed. A GPU notebook whose code matches its source is staged with the
-  source's prose (``ci/refresh_prose.py``, applied to the staged copy), so a prose edit
-  shows in the book without a rerun and without touching the committed notebook.
+* ``stage`` (``ci/stage_book.py``) lays out the book's sources in ``_build/src`` for
+  ``jupyter-book build``: the config, ``book/``, ``_static/`` and, per chapter, the
+  committed GPU notebook (with a
+  one-line note if the package changed since its run) or else a CPU execution (reused
+  from the scratch folder when its source, the package and the parameters are
+  unchanged, with ``--reuse``), then the book's own pages that compute (``book/*.md``
+  with a kernelspec: the introduction, the ladder), executed with papermill. Staging
+  keeps CPU outputs out of ``notebooks/``, where only GPU runs are committed. A GPU
+  notebook whose code matches its source is staged with the source's prose
+  (``ci/refresh_prose.py``, applied to the staged copy), so a prose edit shows in the
+  book without a rerun and without touching the committed notebook.
+  ``-p results_gpu rtx4090`` makes every page that is executed here (the CPU chapters,
+  the introduction, the ladder) show ``results/rtx4090/`` instead of the book's run.
+
+On every page the parameters cell and papermill's injected one are hidden (tag
+``remove-cell``); the stage (``ci/stage_book.py``) adds one line saying what ran.
 """
 from __future__ import annotations
 
@@ -37,7 +47,6 @@ import datetime as dt
 import hashlib
 import json
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -51,6 +60,8 @@ SCRATCH = ROOT / "_build" / "cpu-notebooks"
 STAGE = ROOT / "_build" / "src"
 DEFAULT_GPU = {"device": "cuda"}
 DEFAULT_GPU_MEM_GB = 24      # an RTX 4090: every chapter must fit (book/run_yourself.md)
+CPU_WORKERS = 2              # chapters executed at once on the CPU (ci/test.sh: two cores)
+HIDDEN = ("parameters", "injected-parameters")      # cells tagged so are not shown
 
 
 def chapters(names=()) -> list[Path]:
@@ -69,7 +80,13 @@ def chapters(names=()) -> list[Path]:
 
 
 def gpu_parameters(nb) -> dict:
+    """The GPU run's parameters: :data:`DEFAULT_GPU`, ``results_gpu`` None (the page
+    shows the run's own results) where the chapter has that parameter, and the front
+    matter's ``gpu_parameters`` (jupytext drops a null there: None is set here)."""
     p = dict(DEFAULT_GPU)
+    if any("results_gpu" in c.source for c in nb.cells
+           if "parameters" in c.get("metadata", {}).get("tags", [])):
+        p["results_gpu"] = None
     p.update(nb.metadata.get("onelaunch", {}).get("gpu_parameters", {}) or {})
     return p
 
@@ -117,6 +134,19 @@ def kernel_startup() -> Path:
     return d
 
 
+def kernel_env() -> str:
+    """What a chapter's kernel inherits: the commit, this tree on ``PYTHONPATH`` (the
+    package is imported from it, installed or not: a GPU run gets a bare copy of the
+    tree) and the IPython start-up file. Returns the commit."""
+    env_commit = commit()
+    os.environ.setdefault("ONELAUNCH_COMMIT", env_commit)
+    pp = os.environ.get("PYTHONPATH", "")
+    if str(ROOT) not in pp.split(os.pathsep):
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([pp] if pp else []))
+    os.environ["IPYTHONDIR"] = str(kernel_startup())
+    return env_commit
+
+
 def execute(src: Path, out: Path, run: str, extra: dict, timeout: int) -> float:
     """Execute one chapter with papermill; raises if a cell raises. Returns seconds."""
     import tempfile
@@ -130,14 +160,7 @@ def execute(src: Path, out: Path, run: str, extra: dict, timeout: int) -> float:
     tmp = out.with_name(f".{out.stem}.input.ipynb")
     nbformat.write(nb, tmp)
     t0 = time.time()
-    env_commit = commit()
-    os.environ.setdefault("ONELAUNCH_COMMIT", env_commit)
-    # the kernel imports the package from this tree (installed or not: the GPU machine
-    # gets a bare copy of the tree)
-    pp = os.environ.get("PYTHONPATH", "")
-    if str(ROOT) not in pp.split(os.pathsep):
-        os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([pp] if pp else []))
-    os.environ["IPYTHONDIR"] = str(kernel_startup())
+    env_commit = kernel_env()
     if run == "cpu":
         # the chapters on the CPU turn the interpreter on themselves; on before the kernel
         # starts, the package's import at start-up sees it and spares the interpreter its
@@ -156,6 +179,7 @@ def execute(src: Path, out: Path, run: str, extra: dict, timeout: int) -> float:
         Path(peak_file).unlink(missing_ok=True)
     seconds = time.time() - t0
     done = nbformat.read(out, as_version=4)
+    hide_parameters(done)
     done.metadata["onelaunch"] = {
         **done.metadata.get("onelaunch", {}),
         "run": run, "run_id": os.environ.get("ONELAUNCH_RUN"), "commit": env_commit,
@@ -172,6 +196,15 @@ def execute(src: Path, out: Path, run: str, extra: dict, timeout: int) -> float:
     if run == "gpu":
         print(memory_line(src.stem, done.metadata["onelaunch"]), flush=True)
     return seconds
+
+
+def hide_parameters(nb) -> None:
+    """Tag the parameters cell and papermill's injected-parameters cell ``remove-cell``:
+    bookkeeping the page does not show (:func:`ran_note` says what ran in one line)."""
+    for c in nb.cells:
+        tags = c.get("metadata", {}).get("tags", [])
+        if any(t in tags for t in HIDDEN) and "remove-cell" not in tags:
+            c.metadata["tags"] = list(tags) + ["remove-cell"]
 
 
 def memory_line(stem: str, m: dict) -> str:
@@ -208,10 +241,10 @@ def run_all(run: str, names, out_dir: Path, extra: dict, timeout: int,
         for src in srcs:
             out = out_dir / f"{src.stem}.ipynb"
             shown = out.relative_to(ROOT) if out.is_relative_to(ROOT) else out
-            print(f"[notebooks] {run}: {src.relative_to(ROOT)} -> {shown}", flush=True)
+            say(f"[notebooks] {run}: {src.relative_to(ROOT)} -> {shown}")
             try:
                 s = execute(src, out, run, extra, timeout)
-                print(f"[notebooks]   {src.stem} ok in {s:.0f} s", flush=True)
+                say(f"[notebooks]   {src.stem} ok in {s:.0f} s")
             except Exception as e:  # papermill's error names the cell and the exception
                 failed.append(src.stem)
                 msg = str(e).strip().splitlines()
@@ -220,16 +253,11 @@ def run_all(run: str, names, out_dir: Path, extra: dict, timeout: int,
 
     todo = chapters(names)
     if run == "cpu":
-        # The CPU smoke run uses both cores: the chapters that merge rows into the shared
-        # ladder file run in order, the others (their own results files only) beside them.
+        # the CPU run uses every core: CPU_WORKERS chapters at once, each taking the next
+        # in order (results.write locks a results file while it merges rows into it); on
+        # the CPU a chapter shows the GPU run's files, so no chapter waits for another's.
         # The GPU run keeps strict chapter order.
-        import threading
-        shared = [s for s in todo if "write_ladder(" in s.read_text()]
-        alone = [s for s in todo if s not in shared]
-        side = threading.Thread(target=run_in_order, args=(alone,))
-        side.start()
-        run_in_order(shared)
-        side.join()
+        in_parallel(todo, run_in_order)
     else:
         run_in_order(todo)
     if failed:
@@ -238,103 +266,33 @@ def run_all(run: str, names, out_dir: Path, extra: dict, timeout: int,
     return 0
 
 
-# ---- staging the book -----------------------------------------------------------------
-def _fresh_cpu_run(src: Path, out: Path) -> bool:
-    if not out.exists():
-        return False
-    import nbformat
-    m = nbformat.read(out, as_version=4).metadata.get("onelaunch", {})
-    return m.get("source_hash") == source_hash(src) and m.get("package_hash") == package_hash()
+def say(line: str) -> None:
+    """One line of the log in one write (chapters run side by side)."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
-def _insert_note(nb, text: str):
-    import nbformat
-    cell = nbformat.v4.new_markdown_cell(text)
-    cell.metadata["tags"] = ["onelaunch-note"]
-    # after the title cell, so the note sits right under the chapter's heading
-    at = 1 if nb.cells and nb.cells[0].cell_type == "markdown" else 0
-    nb.cells.insert(at, cell)
+def in_parallel(todo: list[Path], run_in_order, workers: int = CPU_WORKERS) -> None:
+    """Run ``run_in_order([src])`` for each of ``todo`` on ``workers`` threads, each
+    taking the next chapter in order."""
+    import queue
+    import threading
+    q = queue.Queue()
+    for src in todo:
+        q.put(src)
 
-
-def _refresh_prose(nb_path: Path) -> bool:
-    import contextlib
-    import io
-    from refresh_prose import refresh
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        return refresh(nb_path)
-
-
-def _drop_repeated_glue(nb) -> list[str]:
-    """Later outputs that glue a name already glued with the same value (a chapter that
-    glues a default twice): myst-nb would warn and the strict build fail, though the page
-    reads the same. A name glued twice with *different* values is left for the build to
-    reject."""
-    seen, dropped = {}, []
-    for cell in nb.cells:
-        keep = []
-        for o in cell.get("outputs", []):
-            name = o.get("metadata", {}).get("scrapbook", {}).get("name")
-            if name is not None:
-                value = json.dumps(o.get("data", {}), sort_keys=True)
-                if seen.get(name) == value:
-                    dropped.append(name)
-                    continue
-                seen.setdefault(name, value)
-            keep.append(o)
-        if "outputs" in cell:
-            cell["outputs"] = keep
-    return dropped
-
-
-def stage(reuse: bool, timeout: int) -> int:
-    import nbformat
-    sys.path.insert(0, str(ROOT))
-    from onelaunch.report.chapter import staleness_note
-    if STAGE.exists():
-        shutil.rmtree(STAGE)
-    (STAGE / "notebooks").mkdir(parents=True)
-    for name in ("_config.yml", "_toc.yml"):
-        shutil.copy2(ROOT / name, STAGE / name)
-    shutil.copytree(ROOT / "book", STAGE / "book")
-    if (ROOT / "_static").exists():
-        shutil.copytree(ROOT / "_static", STAGE / "_static")
-    rc = 0
-    for src in chapters():
-        gpu_nb = NOTEBOOKS / f"{src.stem}.ipynb"
-        dest = STAGE / "notebooks" / gpu_nb.name
-        if gpu_nb.exists():
-            # the source's prose over the executed code and outputs (code must match:
-            # check_stale), applied to the staged copy; the committed notebook is untouched
-            shutil.copy2(src, dest.with_suffix(".md"))
-            shutil.copy2(gpu_nb, dest)
-            fresh = _refresh_prose(dest)
-            dest.with_suffix(".md").unlink()
-            nb = nbformat.read(dest, as_version=4)
-            dropped = _drop_repeated_glue(nb)
-            if dropped:
-                print(f"[stage] {src.stem}: glued twice with the same value, kept once: "
-                      + ", ".join(dropped))
-            note = staleness_note(src.stem, nb.metadata.get("onelaunch", {}).get("commit"))
-            if note:
-                _insert_note(nb, note)
-            print(f"[stage] {src.stem}: GPU run" + ("" if fresh else ", prose as run (code "
-                  "differs, or the new prose reads values the run did not glue)")
-                  + (", package changed since (note added)" if note else ""))
-            nbformat.write(nb, dest)
-            continue
-        out = SCRATCH / gpu_nb.name
-        if not (reuse and _fresh_cpu_run(src, out)):
-            print(f"[stage] {src.stem}: no GPU run; executing on the CPU", flush=True)
+    def worker():
+        while True:
             try:
-                execute(src, out, "cpu", {}, timeout)
-            except Exception as e:
-                print(f"[stage] {src.stem} FAILED: {e}", file=sys.stderr)
-                rc = 1
-                continue
-        else:
-            print(f"[stage] {src.stem}: no GPU run; reusing the CPU run in {out.relative_to(ROOT)}")
-        shutil.copy2(out, dest)
-    return rc
+                src = q.get_nowait()
+            except queue.Empty:
+                return
+            run_in_order([src])
+    threads = [threading.Thread(target=worker) for _ in range(max(1, workers))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
 
 
 def main(argv=None) -> int:
@@ -358,7 +316,8 @@ def main(argv=None) -> int:
             print(f"{src.stem}: gpu parameters {json.dumps(gpu_parameters(read_source(src)))}")
         return 0
     if a.what == "stage":
-        return stage(a.reuse, a.timeout)
+        from stage_book import stage
+        return stage(a.reuse, a.timeout, extra)
     out_dir = a.out or (SCRATCH if a.what == "cpu" else NOTEBOOKS)
     return run_all(a.what, a.chapters, out_dir.resolve(), extra, a.timeout, a.mem_gb)
 

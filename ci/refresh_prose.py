@@ -74,7 +74,8 @@ def refresh(nb_path: Path) -> bool:
         if k not in ("kernelspec", "language_info", "papermill", "widgets"):
             done.metadata[k] = v if k != "onelaunch" else {**done.metadata.get(k, {}), **v}
     nbformat.write(done, nb_path)
-    print(f"[refresh_prose] {nb_path.relative_to(ROOT)}: prose refreshed")
+    shown = nb_path.relative_to(ROOT) if nb_path.is_relative_to(ROOT) else nb_path
+    print(f"[refresh_prose] {shown}: prose refreshed")
     return True
 
 

@@ -1,6 +1,8 @@
 """The book pipeline on the CPU: executed chapters match their sources, every chapter
-runs under papermill with its CPU parameters, and the book builds with warnings as
-errors (`jupyter-book build . -W -n --keep-going`, through ci/book.sh's staging).
+runs under papermill with its CPU parameters (two at a time), and the book builds with
+warnings as errors (`jupyter-book build . -W -n --keep-going`, through ci/book.sh's
+staging, which reuses those runs); the built book keeps to its word budget, prints no
+process words and prints one value per quantity of a run.
 
 The browser test (tests/test_browser.py, marker `browser`) then opens what this built.
 """
@@ -67,7 +69,7 @@ def test_check_stale_allows_layout_but_not_values(tmp_path):
 
 def test_staging_keeps_one_of_a_glue_repeated_with_the_same_value():
     import nbformat
-    from notebooks import _drop_repeated_glue
+    from stage_book import _drop_repeated_glue
 
     def out(name, v):
         return nbformat.v4.new_output("display_data", data={"text/plain": v},
@@ -79,6 +81,109 @@ def test_staging_keeps_one_of_a_glue_repeated_with_the_same_value():
     assert [len(c.outputs) for c in nb.cells] == [2, 1]     # b differs: the build decides
 
 
+def test_parameters_are_hidden_and_one_line_says_what_ran():
+    import nbformat
+    from notebooks import gpu_parameters, hide_parameters
+    from stage_book import ran_note
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("device = 'cpu'\nresults_gpu = 'h200'"),
+                nbformat.v4.new_code_cell("device = 'cuda'"),
+                nbformat.v4.new_code_cell("x = 1")]
+    nb.cells[0].metadata["tags"] = ["parameters"]
+    nb.cells[1].metadata["tags"] = ["injected-parameters"]
+    hide_parameters(nb)
+    assert [c.metadata.get("tags", []) for c in nb.cells] == [
+        ["parameters", "remove-cell"], ["injected-parameters", "remove-cell"], []]
+    # a GPU run shows its own results: results_gpu None, without a null in front matter
+    assert gpu_parameters(nb) == {"device": "cuda", "results_gpu": None}
+    gpu = ran_note({"run": "gpu", "commit": "abc", "parameters": {"device": "cuda",
+                                                                 "ctx": 512, "m": [1]}})
+    assert gpu == "This page ran on the GPU (device cuda, ctx 512) at commit `abc`."
+    cpu = ran_note({"run": "cpu"}, {"device": "cuda", "results_gpu": None, "ctx": 512})
+    assert "tiny shapes" in cpu and "\n" not in cpu
+    assert cpu.endswith("the GPU run it names, which runs it with device cuda, ctx 512.")
+
+
+def test_chapters_run_side_by_side_in_order():
+    import threading
+    import time
+    from notebooks import in_parallel
+    started, live, most = [], [0], [0]
+    lock = threading.Lock()
+
+    def run(srcs):
+        with lock:
+            started.append(srcs[0])
+            live[0] += 1
+            most[0] = max(most[0], live[0])
+        time.sleep(0.05)
+        with lock:
+            live[0] -= 1
+    in_parallel(list("abcde"), run, workers=2)
+    assert sorted(started) == list("abcde") and started[:2] == ["a", "b"] and most[0] == 2
+
+
+def test_a_cpu_run_is_reused_only_with_its_parameters(tmp_path):
+    import nbformat
+    from notebooks import package_hash, source_hash
+    from stage_book import _fresh_cpu_run
+    src = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.md"))[0]
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["onelaunch"] = {"source_hash": source_hash(src),
+                                "package_hash": package_hash(), "parameters": {}}
+    nbformat.write(nb, tmp_path / "x.ipynb")
+    assert _fresh_cpu_run(src, tmp_path / "x.ipynb", {})
+    assert not _fresh_cpu_run(src, tmp_path / "x.ipynb", {"results_gpu": "rtx4090"})
+
+
+def test_a_book_page_is_executed_with_results_gpu(tmp_path, monkeypatch):
+    """ci/book.sh -p results_gpu G: a book page that computes is executed in the staged
+    tree with the parameter it has (and no other), its parameters hidden, its source
+    replaced by the executed notebook."""
+    import nbformat
+    import stage_book
+    src = tmp_path / "page.md"
+    src.write_text("---\nkernelspec:\n  display_name: Python 3\n  language: python\n"
+                   "  name: python3\njupytext:\n  text_representation:\n    extension: "
+                   ".md\n    format_name: myst\n---\n\n# P\n\n```{code-cell} ipython3\n"
+                   ":tags: [parameters, remove-cell]\n\nresults_gpu = None\n```\n\n"
+                   "```{code-cell} ipython3\nprint('shows', results_gpu)\n```\n")
+    (tmp_path / "stage" / "book").mkdir(parents=True)
+    (tmp_path / "stage" / "book" / "page.md").write_text(src.read_text())
+    monkeypatch.setattr(stage_book, "STAGE", tmp_path / "stage")
+    monkeypatch.setattr(stage_book, "ROOT", tmp_path)
+    stage_book._stage_page(src, {"results_gpu": "rtx4090", "model": "x"}, 120)
+    out = tmp_path / "stage" / "book" / "page.ipynb"
+    assert out.exists() and not (tmp_path / "stage" / "book" / "page.md").exists()
+    nb = nbformat.read(out, as_version=4)
+    text = "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []))
+    assert "shows rtx4090" in text
+    injected = [c for c in nb.cells if "injected-parameters" in c.metadata.get("tags", [])]
+    assert injected and "model" not in injected[0].source
+    assert all("remove-cell" in c.metadata["tags"] for c in nb.cells
+               if "parameters" in c.metadata.get("tags", [])
+               or "injected-parameters" in c.metadata.get("tags", []))
+
+
+def test_the_words_rule_counts_prose_and_outputs_and_finds_process_words(tmp_path):
+    from book_words import problems, read
+    page = tmp_path / "p.html"
+    page.write_text("<html><nav>menu words here</nav><main><p>one two three</p>"
+                    "<div class='cell_input'><pre>code not counted</pre></div>"
+                    "<div class='cell_output'><p>four five</p></div>"
+                    "<p>made in session 9</p><p>it is 0.62x faster</p></main></html>")
+    got = read(page)
+    assert (got["prose"], got["outputs"]) == (11, 2) and got["process_words"] == ["session"]
+    assert got["contradictions"] == ["0.62x faster"]
+    assert problems([got], book=100, page=100) == [
+        "p: process words ['session']",
+        "p: a comparison word against its ratio ['0.62x faster']"]
+    clean = dict(got, process_words=[], contradictions=[])
+    assert problems([clean] * 3, book=38, page=12) == [
+        "p: 13 words (over 12)"] * 3 + ["the book: 39 words (over 38)"]
+    assert problems([clean], book=100, page=100) == []
+
+
 def test_chapters_run_on_cpu():
     """Every chapter executes with papermill (CPU parameters); a raising cell fails."""
     _run(PY, "ci/notebooks.py", "cpu")
@@ -87,6 +192,9 @@ def test_chapters_run_on_cpu():
     for src in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.md")):
         nb = nbformat.read(out / f"{src.stem}.ipynb", as_version=4)
         assert nb.metadata["onelaunch"]["run"] == "cpu"
+        params = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+        assert params and all("remove-cell" in c.metadata["tags"] for c in params), \
+            f"{src.stem}: its parameters cell is shown"
         glued = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
                  if "scrapbook" in o.get("metadata", {})]
         assert glued, f"{src.stem} glued no numbers"
@@ -143,8 +251,8 @@ def test_figures_say_what_the_table_says():
     assert results.check_status(judged[1]) == "near ties only"
     fig = figures.ladder_figure(rows, title="t", head="h")
     assert fig.png[:4] == b"\x89PNG" and fig.caption.startswith("Milliseconds per token")
-    assert ("The fastest of ours is graph at 2 ms (2.00x the floor), 10.00x faster than "
-            "the fastest peer (HF generate, eager)") in fig.caption
+    assert ("The fastest of ours is graph at 2 ms (2.00x the floor), it is 10.00x faster "
+            "than the fastest peer (HF generate, eager)") in fig.caption
     import io
 
     from PIL import Image
@@ -188,4 +296,31 @@ def test_book_builds():
         assert text.count("const THEBE_JS_URL") <= 1, f"{page}: thebe's script twice"
         assert "The The " not in text, f"{page}: 'The The'"
     run = (html / "book" / "run_yourself.html").read_text()
-    assert "minutes (wall)" in run and "rows a program" in run
+    assert "NVIDIA driver" in run and "llama-bench" in run and "results_gpu" in run
+    intro = (html / "book" / "intro.html").read_text()
+    assert "<img" in intro and "the chain" in intro.lower()
+    for page in list((html / "notebooks").glob("*.html")) + [html / "book" / "intro.html"]:
+        text = page.read_text()
+        assert "results_gpu = " not in text, f"{page.name} shows its parameters cell"
+
+
+def test_one_value_per_quantity_across_the_built_book():
+    """Every keyed number the executed pages print agrees with every other page and
+    with the run's ladder file (onelaunch.report.consistency)."""
+    from onelaunch.report import consistency
+    staged = sorted((ROOT / "_build" / "src").rglob("*.ipynb"))
+    assert staged, "no staged book: tests/test_book.py::test_book_builds first"
+    facts = consistency.book_facts(staged, ROOT / "results")
+    assert consistency.conflicts(facts) == []
+
+
+def test_book_words_within_budget():
+    """The built book: at most 13,000 words of prose and outputs in all and about 2,000
+    on one page, no page prints a process word, and no comparison word contradicts its
+    ratio (ci/book_words.py)."""
+    from book_words import pages, problems, read
+    html = ROOT / "_build" / "html"
+    stats = [read(p) for p in pages(html)]
+    assert stats, "no built book: tests/test_book.py::test_book_builds first"
+    bad = problems(stats)
+    assert not bad, "\n".join(bad)

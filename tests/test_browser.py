@@ -26,6 +26,7 @@ CHROMIUM = os.environ.get("ONELAUNCH_CHROMIUM", "/usr/bin/chromium")
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 PAGES = ["book/results.html", "book/intro.html", "book/methodology.html",
+         "book/run_yourself.html", "notebooks/09_the_answer.html",
          "notebooks/01_what_one_token_costs.html", "notebooks/02_the_oracle.html",
          "book/references.html"]
 

@@ -98,3 +98,18 @@ def test_the_two_gpu_chapter_is_a_run_of_its_own(tmp_path):
 def test_the_book_comes_from_one_run():
     p = _check(ROOT)
     assert p.returncode == 0, p.stderr
+
+
+def test_chapters_without_executed_notebooks_are_the_results_run(tmp_path):
+    """Chapters executed on the CPU (no committed .ipynb) show the GPU run's results
+    files: those files alone must come from one run."""
+    root = _tree(tmp_path, {"01_a": "aaa", "02_b": "aaa"}, ["aaa"])
+    for nb in (root / "notebooks").glob("*.ipynb"):
+        nb.unlink()
+    p = _check(root)
+    assert p.returncode == 0, p.stderr
+    assert "one commit per machine kind: 1 GPU(s) aaa" in p.stdout
+    (root / "results" / "h200" / "kernels.json").write_text(json.dumps(
+        {"meta": {"commit": "bbb"}, "rows": [{}]}))
+    p = _check(root)
+    assert p.returncode == 1 and "results/h200/kernels.json: commit bbb" in p.stderr

@@ -34,7 +34,7 @@ WIDE = """() => {
 def _pages():
     pages = sorted(p.relative_to(HTML).as_posix()
                    for p in (HTML / "notebooks").glob("*.html"))
-    return pages + ["book/results.html"]
+    return pages + ["book/results.html", "book/intro.html"]
 
 
 @pytest.mark.parametrize("width", [1280, 1264])

@@ -3,7 +3,7 @@
 A chapter imports these instead of redefining them (QuantEcon's habit: shared code lives
 in the package). Nothing here needs the jupyter packages to be importable except IPython,
 so the chapters also run as plain scripts; ``glue`` writes the same display data that
-``myst_nb.glue`` writes, so the GPU host needs no myst-nb to publish a number.
+``myst_nb.glue`` writes, so a GPU run needs no myst-nb to publish a number.
 """
 from __future__ import annotations
 
@@ -40,11 +40,17 @@ class _Text:
         return self.text
 
 
-def glue(name: str, value, fmt: str | None = None):
+def glue(name: str, value, fmt: str | None = None, *, key: tuple | None = None,
+         run: str | None = None):
     """Store ``value`` under ``name`` for ``{glue}`name``` in the prose (or
     ``{glue}`path/to/page.ipynb::name``` from another page), without showing it in the
     cell's output. ``fmt`` (e.g. ``".2f"``) stores the formatted text; strings are
-    stored as plain text. Returns nothing, so a cell that ends with it shows nothing."""
+    stored as plain text. Returns nothing, so a cell that ends with it shows nothing.
+
+    ``key`` names the quantity, ``(model, rung, ctx, quantity)`` (e.g. ``("qwen2.5-1.5b",
+    "+ PDL", 512, "ms_per_token")``), and ``run`` the run it comes from: every page that
+    prints the same quantity of the same run must print one value
+    (:mod:`onelaunch.report.consistency` checks it across the book)."""
     if fmt:
         shown = _Text(format(value, fmt))
     elif isinstance(value, str):
@@ -58,7 +64,24 @@ def glue(name: str, value, fmt: str | None = None):
         return
     bundle, metadata = format_display_data(shown)
     metadata["scrapbook"] = {"name": name, "mime_prefix": GLUE_PREFIX}
+    if key is not None:
+        metadata["onelaunch"] = {"key": [str(k) for k in key], "run": run}
     display({GLUE_PREFIX + k: v for k, v in bundle.items()}, raw=True, metadata=metadata)
+
+
+def glue_from(name: str, get, fmt: str | None = None, *, key: tuple | None = None,
+              run: str | None = None, missing: str = "–"):
+    """:func:`glue` of ``get()``, or of ``missing`` when the results this page reads lack
+    what ``get`` looks up (a reader's run without that rung or file): the page still
+    builds, and says "–" where the number would be."""
+    try:
+        value = get()
+    except (KeyError, TypeError, AttributeError, IndexError, ZeroDivisionError,
+            StopIteration):
+        value = None
+    if value is None:
+        return glue(name, missing)
+    return glue(name, value, fmt, key=key, run=run)
 
 
 def markdown(text: str):
@@ -106,8 +129,9 @@ def is_smoke(device) -> bool:
 
 
 def run_banner(device, chapter: str | None = None):
-    """A visible note at the top of a chapter's outputs: a CPU smoke run is not a
-    measurement; a GPU run names the GPU and the versions."""
+    """The run's identity glued for the prose (``run_gpu``, ``run_torch``, ...), shown
+    nowhere itself: the page names what ran in one line (``ci/notebooks.py stage``) and
+    the run behind its numbers in another (:func:`numbers_line`). Returns the meta."""
     from . import results
     m = results.meta(device)
     m["commit"] = commit()
@@ -117,20 +141,11 @@ def run_banner(device, chapter: str | None = None):
         glue(f"run_{k}", str(m[k]))
     glue("run_date", m["date"][:10])
     glue("run_cuda", str(m.get("cuda")))
-    if is_smoke(device):
-        markdown(":::{warning}\n**CPU smoke run, not a measurement.** This page was "
-                 "executed on a CPU with tiny models, to prove that it runs. Its numbers "
-                 "are wall-clock times of toy shapes and say nothing about a GPU. The "
-                 "published figures come from the GPU run (`ci/gpu_book.sh`).\n:::")
-    else:
-        markdown(f":::{{note}}\nMeasured on **{m['gpu_name']}** with torch {m['torch']}, "
-                 f"triton {m['triton']}, transformers {m['transformers']} "
-                 f"(commit `{commit()}`, {m['date'][:10]}).\n:::")
     return m
 
 
 def commit() -> str:
-    """The commit the code comes from: ``ONELAUNCH_COMMIT`` if set (the GPU host gets
+    """The commit the code comes from: ``ONELAUNCH_COMMIT`` if set (a GPU run gets
     a copy of the tree without ``.git``), else ``git rev-parse``."""
     from .results import git_commit
     return git_commit()
@@ -152,8 +167,9 @@ def changed_since(commit_id: str, paths=("onelaunch",)) -> list[str] | None:
 
 
 def staleness_note(chapter: str, commit_id: str | None = None) -> str | None:
-    """The admonition (MyST markdown) for a chapter whose package code changed after the
-    run that produced its numbers, or ``None`` when the numbers are current.
+    """One line (MyST markdown) for a chapter whose package code changed after the run
+    that produced its numbers, naming that run's commit; ``None`` when the numbers are
+    current or nothing can be said.
 
     ``chapter`` is the notebook's stem; the commit is read from the executed notebook's
     metadata (``ci/notebooks.py`` writes it) unless given."""
@@ -164,15 +180,10 @@ def staleness_note(chapter: str, commit_id: str | None = None) -> str | None:
         import json
         meta = json.loads(nb.read_text()).get("metadata", {}).get("onelaunch", {})
         commit_id = meta.get("commit")
-    log = changed_since(commit_id)
-    if not log:
+    if not changed_since(commit_id):
         return None
-    shown = "\n".join(f"- `{l}`" for l in log[:8])
-    more = f"\n- ... and {len(log) - 8} more" if len(log) > 8 else ""
-    return (f":::{{important}}\n**These numbers come from commit `{commit_id}`.** The "
-            f"package code changed after that run, so the code on this page may no longer "
-            f"be what was timed. Commits since then that touched `onelaunch/`:\n\n"
-            f"{shown}{more}\n\nRerun `ci/gpu_book.sh` on the GPU to refresh them.\n:::")
+    return (f":::{{note}}\nThese numbers come from commit `{commit_id}`; the package has "
+            f"changed since (now `{commit()}`).\n:::")
 
 
 def table(rows: list[dict], columns: dict[str, str] | None = None, fmt: dict | None = None):
@@ -370,7 +381,10 @@ def shown(device, results_gpu: str | None = None) -> str:
 def numbers_line(gpu: str, name: str = "ladder") -> dict | None:
     """Show one line naming the run behind the page's numbers (GPU, versions, commit,
     date) and, when the package changed after it, the commit the code is at now.
-    Returns that run's meta (``None``, and a line saying so, when the file is missing)."""
+    Returns that run's meta (``None``, and a line saying so, when the file is missing):
+    a cell that ends with the call shows that dict too, so assign it (``m = ...``).
+    ``gpu`` ``h200x2`` names a run on two H200s (chapter 7's ``numbers_line("h200x2",
+    "tp")``)."""
     from . import results
     data = results.load(name, gpu)
     if data is None:
@@ -378,8 +392,12 @@ def numbers_line(gpu: str, name: str = "ladder") -> dict | None:
                  f"that GPU to draw its figures.\n:::")
         return None
     m = data["meta"]
-    line = (f"Numbers on this page: {m['gpu_name']}, torch {m['torch']}, Triton "
-            f"{m['triton']}, commit `{m['commit']}`, {m['date'][:10]}.")
+    import re
+    many = re.fullmatch(r".*\dx(\d)", gpu)       # h200x2: a run on two H200s
+    many = many.group(1) if many else ""
+    line = (f"Numbers on this page: {f'{many} x ' if many else ''}{m['gpu_name']}, torch "
+            f"{m['torch']}, Triton {m['triton']}, commit `{m['commit']}`, "
+            f"{m['date'][:10]}.")
     if changed_since(m["commit"]):
         line += f" The package has changed since (now `{commit()}`)."
     markdown(f":::{{note}}\n{line}\n:::")

@@ -15,9 +15,10 @@ from __future__ import annotations
 import io
 
 from .ladder_file import _reference_flips_for, label, rung_order, summary, is_peer
-from .results import agree_ok, check_status
+from .results import NO_CHECK, agree_ok, check_status
 from .results import row_passes as row_ok
 from .chapter import MS_SPREAD
+from .wording import faster
 
 
 DPI = 150                # every figure: 150 dpi or more
@@ -32,6 +33,9 @@ PEER_NOW_C, FAILED_C = "#555555", "#c92a2a"   # this frame's peer; a failed chec
 BAR_KEYS = [(PEER_C, "a peer (what a user runs instead)"), (PEER_NOW_C, "this frame's peer"),
             (OURS_C, "our rung"), (NOW_C, "this frame's rung"),
             (FAILED_C, "no time: check failed or did not run")]     # the legend's key of each colour
+# the colours in a caption's words (the same bars: :func:`frame_bars`)
+COLOUR_WORDS = {PEER_C: "grey", PEER_NOW_C: "dark grey", OURS_C: "blue", NOW_C: "orange",
+                FAILED_C: "red, hatched"}
 WHISKER_KEY = "min-max of the timed repeats"
 
 
@@ -50,15 +54,17 @@ def value_text(r: dict, floor_ms: float | None) -> tuple[str, str | None, str]:
         return "no time shown", why, "#c92a2a"
     v = r["ms_per_token"]
     first = f"{v:.3g} ms" + (f", {_short_x(v / floor_ms)} floor" if floor_ms else "")
-    second = f"{r['agree']}, near ties" if status == "near ties only" else None
+    second = (f"{r['agree']}, near ties" if status == "near ties only" else
+              NO_CHECK if status == NO_CHECK else None)
     return first, second, "black"
 
 
-def bar_colour(r: dict, i: int, k: int) -> str:
-    """The colour of row ``r``'s bar, the ``i``-th rung, in frame ``k``."""
+def bar_colour(r: dict, i: int, k: int, highlight: bool = True) -> str:
+    """The colour of row ``r``'s bar, the ``i``-th rung, in frame ``k`` (the slider's
+    frame marks its own rung, ``highlight``; a chapter's static figure marks none)."""
     if not row_ok(r):
         return FAILED_C
-    if i == k:
+    if i == k and highlight:
         return PEER_NOW_C if is_peer(r) else NOW_C
     return PEER_C if is_peer(r) else OURS_C
 
@@ -70,11 +76,12 @@ def spread(r: dict) -> tuple[float, float] | None:
     return None if lo is None or hi is None or not row_ok(r) else (lo, hi)
 
 
-def frame_bars(mine: dict, rungs: list[str], k: int) -> list[tuple[int, dict, str]]:
+def frame_bars(mine: dict, rungs: list[str], k: int,
+               highlight: bool = True) -> list[tuple[int, dict, str]]:
     """(position, row, colour) of each bar in frame ``k`` of one model (``mine``: its rows
     by rung): the rungs 0..k that have a row."""
-    return [(i, mine[g], bar_colour(mine[g], i, k)) for i, g in enumerate(rungs[:k + 1])
-            if g in mine]
+    return [(i, mine[g], bar_colour(mine[g], i, k, highlight))
+            for i, g in enumerate(rungs[:k + 1]) if g in mine]
 
 
 def bar_keys(bars: list) -> list[tuple[str, str]]:
@@ -83,20 +90,22 @@ def bar_keys(bars: list) -> list[tuple[str, str]]:
     return [(c, text) for c, text in BAR_KEYS if c in drawn]
 
 
-def _legend_len(rows: list[dict], model: str, rungs: list[str], k: int) -> int:
+def _legend_len(rows: list[dict], model: str, rungs: list[str], k: int,
+                highlight: bool = True) -> int:
     mine = {r["rung"]: r for r in rows if r["model"] == model}
     s = summary(rows, model)
-    bars = frame_bars(mine, rungs, k)
+    bars = frame_bars(mine, rungs, k, highlight)
     return (bool(s["floor_ms"]) + bool(s["best_peer"]) + len(bar_keys(bars))
             + any(spread(r) for _, r, _ in bars))
 
 
 def render_frame(rows: list[dict], rungs: list[str], k: int, models: list[str],
                  title: str = "", smoke: bool = False, dpi: int = DPI,
-                 head: str | None = None) -> bytes:
+                 head: str | None = None, highlight: bool = True) -> bytes:
     """PNG of frame ``k``: rungs[0..k] for each model, with floor and best-peer lines.
     Every frame has the same size and axes, so moving the slider only adds bars. Values
-    sit in a column right of the axes, where no reference line crosses them."""
+    sit in a column right of the axes, where no reference line crosses them.
+    ``highlight``: frame ``k``'s own rung in its own colour (the slider's frames)."""
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 
@@ -105,7 +114,7 @@ def render_frame(rows: list[dict], rungs: list[str], k: int, models: list[str],
     ax_h = pitch * n + 0.25
     # room above each model's axes for its legend's rows (two to a row), the same in
     # every frame of these rows so that the slider's frames have one size
-    keys = max(_legend_len(rows, m, rungs, j) for m in models for j in range(n))
+    keys = max(_legend_len(rows, m, rungs, j, highlight) for m in models for j in range(n))
     above = max(1.05, 0.42 + 0.21 * ((keys + 1) // 2))
     below, head_h = 0.55, 0.25 + 0.2 * (1 + bool(smoke) + bool(title))
     fig_h = head_h + len(models) * (above + ax_h + below)
@@ -142,7 +151,7 @@ def render_frame(rows: list[dict], rungs: list[str], k: int, models: list[str],
             elif g not in mine:
                 ax.text(1.03, i, "not measured", transform=side, va="center", fontsize=FONT,
                         color="#777777", clip_on=False)
-        bars = frame_bars(mine, rungs, k)
+        bars = frame_bars(mine, rungs, k, highlight)
         for i, r, color in bars:
             if color == FAILED_C:
                 ax.barh(i, hi - lo, left=lo, height=0.62, color="none", hatch="//",
@@ -206,19 +215,26 @@ def render_frame(rows: list[dict], rungs: list[str], k: int, models: list[str],
     return buf.getvalue()
 
 
-def figure_caption(rows: list[dict], rungs: list[str], models: list[str]) -> str:
+def _colour_text(rows: list[dict], rungs: list[str], models: list[str],
+                 highlight: bool) -> str:
+    """What the bars' colours mean, named from the bars the last frame draws (the same
+    :func:`frame_bars`), so a caption never names a colour the figure lacks."""
+    drawn = {c for m in models
+             for _, _, c in frame_bars({r["rung"]: r for r in rows if r["model"] == m},
+                                       rungs, len(rungs) - 1, highlight)}
+    return ", ".join(f"{dict(BAR_KEYS)[c].split(' (')[0]} in {COLOUR_WORDS[c]}"
+                     for c, _ in BAR_KEYS if c in drawn)
+
+
+def figure_caption(rows: list[dict], rungs: list[str], models: list[str],
+                   highlight: bool = False) -> str:
     """What the figure shows, then per model what it finds and which rungs have no bar,
-    from the same rows and rule: prose about a figure is generated, never typed."""
-    drawn = [r for r in rows if r["model"] in models and r["rung"] in rungs]
-    ours = any(not is_peer(r) for r in drawn)
-    peers = any(is_peer(r) for r in drawn)
-    colours = [c for c, on in (("the peers a user would run instead in grey", peers),
-                               ("our rungs in blue", ours)) if on]
-    parts = ["Milliseconds per token of each rung (bars, log scale: shorter is "
-             "faster), " + " and ".join(colours)
-             + ", against the bandwidth floor of the same run (dashed)"
-             + (" and the fastest peer (dotted)" if peers else "")
-             + "; the legend names each colour."]
+    from the same rows and rule: prose about a figure is generated, never typed.
+    ``highlight``: whether the figure marks its last rung (the slider's frames do)."""
+    parts = ["Milliseconds per token of each rung (bars, log scale: shorter is faster: "
+             + _colour_text(rows, rungs, models, highlight)
+             + "), against the bandwidth floor of the same run (dashed) and the "
+             "fastest peer (dotted)."]
     if any(spread(r) for r in rows if r["model"] in models and r["rung"] in rungs):
         parts.append("The whiskers span the fastest to the slowest of each rung's timed "
                      "repeats.")
@@ -235,8 +251,8 @@ def figure_caption(rows: list[dict], rungs: list[str], models: list[str]) -> str
             x = (f" ({best['ms_per_token'] / s['floor_ms']:.2f}x the floor)"
                  if s["floor_ms"] else "")
             bp = s["best_peer"]
-            vs = (f", {bp['ms_per_token'] / best['ms_per_token']:.2f}x faster than the "
-                  f"fastest peer ({label(bp, rows)})" if bp else "")
+            vs = (", " + faster(best["ms_per_token"], bp["ms_per_token"], "it",
+                                f"the fastest peer ({label(bp, rows)})") if bp else "")
             bits.append(f"the fastest of ours is {label(best, rows)} at "
                         f"{best['ms_per_token']:.3g} ms{x}{vs}")
         if len(bars) < len(shown):
@@ -244,6 +260,10 @@ def figure_caption(rows: list[dict], rungs: list[str], models: list[str]) -> str
         ties = [label(g, rows) for g in bars if st[g] == "near ties only"]
         if ties:
             bits.append("differing from the oracle only at near ties: " + "; ".join(ties))
+        unchecked = [label(g, rows) for g in bars if st[g] == NO_CHECK]
+        if unchecked:
+            bits.append("timed by its own tool, with no oracle check possible: "
+                        + "; ".join(unchecked))
         refused = [f"{label(g, rows)} ({mine[g].get('agree')})" for g in shown
                    if st[g] == "refused"]
         if refused:
@@ -277,8 +297,9 @@ def ladder_figure(rows: list[dict], smoke: bool = False, title: str = "",
     rows = _reference_flips_for(rows)
     models = list(dict.fromkeys(r["model"] for r in rows))
     rungs = rung_order(rows)
-    png = render_frame(rows, rungs, len(rungs) - 1, models, title, smoke, dpi, head=head)
-    return _Figure(png, figure_caption(rows, rungs, models))
+    png = render_frame(rows, rungs, len(rungs) - 1, models, title, smoke, dpi, head=head,
+                       highlight=False)
+    return _Figure(png, figure_caption(rows, rungs, models, highlight=False))
 
 
 def _pct(p: float) -> str:

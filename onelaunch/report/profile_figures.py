@@ -356,3 +356,73 @@ def draw_tp_split(panels: list[tuple[str, list[dict]]]):
                ncol=2, frameon=False, bbox_to_anchor=(0.5, 0))
     fig.tight_layout(rect=(0, 0.08, 1, 1))
     return fig
+
+
+BYTES_C, BEYOND_C = "#4c72b0", "#c8c8c8"    # HBM (its bytes), waiting and fixed costs
+
+
+def draw_ops(per_model: dict[str, list[dict]], head: str = ""):
+    """Where one rung's step goes, op by op (the closing page): one panel per model
+    (``per_model``: model -> its profile rows in step order), a bar per op stacked from
+    the time its bytes need at the run's read bandwidth (blue) and the time it takes
+    beyond them (grey), summed over the op's launches. Returns a figure with its
+    caption (:class:`onelaunch.report.figures._Figure`)."""
+    import io
+
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+
+    from .figures import _Figure
+    n = [len(rows) for rows in per_model.values()]
+    pitch, above, below, label_w, value_w = 0.3, 0.5, 0.45, 1.9, 1.5
+    fig_h = 0.3 + sum(above + pitch * k + 0.1 + below for k in n)
+    fig = Figure(figsize=(PAGE_W, fig_h), dpi=DPI)
+    top_ms = max(r["ms"] for rows in per_model.values() for r in rows)
+    at = 0.3
+    for model, rows in per_model.items():
+        ax_h = pitch * len(rows) + 0.1
+        at += above
+        ax = fig.add_axes([label_w / PAGE_W, 1 - (at + ax_h) / fig_h,
+                           (PAGE_W - label_w - value_w) / PAGE_W, ax_h / fig_h])
+        ys = range(len(rows))
+        ax.barh(ys, [r["bytes_ms"] for r in rows], color=BYTES_C, height=0.64)
+        ax.barh(ys, [r["beyond_ms"] for r in rows], left=[r["bytes_ms"] for r in rows],
+                color=BEYOND_C, height=0.64)
+        side = ax.get_yaxis_transform()
+        for y, r in zip(ys, rows):
+            ax.text(1.03, y, f"{r['ms'] * 1e3:.0f} µs, {r['launches']}×", transform=side,
+                    va="center", fontsize=FONT, clip_on=False)
+        ax.set_ylim(len(rows) - 0.5, -0.5)
+        ax.set_yticks(list(ys))
+        ax.set_yticklabels([r["op"] for r in rows], fontsize=FONT)
+        ax.set_xlim(0, top_ms * 1.05)
+        ax.tick_params(axis="x", labelsize=FONT)
+        ax.grid(axis="x", alpha=0.2)
+        fig.text(0.012, 1 - (at - above + 0.08) / fig_h,
+                 f"{model}, {rows[0]['rung']}: {rows[0]['step_ms']:.3f} ms a step",
+                 va="top", ha="left", fontsize=FONT + 1, fontweight="bold")
+        ax.legend(handles=[Patch(color=BYTES_C, label="its bytes at the read bandwidth"),
+                           Patch(color=BEYOND_C, label="beyond its bytes")],
+                  loc="lower left", bbox_to_anchor=(0, 1.0), ncol=2, fontsize=FONT,
+                  frameon=False, borderaxespad=0.1)
+        at += ax_h + below
+        ax.set_xlabel("ms a step, summed over the op's launches", fontsize=FONT)
+    if head:
+        fig.text(0.012, 1 - 0.08 / fig_h, head, va="top", ha="left", fontsize=FONT)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI)
+    return _Figure(buf.getvalue(), ops_caption(per_model))
+
+
+def ops_caption(per_model: dict[str, list[dict]]) -> str:
+    """The per-op figure's caption: what it shows, then per model the time beyond the
+    bytes in all and the op that takes most of it, from the same rows."""
+    parts = ["Each op of the step, in step order: the time its bytes need at the read "
+             "bandwidth of the same run (blue) and the time it takes beyond them (grey), "
+             "summed over its launches; beside each op its time and its launches."]
+    for model, rows in per_model.items():
+        beyond = sum(r["beyond_ms"] for r in rows)
+        top = max(rows, key=lambda r: r["beyond_ms"])
+        parts.append(f"{model}: {beyond:.3f} ms beyond the bytes in all, the most in "
+                     f"{top['op']} ({top['beyond_ms'] * 1e3:.0f} µs).")
+    return " ".join(parts)

@@ -12,7 +12,9 @@ measures a row owns it.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
+import functools
 import json
 import re
 import subprocess
@@ -81,7 +83,22 @@ def load_this_run(name: str, gpu: str) -> dict | None:
     return data
 
 
+@functools.lru_cache(maxsize=1)
+def driver_version() -> str | None:
+    """The NVIDIA driver's version (``nvidia-smi``), or None where there is none."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version",
+                              "--format=csv,noheader"], capture_output=True, text=True,
+                             timeout=30)
+    except Exception:
+        return None
+    lines = out.stdout.split()
+    return lines[0] if out.returncode == 0 and lines else None
+
+
 def meta(device="cuda", parameters: dict | None = None) -> dict:
+    import platform
+
     import triton
     import transformers
 
@@ -93,6 +110,8 @@ def meta(device="cuda", parameters: dict | None = None) -> dict:
         "triton": triton.__version__,
         "transformers": transformers.__version__,
         "cuda": torch.version.cuda,
+        "driver": driver_version() if torch.device(device).type == "cuda" else None,
+        "python": platform.python_version(),
         "commit": git_commit(),
         "run": run_id(),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -110,21 +129,42 @@ def load(name: str, gpu: str) -> dict | None:
     return json.loads(p.read_text()) if p.exists() else None
 
 
+@contextlib.contextmanager
+def locked(p: Path):
+    """Hold an exclusive lock for results file ``p`` (a lock file in the temporary
+    folder): chapters run side by side on the CPU merge rows into one file."""
+    import fcntl
+    import hashlib
+    import tempfile
+    tag = hashlib.sha256(str(p.resolve()).encode()).hexdigest()[:16]
+    with open(Path(tempfile.gettempdir()) / f"onelaunch-results-{tag}.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def write(name: str, rows: list[dict], device="cuda", parameters: dict | None = None,
-          merge_keys: tuple[str, ...] | None = None, gpu: str | None = None) -> Path:
-    """Write (or merge into) ``results/<gpu>/<name>.json``. With ``merge_keys``, rows of
-    an existing file whose keys are not in ``rows`` are kept."""
+          merge_keys: tuple[str, ...] | None = None, gpu: str | None = None,
+          keep=None) -> Path:
+    """Write (or merge into) ``results/<gpu>/<name>.json``, under :func:`locked`. With
+    ``merge_keys``, rows of an existing file whose keys are not in ``rows`` are kept;
+    ``keep(old_rows, rows)``, where given, picks which of ``rows`` to write first."""
     gpu = gpu or gpu_slug(device)
     p = path_for(name, gpu)
     p.parent.mkdir(parents=True, exist_ok=True)
     m = meta(device, parameters)
-    if merge_keys and p.exists():
-        old = json.loads(p.read_text())
-        key = lambda r: tuple(r.get(k) for k in merge_keys)
-        new_keys = {key(r) for r in rows}
-        kept = [r for r in old.get("rows", []) if key(r) not in new_keys]
-        rows = kept + rows
-    p.write_text(json.dumps({"meta": m, "rows": rows}, indent=1) + "\n")
+    with locked(p):
+        old = json.loads(p.read_text()) if p.exists() else {}
+        if keep is not None:
+            rows = keep(old.get("rows", []), rows)
+        if merge_keys and old:
+            key = lambda r: tuple(r.get(k) for k in merge_keys)
+            new_keys = {key(r) for r in rows}
+            kept = [r for r in old.get("rows", []) if key(r) not in new_keys]
+            rows = kept + rows
+        p.write_text(json.dumps({"meta": m, "rows": rows}, indent=1) + "\n")
     return p
 
 
@@ -157,14 +197,14 @@ def write_ladder(rows: list[dict], device="cuda", parameters=None, gpu=None,
             r.setdefault("chapter", chapter)
     # the first chapter of a run that measures a quantity writes it: a later chapter's
     # second measurement of the same (model, rung, ctx) in the same run is not merged
-    old = load("ladder", gpu)
-    first = {tuple(r.get(k) for k in LADDER_KEYS): r.get("chapter")
-             for r in (old or {}).get("rows", []) if run_key(r) == this_run()}
-    rows = [r for r in rows
-            if first.get(tuple(r.get(k) for k in LADDER_KEYS), r.get("chapter"))
-            in (None, r.get("chapter"))]
+    def first_owns(old_rows, rows):
+        first = {tuple(r.get(k) for k in LADDER_KEYS): r.get("chapter")
+                 for r in old_rows if run_key(r) == this_run()}
+        return [r for r in rows
+                if first.get(tuple(r.get(k) for k in LADDER_KEYS), r.get("chapter"))
+                in (None, r.get("chapter"))]
     return write("ladder", rows, device=device, parameters=parameters,
-                 merge_keys=LADDER_KEYS, gpu=gpu)
+                 merge_keys=LADDER_KEYS, gpu=gpu, keep=first_owns)
 
 
 # ---- what a row's oracle check says ------------------------------------------------------
@@ -223,11 +263,26 @@ def row_passes(row: dict) -> bool:
     return bool(flips_are_near_ties(row))
 
 
+NO_CHECK = "no check possible"
+
+
 def check_status(row: dict) -> str:
-    """The row's oracle check in words, the same on every page and figure: ``"pass"``
-    (full agreement, or the reference itself), ``"near ties only"`` (it differs from the
-    oracle only at recorded near ties), ``"refused"`` (no time may be shown)."""
+    """The row's oracle check in words, the same on every page, table and figure (the
+    one answer: nothing else words a check): ``"pass"`` (full agreement, or the
+    reference itself), ``"near ties only"`` (it differs from the oracle only at recorded
+    near ties), ``"no check possible"`` (a peer that shows no logits, llama.cpp: its own
+    timing, shown unchecked), ``"refused"`` (no time may be shown)."""
     if not row_passes(row):
         return "refused"
+    if row.get("unchecked"):
+        return NO_CHECK
     agree = row.get("agree")
     return "pass" if agree is None or agree_ok(agree) else "near ties only"
+
+
+def agree_text(row: dict) -> str:
+    """A row's ``agree`` as a table shows it: ``"10/12"``; "reference" for the reference
+    itself; "–" for a row that could not be checked (:data:`NO_CHECK`)."""
+    if row.get("agree") is not None:
+        return str(row["agree"])
+    return "–" if row.get("unchecked") else "reference"
