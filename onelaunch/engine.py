@@ -202,37 +202,23 @@ class Engine:
 
     # ---- what runs: read from the plan's launches, not from the arguments -------------
     def trace(self) -> list[dict]:
-        """The kernel calls one step makes, without running a kernel: every entry of the
-        plan issued while the launchers of ``onelaunch.kernels`` (``K.LAUNCHERS``) are
-        replaced by a recorder. One dict a call: ``op`` and ``layer`` (the plan entry's), ``kernel``
-        (the launcher called) and ``args`` (its arguments by name, defaults filled in).
-        An entry that issues no launcher (an all-reduce through torch.distributed, the
-        one-launch step) is one call with ``kernel`` None, and is not run."""
+        """The kernel calls one step makes, read from the plan without running a kernel.
+        One dict a launch: ``op`` and ``layer`` (the plan entry's), ``kernel`` (the
+        launcher it calls, by its name in ``K.LAUNCHERS``) and ``args`` (its arguments by
+        name, defaults filled in). A launch that calls no launcher of ``onelaunch.kernels``
+        (an all-reduce through torch.distributed, the one-launch step) has ``kernel``
+        None and no ``args``."""
         import inspect
-        calls, where = [], {}
-        real = {n: getattr(m, n) for n, m in K.LAUNCHERS.items()}
-
-        def recorder(name, fn):
-            sig = inspect.signature(fn)
-
-            def record(*args, **kwargs):
-                bound = sig.bind(*args, **kwargs)
+        calls = []
+        for launch in self.plan:
+            name = plan.launcher_name(launch.fn)
+            args = {}
+            if name is not None:
+                bound = inspect.signature(launch.fn).bind(*launch.args, **launch.kwargs)
                 bound.apply_defaults()
-                calls.append(dict(where, kernel=name, args=dict(bound.arguments)))
-            return record
-
-        try:
-            for n, f in real.items():
-                setattr(K.LAUNCHERS[n], n, recorder(n, f))
-            for launch in self.plan:
-                where = {"op": launch.op, "layer": launch.layer}
-                if launch.op in ("all_reduce", "megakernel"):   # no launcher to record
-                    calls.append(dict(where, kernel=None, args={}))
-                else:
-                    launch.run()
-        finally:
-            for n, f in real.items():
-                setattr(K.LAUNCHERS[n], n, f)
+                args = dict(bound.arguments)
+            calls.append({"op": launch.op, "layer": launch.layer, "kernel": name,
+                          "args": args})
         return calls
 
     def ran_paths(self) -> dict:
