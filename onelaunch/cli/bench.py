@@ -46,7 +46,7 @@ def cmd_bench(args) -> int:
     spec = get_spec(args.model)
     _kernels_on(device)
     from ..measure import agree
-    from ..measure.ladder import bench_rows
+    from ..peers.bench import bench_rows
     from ..measure.rungs import BENCH
     from ..measure.timing import run_bandwidth
     from ..weights import random_weights

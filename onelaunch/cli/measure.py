@@ -23,7 +23,7 @@ from ..specs import get_spec
 from ..weights import random_weights
 from ..measure import agree
 from ..measure.kernel_rows import kernel_rows, plan_op_rows
-from ..measure.ladder import bench_rows
+from ..peers.bench import bench_rows
 from ..measure.profile import PROFILE_RUNGS, profile_rows
 from ..measure.rungs import LADDER
 from ..measure.sweeps import long_context_agreement, maxctx_rows, sweep_rows
