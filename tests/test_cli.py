@@ -195,3 +195,53 @@ def test_generate_bad_input(capsys, ckpts, args, words):
 def test_generate_bad_checkpoint_for_text(capsys, ckpts, key, args, words):
     rc, out = _main(capsys, "generate", "--checkpoint", str(ckpts[key]), "--device", "cpu", *args)
     assert rc == 2 and words in one_error_line(out.err)
+
+
+# ---- bench: one parser, --what folded in ---------------------------------------------------
+@pytest.mark.parametrize("args, words", [
+    (["--what", "nope"], "unknown 'nope'"),
+    (["--what", "ops,,sweep"], "empty item"),
+    (["--what", "sweep", "--write-table"], "add --what sweepcfg"),
+    (["--what", "sweepcfg", "--write-table"], "run it on a GPU"),
+    (["--no-peers", "--peers", "llama.cpp"], "not both"),
+    (["--peers", "llama.cp"], "unknown --peers 'llama.cp'"),
+    (["--what", "ladder", "--peers", "llama.cpp"], "add peers to --what"),
+    (["--what", "peers", "--no-peers"], "nothing to measure"),
+    (["--tp", "2", "--what", "ops"], "leave out --what"),
+])
+def test_bench_bad_input_before_weights(capsys, monkeypatch, args, words):
+    import onelaunch.weights
+
+    def boom(*a, **k):
+        raise AssertionError("weights were read before the input was validated")
+    monkeypatch.setattr(onelaunch.weights, "random_weights", boom)
+    rc, out = _main(capsys, "bench", "--model", "tiny-qwen2", "--device", "cpu", *args)
+    assert rc == 2 and words in one_error_line(out.err)
+
+
+def test_bench_runs_what_it_names_in_order(capsys, monkeypatch, tmp_path):
+    """--what ops,long,sweep: each measurement once, in the run's order, every row printed
+    and written under its key; a failed verdict fails the run."""
+    from onelaunch.cli import bench
+    asked = []
+
+    def fake(key, *a):
+        asked.append(key)
+        return {"ok": False, "agree": "1/2"} if key == "long" else [{"op": key, "us": 1.0}]
+    monkeypatch.setattr(bench, "_measure", fake)
+    out_json = tmp_path / "b.json"
+    rc, out = _main(capsys, "bench", "--model", "tiny-qwen2", "--device", "cpu", "--ctx", "8",
+                    "--what", "long,ops,sweep", "--json", str(out_json))
+    assert asked == ["ops", "sweep", "long"] and rc == 1 and "FAILED: 1 row" in out.err
+    import json
+    got = json.loads(out_json.read_text())
+    assert got["ops"] == [{"op": "ops", "us": 1.0}] and got["long"]["ok"] is False
+    assert '{"op": "sweep", "us": 1.0}' in out.out and "peers" not in got
+
+
+def test_python_m_onelaunch_bench_is_the_same_parser():
+    p = subprocess.run([sys.executable, "-m", "onelaunch.bench", "--model", "tiny-qwen2",
+                        "--device", "cpu", "--what", "nope"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 2 and "unknown 'nope'" in one_error_line(p.stderr)
+    assert "python -m onelaunch bench --help" in p.stderr
