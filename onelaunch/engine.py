@@ -259,7 +259,7 @@ class Engine:
 
     def describe(self) -> str:
         """``paths`` in words, for a run's header ("split-K attention, PDL off, one
-        GPU")."""
+        GPU, a chain of 16 launches a step")."""
         p = self.paths
         words = [{"splitk": "split-K attention", "plain": "plain attention"}.get(
             p["attention"], "no attention")]
@@ -271,6 +271,8 @@ class Engine:
         how = {"all-reduce": "all-reduce", "none": "no all-reduce"}.get(
             p["tp"], f"{p['tp']} all-reduce")
         words.append("one GPU" if p["tp"] is None else f"{self.tp.world} ranks ({how})")
+        if not p.get("megakernel"):
+            words.append(f"a chain of {p['launches']} launches a step")
         return ", ".join(words)
 
     def prefill_mode(self, n: int, batched: bool) -> str:

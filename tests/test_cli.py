@@ -245,3 +245,62 @@ def test_python_m_onelaunch_bench_is_the_same_parser():
                        text=True, timeout=300)
     assert p.returncode == 2 and "unknown 'nope'" in one_error_line(p.stderr)
     assert "python -m onelaunch bench --help" in p.stderr
+
+
+# ---- generate --megakernel: the one launch on Hopper, the chain elsewhere ----------------
+GEN_TINY = ["generate", "--model", "tiny-qwen2", "--prompt-ids", "5,400", "--tokens", "1",
+            "--device", "cpu", "--prefill", "steps", "--no-pdl"]
+
+
+def test_generate_megakernel_off_hopper_runs_the_chain(capsys):
+    """On the CPU: one line says the chain runs instead, the header says which path ran,
+    and the tokens are the chain's."""
+    rc, out = _main(capsys, *GEN_TINY, "--megakernel")
+    assert rc == 0, out.err
+    from onelaunch.cli.generate import MEGAKERNEL_NOTE
+    assert [l for l in out.err.splitlines() if l.startswith("note:")] == [MEGAKERNEL_NOTE]
+    head = out.out.splitlines()[0]
+    assert "a chain of 16 launches a step" in head and "megakernel" not in head
+    rc, plain = _main(capsys, *GEN_TINY)
+    ids = lambda o: [l for l in o.out.splitlines() if l.startswith("ids:")]
+    assert rc == 0 and ids(plain) == ids(out) and "note:" not in plain.err
+
+
+class _Reached(Exception):
+    """The engine was asked for: its keyword arguments."""
+
+
+@pytest.mark.parametrize("flag, want", [(["--megakernel"], True), ([], False)])
+def test_generate_megakernel_reaches_the_engine_on_hopper(capsys, monkeypatch, flag, want):
+    """With the capability check saying Hopper (mocked: nothing runs), --megakernel asks
+    the engine for the one launch; without it, for the chain."""
+    import onelaunch.engine
+    import onelaunch.megakernel.step as mk
+
+    def engine(*a, **kw):
+        raise _Reached(kw)
+    monkeypatch.setattr(mk, "device_refusal", lambda device: None)
+    monkeypatch.setattr(mk, "refusal", lambda spec, max_ctx=None: None)
+    monkeypatch.setattr(onelaunch.engine, "Engine", engine)
+    with pytest.raises(_Reached) as got:
+        main([*GEN_TINY, *flag])
+    assert got.value.args[0]["megakernel"] is want
+    assert "note:" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, words, hopper", [
+    (["--megakernel", "--attention", "plain"], "leave out --tp and --attention plain", False),
+    (["--megakernel", "--tp", "2"], "leave out --tp", False),
+    (["--megakernel"], "--megakernel: the one-launch step needs hidden", True),
+])
+def test_generate_megakernel_refusals_before_weights(capsys, monkeypatch, args, words, hopper):
+    import onelaunch.megakernel.step as mk
+    import onelaunch.weights
+
+    def boom(*a, **k):
+        raise AssertionError("weights were read before the input was validated")
+    monkeypatch.setattr(onelaunch.weights, "random_weights", boom)
+    if hopper:                    # the tiny model's shapes, refused on a (mocked) Hopper
+        monkeypatch.setattr(mk, "device_refusal", lambda device: None)
+    rc, out = _main(capsys, *GEN_TINY, *args)
+    assert rc == 2 and words in one_error_line(out.err)
