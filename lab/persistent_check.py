@@ -252,8 +252,7 @@ def child(a) -> int:
         row = {"programs": programs}
         try:
             for n in ("persistent", "persistent_noprefetch"):
-                eng[n].persist = dataclasses.replace(po, grid=programs)   # read at launch
-                eng[n].graph = None
+                eng[n].replan(persist=dataclasses.replace(po, grid=programs))
                 eng[n].capture()
             b = lockstep(["persistent", "persistent_noprefetch"])
             row["x_identical"] = b["persistent"]["x_identical"] and b["persistent_noprefetch"]["x_identical"]
@@ -263,7 +262,7 @@ def child(a) -> int:
         res["grids"].append(row)
         save()
     for n in ("persistent", "persistent_noprefetch"):
-        eng[n].persist = po
+        eng[n].replan(persist=po)
 
     res["stage"] = "kernel"
     try:           # one more eager launch of layer 0 returns the compiled kernel (state is spent)

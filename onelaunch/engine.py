@@ -147,8 +147,7 @@ class Engine:
         # split-K unit: the live length is shared out in it
         self.chunk = K.attention_splitk.chunk_for(self.max_ctx)
         # live splits a kv head at most (0: the default for this model; None: no cap)
-        self.live_cap = (K.attention_splitk.default_live_cap(spec.kv_heads) if live_cap == 0
-                         else live_cap)
+        self.live_cap = self._live_cap(live_cap)
         # ---- the step: a list of launches; each builder asks for the buffers it needs --
         # (the one-launch step: megakernel/step.py, over this engine's buffers)
         self.mega = None
@@ -159,6 +158,27 @@ class Engine:
         self.graph = None
         self.paths = self.ran_paths()   # what the plan runs, read from its launches
         self.last_run: dict | None = None   # what the last generate/teacher_forced ran
+
+    def _live_cap(self, live_cap: int | None) -> int | None:
+        return (K.attention_splitk.default_live_cap(self.spec.kv_heads) if live_cap == 0
+                else live_cap)
+
+    def replan(self, **changes):
+        """Change settings the launches read, ``live_cap`` or ``persist`` (as in the
+        constructor), and rebuild the plan with them: each launch holds its arguments, so
+        a setting reaches the step only through a new plan. The next graph step
+        recaptures."""
+        bad = sorted(set(changes) - {"live_cap", "persist"})
+        if bad or self.mega is not None:
+            raise EngineError(f"replan changes live_cap or persist of a chain of kernels, "
+                              f"not {bad or 'the one-launch step'}")
+        if "live_cap" in changes:
+            self.live_cap = self._live_cap(changes["live_cap"])
+        if "persist" in changes:
+            self.persist = changes["persist"] or PersistentOptions()
+        self.plan = plan.build(self)
+        self.paths = self.ran_paths()
+        self.graph = None
 
     # ---- buffers and launch configurations, for the plan's builders ---------------------
     def buf(self, name: str, shape, dtype=torch.bfloat16) -> torch.Tensor:
