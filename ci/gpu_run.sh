@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU run: the package's checks and measurements in one call on the GPU machine,
+# The GPU run: the package's checks and measurements in one call on a machine with GPUs,
 # each stage time-limited and logged, never fatal; results and logs in one archive.
 #   bash ci/gpu_run.sh [STAGES]      STAGES: comma list (default env,check,bench,cli) of
 #     env       nvidia-smi and versions
@@ -16,7 +16,7 @@
 #               then the llama.cpp peer for both models (GGUFs of the run's weights);
 #               runs before cli and moepeers, which then include it among the peers
 #     pytest    the GPU-marked tests
-#     tokens    the engine before and after a refactor, same session: tokens and step
+#     tokens    the engine before and after a refactor, same run: tokens and step
 #               time (lab/engine_tokens.py; carry .old = `git archive OLD onelaunch |
 #               tar -x -C .old`)
 #     tp        2 GPUs: `bench --tp 2` for both models

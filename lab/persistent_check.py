@@ -10,14 +10,14 @@ against the split-K + PDL engine, then ms per token.
 (On a CPU, ``TRITON_INTERPRET=1 python lab/persistent_check.py /tmp/p.json --model
 tiny-qwen2 --ctx 8 --steps 2 --iters 2 --warps 4 --grids 1`` is a dry run of the script.)
 
-Measured (NOTES.md; every variant bit-identical to its reference): entry 13
-(`results/h200/session6/persistent_check.json`): the register ring, best at 4 warps and
-2 programs an SM, 1.904 ms against the chain's 1.19; entry 14
-(`results/h200/session7/persistent_stream.json`): streamed through shared memory, 1.54
-ms; entry 16 (`results/h200/session8/`): each op's own tiles; entry 17
-(`results/h200/session9/`): 3-4 programs an SM slower, and the phases' clock (a layer
-50 us, a quarter of it in the three weightless phases); entry 18: RoPE folded into the
-attention phase (``--persist fold_rope=1``).
+Measured (every variant bit-identical to its reference):
+`results/h200/session6/persistent_check.json`: the register ring, best at 4 warps and
+2 programs an SM, 1.904 ms against the chain's 1.19;
+`results/h200/session7/persistent_stream.json`: streamed through shared memory, 1.54
+ms; `results/h200/session8/`: each op's own tiles; `results/h200/session9/`: 3-4
+programs an SM slower, and the phases' clock (a layer 50 us, a quarter of it in the
+three weightless phases); `results/h200/session10/fold_qwen_*.json`: RoPE folded into
+the attention phase (``--persist fold_rope=1``).
 
 Writes OUT.json (default $OUT/persistent.json, else ./persistent.json) and prints it.
 Each num_warps runs in a child process under a timeout (a persistent kernel whose
@@ -25,7 +25,7 @@ programs are not all resident would spin forever; the child also has a watchdog 
 that ends it with os._exit), so the check always ends. A child:
 
   * builds four engines on one set of weights: ``pdl`` (split-K + PDL, the tuned launch
-    configurations: the engine of today), ``ref`` (the same at the persistent kernel's
+    configurations: the engine's default), ``ref`` (the same at the persistent kernel's
     num_warps: ``plan.persistent_cfgs``, the bit-for-bit reference; equal to ``pdl`` when
     every tuned op already runs at those warps), ``persistent`` and ``persistent_noprefetch``
     (NEXT=0: no weight tile requested before a barrier);

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from onelaunch.engine import Engine
-from onelaunch.cli import measure as commands
+from onelaunch.cli import profile as commands
 from onelaunch.measure import agree, ladder, profile, rungs, trace
 from onelaunch.measure.trace import ProfileError, attribute, split_replays
 from onelaunch.report import profile_figures
@@ -444,7 +444,7 @@ def test_clock_phases_reads_the_stamps():
 
 
 def clock_rows():
-    """Phase rows as ``phase_rows`` makes them: Qwen's clock of session 9 (us), the
+    """Phase rows as ``phase_rows`` makes them: Qwen's clock in results/h200/session9/ (us), the
     bytes at 4 TB/s."""
     lp = __import__("importlib").import_module("onelaunch.kernels.layer_persistent")
     clock = [(4.5, 4.0, 0.75, 6.3e6), (2.5, 0.75, 0.75, 0), (4.25, 0.25, 0.75, 5.2e5),

@@ -46,11 +46,11 @@ TABLE: dict[str, dict[str, dict]] = {
     "sm_90": {   # the GEMVs' entries are in tuned/sm_90.json (a sweep: NOTES.md)
         "attention":  dict(BLOCK_T=64, num_warps=4),
         "attention_splitk": dict(BLOCK_T=64, num_warps=4),
-        # measured (H200, Qwen, ctx 512; NOTES.md 13-14): with a register ring, 8 warps
+        # measured (H200, Qwen, ctx 512; results/h200/session6/): with a register ring, 8 warps
         # 1 program per SM 2.47 ms, 4 warps 2 per SM 1.90; streamed through shared memory
         # (results/h200/session7/persistent_stream.json) 4 warps 2 per SM, 4 stages of
         # 8 x 512: 1.55 ms (8 warps 1 per SM, 4 of 16 x 512: 1.54; 6 of 8 x 512: 1.63).
-        # PDL=0: launched without PDL (session8/*_nopdl.json, NOTES.md 16): OLMoE 1.67 ->
+        # PDL=0: launched without PDL (results/h200/session8/*_nopdl.json): OLMoE 1.67 ->
         # 1.50 ms, Qwen 1.54 -> 1.56 (within the step's noise). FOLD_ROPE=1: RoPE and the
         # KV write inside the attention phase, one barrier fewer (Qwen 1.557 -> 1.501 ms,
         # bit for bit, results/h200/session10/fold_qwen_*.json; OLMoE's q/k norm keeps

@@ -90,14 +90,13 @@ RUNGS: dict[str, Rung] = _rungs(
     Rung("persistent, tiles ahead", attention="splitk", graph=True, pdl=True,
          persistent=True, cfgs={"layer_persistent": {"NEXT": 1, "STAGES": 0}}),
     Rung("+ persistent layer", attention="splitk", graph=True, pdl=True, persistent=True),
-    # the whole step in one persistent Gluon launch (megakernel/step.py, issue 25): dense
-    # models on Hopper
+    # the whole step in one persistent Gluon launch (megakernel/step.py): on Hopper
     Rung(MEGA, attention="splitk", graph=True, pdl=False, megakernel=True),
 )
 
 # The ladder: the rungs every chapter's table shows, in order. "+ RoPE in attention"
 # (ladder_rows(rungs=...) runs it) measured slower than + PDL on the H200 and is not a
-# rung of the ladder: NOTES.md, entry 8
+# rung of the ladder
 LADDER = ("fused eager", "fused + graph", "+ split-K", "+ PDL")
 # bench's rungs: the ladder, then the one-launch step where it runs (dense, Hopper)
 BENCH = LADDER + (MEGA,)

@@ -18,7 +18,7 @@ at commit 0c1e57098) and what its loader asks for (``src/models/qwen2.cpp``,
   HF's fused ``gate_up_proj`` [E, 2I, H], gate first) and ``[E, H, I]``
   (``ffn_down_exps``).
 
-Checked once by hand (session 14, on the CPU): llama.cpp 0c1e57098 built CPU-only ran
+Checked by hand on the CPU: llama.cpp 0c1e57098 built CPU-only ran
 both tiny specs' GGUFs (``llama-bench``, and its ``examples/simple`` with the token
 ids printed), and its 12 greedy tokens after a 41-token prompt equalled the oracle's for
 both models: the names, layouts, gate/up order, norms and routing are read as we mean them.
