@@ -260,20 +260,20 @@ def head(e) -> list[Launch]:
     val, idx = e.buf("lm_val", (n_prog,), F32), e.buf("lm_idx", (n_prog,), I32)
     counter = e.buf("lm_counter", (1,), I32)
     nbytes = _nbytes(W["norm"], W["lm_head"])
-    args = (e.x, W["norm"], W["lm_head"], logits, val, idx, counter, e.seq, e.pos,
-            e.prompt_len, s.rms_eps)
-    kw = dict(use_pdl=e.pdl, cfg=c, argmax=e.argmax)
+    lm_args = (e.x, W["norm"], W["lm_head"], logits, val, idx, counter, e.seq, e.pos,
+               e.prompt_len, s.rms_eps)
+    lm_kw = dict(use_pdl=e.pdl, cfg=c, argmax=e.argmax)
     lm_head = lambda **more: Launch("lm_head_argmax", None, K.lm_head_argmax.lm_head_argmax,
-                                    nbytes, args=args, kwargs=dict(kw, **more))
+                                    nbytes, args=lm_args, kwargs=dict(lm_kw, **more))
     if tp is None or tp.rung == "none":               # none: the rank's own best (timing only)
         return [lm_head()]
     where = dict(vocab_offset=tp.vocab_offset(), rank=tp.rank, world=tp.world)
     if tp.fused or tp.rung == "p2p":
         return [lm_head(peer=tp.site(), **where)]
     keys = tp.buffer(e, "lm_keys", (2 * tp.world,))    # (max, index) per rank, zeros elsewhere
-    reduce, total = tp.allreduce(e, keys)
+    reduce, sum_args, total = tp.allreduce(e, keys)
     return [lm_head(keys=keys, **where),
-            Launch("all_reduce", None, reduce, 0),
+            Launch("all_reduce", None, reduce, 0, args=sum_args),
             Launch("argmax_merge", None, K.tp_ops.argmax_merge, 0,
                    args=(total, e.seq, e.pos, e.prompt_len, tp.world),
                    kwargs=dict(use_pdl=e.pdl, argmax=e.argmax))]
@@ -288,7 +288,7 @@ def into_residual(e, op: str, li: int, weight_bytes: int, fn, args: tuple,
     finishes a row tile exchanges it with the other ranks and adds the sum); the others
     write the rank's fp32 partial (``out=``), all-reduce it (one more launch) and add it
     to x (one more); ``p2p`` exchanges in a launch of its own (``allreduce_residual``).
-    An all-reduce launch carries the group's call (``tp.Group.allreduce``), no launcher."""
+    An all-reduce launch calls what the group's rung sums with (``tp.Group.allreduce``)."""
     tp = e.tp
     gemv = lambda **more: Launch(op, li, fn, weight_bytes, args=args,
                                  kwargs=dict(kwargs, **more))
@@ -301,8 +301,8 @@ def into_residual(e, op: str, li: int, weight_bytes: int, fn, args: tuple,
     if tp.rung == "p2p":                 # the peer exchange as a launch of its own
         return out + [Launch("allreduce_residual", li, K.tp_ops.allreduce_residual, 0,
                              args=(part, e.x, tp.site()), kwargs=dict(use_pdl=e.pdl))]
-    reduce, total = tp.allreduce(e, part)
-    return out + [Launch("all_reduce", li, reduce, 0),
+    reduce, sum_args, total = tp.allreduce(e, part)
+    return out + [Launch("all_reduce", li, reduce, 0, args=sum_args),
                   Launch("residual_add", li, K.tp_ops.residual_add, 0,
                          args=(total, e.x), kwargs=dict(use_pdl=e.pdl))]
 
@@ -318,10 +318,10 @@ def qk_sumsq(e, li: int, qkv) -> tuple[list[Launch], torch.Tensor]:
                        args=(qkv, ss, s.q_size, s.kv_size),
                        kwargs=dict(use_pdl=e.pdl, **peer))], ss
     ss = tp.buffer(e, "qk_ss", (2,))
-    reduce, total = tp.allreduce(e, ss)
+    reduce, sum_args, total = tp.allreduce(e, ss)
     return [Launch("qk_sumsq", li, K.tp_ops.qk_sumsq, 0,
                    args=(qkv, ss, s.q_size, s.kv_size), kwargs=dict(use_pdl=e.pdl)),
-            Launch("all_reduce", li, reduce, 0)], total
+            Launch("all_reduce", li, reduce, 0, args=sum_args)], total
 
 
 def build(e) -> list[Launch]:
