@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU run: the package's checks and measurements in one call on the GPU host,
+# The GPU run: the package's checks and measurements in one call on a machine with GPUs,
 # each stage time-limited and logged, never fatal; results and logs in one archive.
 #   bash ci/gpu_run.sh [STAGES]      STAGES: comma list (default env,check,bench,cli) of
 #     env       nvidia-smi and versions
@@ -16,7 +16,7 @@
 #               then the llama.cpp peer for both models (GGUFs of the run's weights);
 #               runs before cli and moepeers, which then include it among the peers
 #     pytest    the GPU-marked tests
-#     tokens    the engine before and after a refactor, one GPU call: tokens and step
+#     tokens    the engine before and after a refactor, same run: tokens and step
 #               time (lab/engine_tokens.py; carry .old = `git archive OLD onelaunch |
 #               tar -x -C .old`)
 #     tp        2 GPUs: `bench --tp 2` for both models
@@ -49,18 +49,18 @@ has() { [[ ",$STAGES," == *",$1,"* ]]; }
 has env && run env 60 bash -c 'nvidia-smi; python3 -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__, torch.cuda.get_device_name())"'
 has check && run check_qwen 240 python3 -m onelaunch check --model qwen2.5-1.5b --device cuda --prompt-len 128 --tokens 12
 has check && run check_olmoe 240 python3 -m onelaunch check --model olmoe-1b-7b --device cuda --prompt-len 128 --tokens 12
-has tune && run tune 330 python3 -m onelaunch.bench --what sweepcfg --write-table --json work/tune.json && cp -r onelaunch/kernels/tuned work/ 2>/dev/null
-has tune && run moetune 420 python3 -m onelaunch.bench --model olmoe-1b-7b --what sweepplan --write-table --json work/olmoe_plan_sweep.json && cp -r onelaunch/kernels/tuned work/
-has bench && run bench 400 python3 -m onelaunch.bench --what kernels,ladder,sweep,long --json work/bench.json
-has moe && run moe 300 python3 -m onelaunch.bench --model olmoe-1b-7b --what ops,ladder,sweep,long --json work/olmoe_bench.json
+has tune && run tune 330 python3 -m onelaunch bench --model qwen2.5-1.5b --what sweepcfg --write-table --json work/tune.json && cp -r onelaunch/kernels/tuned work/ 2>/dev/null
+has tune && run moetune 420 python3 -m onelaunch bench --model olmoe-1b-7b --what sweepplan --write-table --json work/olmoe_plan_sweep.json && cp -r onelaunch/kernels/tuned work/
+has bench && run bench 400 python3 -m onelaunch bench --model qwen2.5-1.5b --what kernels,ladder,sweep,long --json work/bench.json
+has moe && run moe 300 python3 -m onelaunch bench --model olmoe-1b-7b --what ops,ladder,sweep,long --json work/olmoe_bench.json
 if has llama; then
   run llama_build 600 bash ci/llama_build.sh build 90-real
   python3 -c "import gguf" 2>/dev/null || export PYTHONPATH=$PYTHONPATH:$PWD/.llama/src/gguf-py
-  run llama_qwen 400 python3 -m onelaunch.bench --model qwen2.5-1.5b --what peers --peers llama.cpp --json work/llama_qwen.json
-  run llama_olmoe 500 python3 -m onelaunch.bench --model olmoe-1b-7b --what peers --peers llama.cpp --json work/llama_olmoe.json
+  run llama_qwen 400 python3 -m onelaunch bench --model qwen2.5-1.5b --what peers --peers llama.cpp --json work/llama_qwen.json
+  run llama_olmoe 500 python3 -m onelaunch bench --model olmoe-1b-7b --what peers --peers llama.cpp --json work/llama_olmoe.json
 fi
 has cli && run cli 420 python3 -m onelaunch bench --model qwen2.5-1.5b --ctx 512 --json work/cli_bench.json
-has moepeers && run moepeers 500 python3 -m onelaunch.bench --model olmoe-1b-7b --what peers,ladder --json work/olmoe_peers.json
+has moepeers && run moepeers 500 python3 -m onelaunch bench --model olmoe-1b-7b --what peers,ladder --json work/olmoe_peers.json
 has tokens && [ -d .old/onelaunch ] && for v in old new old new; do
   if [ $v = old ]; then pp=$PWD/.old; else pp=$PWD; fi
   run tokens_$v 150 env PYTHONPATH=$pp python3 lab/engine_tokens.py qwen2.5-1.5b 512 work/tokens_$v.json --pdl

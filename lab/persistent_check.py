@@ -26,7 +26,7 @@ programs are not all resident would spin forever; the child also has a watchdog 
 that ends it with os._exit), so the check always ends. A child:
 
   * builds four engines on one set of weights: ``pdl`` (split-K + PDL, the tuned launch
-    configurations: the engine of today), ``ref`` (the same at the persistent kernel's
+    configurations: the engine's default), ``ref`` (the same at the persistent kernel's
     num_warps: ``plan.persistent_cfgs``, the bit-for-bit reference; equal to ``pdl`` when
     every tuned op already runs at those warps), ``persistent`` and ``persistent_noprefetch``
     (NEXT=0: no weight tile requested before a barrier);
@@ -253,8 +253,7 @@ def child(a) -> int:
         row = {"programs": programs}
         try:
             for n in ("persistent", "persistent_noprefetch"):
-                eng[n].persist = dataclasses.replace(po, grid=programs)   # read at launch
-                eng[n].graph = None
+                eng[n].replan(persist=dataclasses.replace(po, grid=programs))
                 eng[n].capture()
             b = lockstep(["persistent", "persistent_noprefetch"])
             row["x_identical"] = b["persistent"]["x_identical"] and b["persistent_noprefetch"]["x_identical"]
@@ -264,7 +263,7 @@ def child(a) -> int:
         res["grids"].append(row)
         save()
     for n in ("persistent", "persistent_noprefetch"):
-        eng[n].persist = po
+        eng[n].replan(persist=po)
 
     res["stage"] = "kernel"
     try:           # one more eager launch of layer 0 returns the compiled kernel (state is spent)

@@ -1,9 +1,8 @@
-"""``python -m onelaunch.bench``: every kernel and rung, checked, then timed
-(:func:`onelaunch.cli.measure.bench_main`; the measurements live in
-:mod:`onelaunch.measure`)."""
+"""``python -m onelaunch.bench ARGS`` is ``python -m onelaunch bench ARGS``: the same parser
+and command (:mod:`onelaunch.cli.bench`)."""
 import sys
 
-from .cli.measure import bench_main
+from .cli import main
 
 if __name__ == "__main__":
-    sys.exit(bench_main())
+    sys.exit(main(["bench", *sys.argv[1:]]))

@@ -147,8 +147,7 @@ class Engine:
         # split-K unit: the live length is shared out in it
         self.chunk = K.attention_splitk.chunk_for(self.max_ctx)
         # live splits a kv head at most (0: the default for this model; None: no cap)
-        self.live_cap = (K.attention_splitk.default_live_cap(spec.kv_heads) if live_cap == 0
-                         else live_cap)
+        self.live_cap = self._live_cap(live_cap)
         # ---- the step: a list of launches; each builder asks for the buffers it needs --
         # (the one-launch step: megakernel/step.py, over this engine's buffers)
         self.mega = None
@@ -159,6 +158,27 @@ class Engine:
         self.graph = None
         self.paths = self.ran_paths()   # what the plan runs, read from its launches
         self.last_run: dict | None = None   # what the last generate/teacher_forced ran
+
+    def _live_cap(self, live_cap: int | None) -> int | None:
+        return (K.attention_splitk.default_live_cap(self.spec.kv_heads) if live_cap == 0
+                else live_cap)
+
+    def replan(self, **changes):
+        """Change settings the launches read, ``live_cap`` or ``persist`` (as in the
+        constructor), and rebuild the plan with them: each launch holds its arguments, so
+        a setting reaches the step only through a new plan. The next graph step
+        recaptures."""
+        bad = sorted(set(changes) - {"live_cap", "persist"})
+        if bad or self.mega is not None:
+            raise EngineError(f"replan changes live_cap or persist of a chain of kernels, "
+                              f"not {bad or 'the one-launch step'}")
+        if "live_cap" in changes:
+            self.live_cap = self._live_cap(changes["live_cap"])
+        if "persist" in changes:
+            self.persist = changes["persist"] or PersistentOptions()
+        self.plan = plan.build(self)
+        self.paths = self.ran_paths()
+        self.graph = None
 
     # ---- buffers and launch configurations, for the plan's builders ---------------------
     def buf(self, name: str, shape, dtype=torch.bfloat16) -> torch.Tensor:
@@ -202,37 +222,23 @@ class Engine:
 
     # ---- what runs: read from the plan's launches, not from the arguments -------------
     def trace(self) -> list[dict]:
-        """The kernel calls one step makes, without running a kernel: every entry of the
-        plan issued while the launchers of ``onelaunch.kernels`` (``K.LAUNCHERS``) are
-        replaced by a recorder. One dict a call: ``op`` and ``layer`` (the plan entry's), ``kernel``
-        (the launcher called) and ``args`` (its arguments by name, defaults filled in).
-        An entry that issues no launcher (an all-reduce through torch.distributed, the
-        one-launch step) is one call with ``kernel`` None, and is not run."""
+        """The kernel calls one step makes, read from the plan without running a kernel.
+        One dict a launch: ``op`` and ``layer`` (the plan entry's), ``kernel`` (the
+        launcher it calls, by its name in ``K.LAUNCHERS``) and ``args`` (its arguments by
+        name, defaults filled in). A launch that calls no launcher of ``onelaunch.kernels``
+        (an all-reduce through torch.distributed, the one-launch step) has ``kernel``
+        None and no ``args``."""
         import inspect
-        calls, where = [], {}
-        real = {n: getattr(m, n) for n, m in K.LAUNCHERS.items()}
-
-        def recorder(name, fn):
-            sig = inspect.signature(fn)
-
-            def record(*args, **kwargs):
-                bound = sig.bind(*args, **kwargs)
+        calls = []
+        for launch in self.plan:
+            name = plan.launcher_name(launch.fn)
+            args = {}
+            if name is not None:
+                bound = inspect.signature(launch.fn).bind(*launch.args, **launch.kwargs)
                 bound.apply_defaults()
-                calls.append(dict(where, kernel=name, args=dict(bound.arguments)))
-            return record
-
-        try:
-            for n, f in real.items():
-                setattr(K.LAUNCHERS[n], n, recorder(n, f))
-            for launch in self.plan:
-                where = {"op": launch.op, "layer": launch.layer}
-                if launch.op in ("all_reduce", "megakernel"):   # no launcher to record
-                    calls.append(dict(where, kernel=None, args={}))
-                else:
-                    launch.run()
-        finally:
-            for n, f in real.items():
-                setattr(K.LAUNCHERS[n], n, f)
+                args = dict(bound.arguments)
+            calls.append({"op": launch.op, "layer": launch.layer, "kernel": name,
+                          "args": args})
         return calls
 
     def ran_paths(self) -> dict:
@@ -273,7 +279,7 @@ class Engine:
 
     def describe(self) -> str:
         """``paths`` in words, for a run's header ("split-K attention, PDL off, one
-        GPU")."""
+        GPU, a chain of 16 launches a step")."""
         p = self.paths
         words = [{"splitk": "split-K attention", "plain": "plain attention"}.get(
             p["attention"], "no attention")]
@@ -285,6 +291,8 @@ class Engine:
         how = {"all-reduce": "all-reduce", "none": "no all-reduce"}.get(
             p["tp"], f"{p['tp']} all-reduce")
         words.append("one GPU" if p["tp"] is None else f"{self.tp.world} ranks ({how})")
+        if not p.get("megakernel"):
+            words.append(f"a chain of {p['launches']} launches a step")
         return ", ".join(words)
 
     def prefill_mode(self, n: int, batched: bool) -> str:

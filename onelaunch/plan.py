@@ -4,21 +4,23 @@
 
 (or, with ``e.persistent``, one ``layer_persistent(e, l)`` launch for each layer l)
 
-Each entry is one kernel launch: its op, its layer, a closure that issues it (reading and
-writing the engine's static buffers) and the bytes it must read. So ``len(plan)`` is the
+Each entry is one kernel launch: its op, its layer, the launcher it calls (a function of
+``onelaunch.kernels``) with the arguments it passes (the engine's static buffers, the
+weights, the launch configuration) and the bytes it must read. So ``len(plan)`` is the
 launch count, ``for launch in plan: launch.run()`` is the step (eagerly, or once under a
-CUDA-graph capture), and the chapters print the plan as a table. A model differs only in
-the blocks it picks: the dense MLP (Qwen) or the mixture of experts (OLMoE); attention
-adds q/k normalisation where the spec asks for it. Buffers are asked for by name from the
-engine (``e.buf``) as the builders need them, so an engine allocates only what its plan
-uses, and layers share one activation buffer per name.
+CUDA-graph capture), ``Engine.trace`` reads the calls without running one, and the
+chapters print the plan as a table. A model differs only in the blocks it picks: the
+dense MLP (Qwen) or the mixture of experts (OLMoE); attention adds q/k normalisation
+where the spec asks for it. Buffers are asked for by name from the engine (``e.buf``) as
+the builders need them, so an engine allocates only what its plan uses, and layers share
+one activation buffer per name.
 
 This is the shape of Hazy Research's megakernel schedule (a list of instructions per
 layer) kept as plain Python: a later persistent kernel can serialise the same list.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -33,14 +35,28 @@ I32 = torch.int32
 
 @dataclass
 class Launch:
+    """One launch of the step: ``fn(*args, **kwargs)``, nothing hidden in a closure."""
     op: str                          # the fused op, named for its launcher
     layer: int | None                # None for the embedding and the head
-    run: Callable[[], object]        # issues the launch; reads everything on the device
+    fn: Callable = field(repr=False)  # the launcher; reads everything on the device
     weight_bytes: int                # weight bytes it must stream per token
     kv_bytes_per_ctx: int = 0        # cache bytes it reads per token of context
+    args: tuple = field(default=(), repr=False)        # fn's positional arguments
+    kwargs: dict = field(default_factory=dict, repr=False)
+
+    def run(self):
+        """Issue the launch."""
+        return self.fn(*self.args, **self.kwargs)
 
     def bytes_at(self, ctx: int) -> int:
         return self.weight_bytes + ctx * self.kv_bytes_per_ctx
+
+
+def launcher_name(fn) -> str | None:
+    """The name of ``fn`` among the launchers of ``onelaunch.kernels`` (``K.LAUNCHERS``),
+    or None for anything else (an all-reduce through torch.distributed, the one-launch
+    step's Gluon kernel)."""
+    return next((n for n, m in K.LAUNCHERS.items() if getattr(m, n, None) is fn), None)
 
 
 def _nbytes(*ts) -> int:
@@ -50,8 +66,8 @@ def _nbytes(*ts) -> int:
 # ---- blocks -----------------------------------------------------------------------------
 def embedding(e) -> list[Launch]:
     E = e.W["embed"]
-    return [Launch("embed", None, lambda: K.embed.embed(E, e.x, e.seq, e.pos, use_pdl=e.pdl),
-                   E.shape[1] * E.element_size())]
+    return [Launch("embed", None, K.embed.embed, E.shape[1] * E.element_size(),
+                   args=(E, e.x, e.seq, e.pos), kwargs=dict(use_pdl=e.pdl))]
 
 
 def attention(e, li: int) -> list[Launch]:
@@ -62,9 +78,10 @@ def attention(e, li: int) -> list[Launch]:
     kc, vc = e.k_cache[li], e.v_cache[li]
     kv_ctx = 2 * s.kv_heads * s.head_dim * kc.element_size()
     c_qkv, c_o = e.cfg("rms_qkv", L["w_qkv"]), e.cfg("o_proj_residual", L["w_o"])
-    out = [Launch("rms_qkv", li, lambda: K.rms_qkv.rms_qkv(
-        e.x, L["input_norm"], L["w_qkv"], L["b_qkv"], qkv, s.rms_eps, use_pdl=pdl, cfg=c_qkv),
-                  _nbytes(L["input_norm"], L["w_qkv"], L["b_qkv"]))]
+    out = [Launch("rms_qkv", li, K.rms_qkv.rms_qkv,
+                  _nbytes(L["input_norm"], L["w_qkv"], L["b_qkv"]),
+                  args=(e.x, L["input_norm"], L["w_qkv"], L["b_qkv"], qkv, s.rms_eps),
+                  kwargs=dict(use_pdl=pdl, cfg=c_qkv))]
     q = e.buf("q", (s.q_size,))                   # q after RoPE
     qn, kn = L.get("q_norm"), L.get("k_norm")
     norm = {}
@@ -72,28 +89,32 @@ def attention(e, li: int) -> list[Launch]:
         launches, ss = qk_sumsq(e, li, qkv)
         out += launches
         norm = dict(ss=ss, q_total=e.tp.full.q_size, k_total=e.tp.full.kv_size)
-    out.append(Launch("rope_kv_write", li, lambda: K.rope_kv_write.rope_kv_write(
-        qkv, q, kc, vc, e.cos, e.sin, e.pos, s.heads, s.kv_heads, s.head_dim, use_pdl=pdl,
-        q_norm=qn, k_norm=kn, eps=s.rms_eps, **norm), _nbytes(qn, kn)))
+    out.append(Launch("rope_kv_write", li, K.rope_kv_write.rope_kv_write, _nbytes(qn, kn),
+                      args=(qkv, q, kc, vc, e.cos, e.sin, e.pos, s.heads, s.kv_heads,
+                            s.head_dim),
+                      kwargs=dict(use_pdl=pdl, q_norm=qn, k_norm=kn, eps=s.rms_eps, **norm)))
     if e.attention == "plain":
         c = e.cfg("attention")
-        out.append(Launch("attention", li, lambda: K.attention.attention(
-            q, kc, vc, attn, e.pos, s.heads, s.kv_heads, s.head_dim, c, use_pdl=pdl), 0, kv_ctx))
+        out.append(Launch("attention", li, K.attention.attention, 0, kv_ctx,
+                          args=(q, kc, vc, attn, e.pos, s.heads, s.kv_heads, s.head_dim, c),
+                          kwargs=dict(use_pdl=pdl)))
     else:
         c = e.cfg("attention_splitk")
         pm, pl, po = e.partials()
-        out.append(Launch("attention_partial", li, lambda: K.attention_splitk.attention_partial(
-            q, kc, vc, e.pos, po, pm, pl, s.heads, s.kv_heads, s.head_dim, e.chunk, c,
-            use_pdl=pdl, live_cap=e.live_cap), 0, kv_ctx))
+        out.append(Launch("attention_partial", li, K.attention_splitk.attention_partial, 0,
+                          kv_ctx,
+                          args=(q, kc, vc, e.pos, po, pm, pl, s.heads, s.kv_heads,
+                                s.head_dim, e.chunk, c),
+                          kwargs=dict(use_pdl=pdl, live_cap=e.live_cap)))
     if e.attention == "splitk":
         pm, pl, po = e.partials()
         rw = e.cfg("attention_splitk").get("reduce_warps", 4)
-        out.append(Launch("attention_reduce", li, lambda: K.attention_splitk.attention_reduce(
-            po, pm, pl, attn, e.pos, s.head_dim, e.chunk, use_pdl=pdl, num_warps=rw,
-            live_cap=e.live_cap), 0))
+        out.append(Launch("attention_reduce", li, K.attention_splitk.attention_reduce, 0,
+                          args=(po, pm, pl, attn, e.pos, s.head_dim, e.chunk),
+                          kwargs=dict(use_pdl=pdl, num_warps=rw, live_cap=e.live_cap)))
     out += into_residual(e, "o_proj_residual", li, _nbytes(L["w_o"]),
-                         lambda **tp: K.o_proj_residual.o_proj_residual(
-                             attn, L["w_o"], e.x, use_pdl=pdl, cfg=c_o, **tp))
+                         K.o_proj_residual.o_proj_residual, (attn, L["w_o"], e.x),
+                         dict(use_pdl=pdl, cfg=c_o))
     return out
 
 
@@ -105,12 +126,13 @@ def dense_mlp(e, li: int) -> list[Launch]:
     scratch = e.buf("down_scratch", (16 * s.hidden,), F32)          # [SPLIT_K, N], SPLIT_K <= 16
     counter = e.buf("down_counter", (s.hidden,), I32)
     return [
-        Launch("rms_gate_up_swiglu", li, lambda: K.rms_gate_up_swiglu.rms_gate_up_swiglu(
-            e.x, L["post_norm"], L["w_gate_up"], h, s.rms_eps, use_pdl=pdl, cfg=c_gu),
-            _nbytes(L["post_norm"], L["w_gate_up"])),
+        Launch("rms_gate_up_swiglu", li, K.rms_gate_up_swiglu.rms_gate_up_swiglu,
+               _nbytes(L["post_norm"], L["w_gate_up"]),
+               args=(e.x, L["post_norm"], L["w_gate_up"], h, s.rms_eps),
+               kwargs=dict(use_pdl=pdl, cfg=c_gu)),
     ] + into_residual(e, "down_residual", li, _nbytes(L["w_down"]),
-                      lambda **tp: K.down_residual.down_residual(
-                          h, L["w_down"], e.x, scratch, counter, use_pdl=pdl, cfg=c_dn, **tp))
+                      K.down_residual.down_residual, (h, L["w_down"], e.x, scratch, counter),
+                      dict(use_pdl=pdl, cfg=c_dn))
 
 
 def layer_persistent(e, li: int) -> list[Launch]:
@@ -136,13 +158,14 @@ def layer_persistent(e, li: int) -> list[Launch]:
     h, scratch, counter = ((e.qkv,) * 3 if s.is_moe
                            else (e.h, e.down_scratch, e.down_counter))
     clock = layer_clock(e, li, cfgs)        # None but in a clock measurement
-    run = lambda: K.layer_persistent.layer_persistent(
-        e.x, L, e.qkv, e.q, e.attn, h, kc, vc, e.cos, e.sin, e.pos, po, pm, pl,
-        scratch, counter, bar, s.heads, s.kv_heads, s.head_dim, s.rms_eps,
-        e.chunk, cfgs, use_pdl=e.pdl, live_cap=e.live_cap, moe=moe, clock=clock,
-        persist=e.persist)
-    return [Launch("layer_persistent", li, run, sum(u.weight_bytes for u in unfused),
-                   sum(u.kv_bytes_per_ctx for u in unfused))]
+    return [Launch("layer_persistent", li, K.layer_persistent.layer_persistent,
+                   sum(u.weight_bytes for u in unfused),
+                   sum(u.kv_bytes_per_ctx for u in unfused),
+                   args=(e.x, L, e.qkv, e.q, e.attn, h, kc, vc, e.cos, e.sin, e.pos, po, pm,
+                         pl, scratch, counter, bar, s.heads, s.kv_heads, s.head_dim,
+                         s.rms_eps, e.chunk, cfgs),
+                   kwargs=dict(use_pdl=e.pdl, live_cap=e.live_cap, moe=moe, clock=clock,
+                               persist=e.persist))]
 
 
 def layer_clock(e, li: int, cfgs: dict):
@@ -211,17 +234,18 @@ def moe_mlp(e, li: int) -> list[Launch]:
     counter = e.buf("moe_counter", (H,), I32)
     per_expert = lambda w: w[0].numel() * w.element_size()
     return [
-        Launch("moe_router", li, lambda: K.moe_router.moe_router(
-            e.x, L["post_norm"], L["w_router"], xn, logits, ids, wts, rcount, e.pos,
-            s.rms_eps, log=log, layer=li, use_pdl=pdl, cfg=c_r),
-            _nbytes(L["post_norm"], L["w_router"])),
-        Launch("moe_gate_up_swiglu", li, lambda: K.moe_experts.moe_gate_up_swiglu(
-            xn, L["w_experts_gate_up"], ids, h, use_pdl=pdl, cfg=c_gu),
-            k * per_expert(L["w_experts_gate_up"])),
+        Launch("moe_router", li, K.moe_router.moe_router,
+               _nbytes(L["post_norm"], L["w_router"]),
+               args=(e.x, L["post_norm"], L["w_router"], xn, logits, ids, wts, rcount, e.pos,
+                     s.rms_eps),
+               kwargs=dict(log=log, layer=li, use_pdl=pdl, cfg=c_r)),
+        Launch("moe_gate_up_swiglu", li, K.moe_experts.moe_gate_up_swiglu,
+               k * per_expert(L["w_experts_gate_up"]),
+               args=(xn, L["w_experts_gate_up"], ids, h), kwargs=dict(use_pdl=pdl, cfg=c_gu)),
     ] + into_residual(e, "moe_down_residual", li, k * per_expert(L["w_experts_down"]),
-                      lambda **tp: K.moe_experts.moe_down_residual(
-                          h, L["w_experts_down"], ids, wts, e.x, scratch, counter,
-                          use_pdl=pdl, cfg=c_dn, **tp))
+                      K.moe_experts.moe_down_residual,
+                      (h, L["w_experts_down"], ids, wts, e.x, scratch, counter),
+                      dict(use_pdl=pdl, cfg=c_dn))
 
 
 def head(e) -> list[Launch]:
@@ -236,47 +260,51 @@ def head(e) -> list[Launch]:
     val, idx = e.buf("lm_val", (n_prog,), F32), e.buf("lm_idx", (n_prog,), I32)
     counter = e.buf("lm_counter", (1,), I32)
     nbytes = _nbytes(W["norm"], W["lm_head"])
-    run = lambda **kw: K.lm_head_argmax.lm_head_argmax(
-        e.x, W["norm"], W["lm_head"], logits, val, idx, counter, e.seq, e.pos, e.prompt_len,
-        s.rms_eps, use_pdl=e.pdl, cfg=c, argmax=e.argmax, **kw)
+    lm_args = (e.x, W["norm"], W["lm_head"], logits, val, idx, counter, e.seq, e.pos,
+               e.prompt_len, s.rms_eps)
+    lm_kw = dict(use_pdl=e.pdl, cfg=c, argmax=e.argmax)
+    lm_head = lambda **more: Launch("lm_head_argmax", None, K.lm_head_argmax.lm_head_argmax,
+                                    nbytes, args=lm_args, kwargs=dict(lm_kw, **more))
     if tp is None or tp.rung == "none":               # none: the rank's own best (timing only)
-        return [Launch("lm_head_argmax", None, run, nbytes)]
+        return [lm_head()]
     where = dict(vocab_offset=tp.vocab_offset(), rank=tp.rank, world=tp.world)
     if tp.fused or tp.rung == "p2p":
-        site = tp.site()
-        return [Launch("lm_head_argmax", None, lambda: run(peer=site, **where), nbytes)]
+        return [lm_head(peer=tp.site(), **where)]
     keys = tp.buffer(e, "lm_keys", (2 * tp.world,))    # (max, index) per rank, zeros elsewhere
-    reduce, total = tp.allreduce(e, keys)
-    return [Launch("lm_head_argmax", None, lambda: run(keys=keys, **where), nbytes),
-            Launch("all_reduce", None, reduce, 0),
-            Launch("argmax_merge", None, lambda: K.tp_ops.argmax_merge(
-                total, e.seq, e.pos, e.prompt_len, tp.world, use_pdl=e.pdl, argmax=e.argmax), 0)]
+    reduce, sum_args, total = tp.allreduce(e, keys)
+    return [lm_head(keys=keys, **where),
+            Launch("all_reduce", None, reduce, 0, args=sum_args),
+            Launch("argmax_merge", None, K.tp_ops.argmax_merge, 0,
+                   args=(total, e.seq, e.pos, e.prompt_len, tp.world),
+                   kwargs=dict(use_pdl=e.pdl, argmax=e.argmax))]
 
 
 # ---- tensor parallelism: where partial sums meet ---------------------------------------
-def into_residual(e, op: str, li: int, weight_bytes: int, gemv) -> list[Launch]:
-    """A row-parallel GEMV whose output is added to the residual stream x. ``gemv(**kw)``
-    issues the kernel; at TP=1 it adds into x itself. Under TP (``e.tp``, see ``tp/``) the
-    rung decides: ``fused`` passes a peer call site (the program that finishes a row tile
-    exchanges it with the other ranks and adds the sum); the others write the rank's fp32
-    partial, all-reduce it (one more launch) and add it to x (one more); ``p2p`` exchanges
-    in a launch of its own (``allreduce_residual``)."""
+def into_residual(e, op: str, li: int, weight_bytes: int, fn, args: tuple,
+                  kwargs: dict) -> list[Launch]:
+    """A row-parallel GEMV whose output is added to the residual stream x: the launcher
+    ``fn(*args, **kwargs)``; at TP=1 it adds into x itself. Under TP (``e.tp``, see
+    ``tp/``) the rung decides: ``fused`` passes a peer call site (the program that
+    finishes a row tile exchanges it with the other ranks and adds the sum); the others
+    write the rank's fp32 partial (``out=``), all-reduce it (one more launch) and add it
+    to x (one more); ``p2p`` exchanges in a launch of its own (``allreduce_residual``).
+    An all-reduce launch calls what the group's rung sums with (``tp.Group.allreduce``)."""
     tp = e.tp
+    gemv = lambda **more: Launch(op, li, fn, weight_bytes, args=args,
+                                 kwargs=dict(kwargs, **more))
     if tp is None or tp.rung == "none":  # none: the rank's partial alone (timing only)
-        return [Launch(op, li, gemv, weight_bytes)]
+        return [gemv()]
     if tp.fused:
-        site = tp.site()
-        return [Launch(op, li, lambda: gemv(peer=site), weight_bytes)]
+        return [gemv(peer=tp.site())]
     part = tp.buffer(e, "tp_partial", (e.spec.hidden,))
-    out = [Launch(op, li, lambda: gemv(out=part), weight_bytes)]
+    out = [gemv(out=part)]
     if tp.rung == "p2p":                 # the peer exchange as a launch of its own
-        site = tp.site()
-        return out + [Launch("allreduce_residual", li, lambda: K.tp_ops.allreduce_residual(
-            part, e.x, site, use_pdl=e.pdl), 0)]
-    reduce, total = tp.allreduce(e, part)
-    return out + [Launch("all_reduce", li, reduce, 0),
-                  Launch("residual_add", li, lambda: K.tp_ops.residual_add(
-                      total, e.x, use_pdl=e.pdl), 0)]
+        return out + [Launch("allreduce_residual", li, K.tp_ops.allreduce_residual, 0,
+                             args=(part, e.x, tp.site()), kwargs=dict(use_pdl=e.pdl))]
+    reduce, sum_args, total = tp.allreduce(e, part)
+    return out + [Launch("all_reduce", li, reduce, 0, args=sum_args),
+                  Launch("residual_add", li, K.tp_ops.residual_add, 0,
+                         args=(total, e.x), kwargs=dict(use_pdl=e.pdl))]
 
 
 def qk_sumsq(e, li: int, qkv) -> tuple[list[Launch], torch.Tensor]:
@@ -286,13 +314,14 @@ def qk_sumsq(e, li: int, qkv) -> tuple[list[Launch], torch.Tensor]:
     if tp.rung in ("fused", "p2p", "none"):           # none: the rank's own sums (timing only)
         ss = e.buf("qk_ss", (2,), F32)
         peer = {} if tp.rung == "none" else {"peer": tp.site()}
-        return [Launch("qk_sumsq", li, lambda: K.tp_ops.qk_sumsq(
-            qkv, ss, s.q_size, s.kv_size, use_pdl=e.pdl, **peer), 0)], ss
+        return [Launch("qk_sumsq", li, K.tp_ops.qk_sumsq, 0,
+                       args=(qkv, ss, s.q_size, s.kv_size),
+                       kwargs=dict(use_pdl=e.pdl, **peer))], ss
     ss = tp.buffer(e, "qk_ss", (2,))
-    reduce, total = tp.allreduce(e, ss)
-    return [Launch("qk_sumsq", li, lambda: K.tp_ops.qk_sumsq(
-                qkv, ss, s.q_size, s.kv_size, use_pdl=e.pdl), 0),
-            Launch("all_reduce", li, reduce, 0)], total
+    reduce, sum_args, total = tp.allreduce(e, ss)
+    return [Launch("qk_sumsq", li, K.tp_ops.qk_sumsq, 0,
+                   args=(qkv, ss, s.q_size, s.kv_size), kwargs=dict(use_pdl=e.pdl)),
+            Launch("all_reduce", li, reduce, 0, args=sum_args)], total
 
 
 def build(e) -> list[Launch]:

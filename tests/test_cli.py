@@ -197,3 +197,112 @@ def test_generate_bad_input(capsys, ckpts, args, words):
 def test_generate_bad_checkpoint_for_text(capsys, ckpts, key, args, words):
     rc, out = _main(capsys, "generate", "--checkpoint", str(ckpts[key]), "--device", "cpu", *args)
     assert rc == 2 and words in one_error_line(out.err)
+
+
+# ---- bench: one parser, --what folded in ---------------------------------------------------
+@pytest.mark.parametrize("args, words", [
+    (["--what", "nope"], "unknown 'nope'"),
+    (["--what", "ops,,sweep"], "empty item"),
+    (["--what", "sweep", "--write-table"], "add --what sweepcfg"),
+    (["--what", "sweepcfg", "--write-table"], "run it on a GPU"),
+    (["--no-peers", "--peers", "llama.cpp"], "not both"),
+    (["--peers", "llama.cp"], "unknown --peers 'llama.cp'"),
+    (["--what", "ladder", "--peers", "llama.cpp"], "add peers to --what"),
+    (["--what", "peers", "--no-peers"], "nothing to measure"),
+    (["--tp", "2", "--what", "ops"], "leave out --what"),
+])
+def test_bench_bad_input_before_weights(capsys, monkeypatch, args, words):
+    import onelaunch.weights
+
+    def boom(*a, **k):
+        raise AssertionError("weights were read before the input was validated")
+    monkeypatch.setattr(onelaunch.weights, "random_weights", boom)
+    rc, out = _main(capsys, "bench", "--model", "tiny-qwen2", "--device", "cpu", *args)
+    assert rc == 2 and words in one_error_line(out.err)
+
+
+def test_bench_runs_what_it_names_in_order(capsys, monkeypatch, tmp_path):
+    """--what ops,long,sweep: each measurement once, in the run's order, every row printed
+    and written under its key; a failed verdict fails the run."""
+    from onelaunch.cli import bench
+    asked = []
+
+    def fake(key, *a):
+        asked.append(key)
+        return {"ok": False, "agree": "1/2"} if key == "long" else [{"op": key, "us": 1.0}]
+    monkeypatch.setattr(bench, "_measure", fake)
+    out_json = tmp_path / "b.json"
+    rc, out = _main(capsys, "bench", "--model", "tiny-qwen2", "--device", "cpu", "--ctx", "8",
+                    "--what", "long,ops,sweep", "--json", str(out_json))
+    assert asked == ["ops", "sweep", "long"] and rc == 1 and "FAILED: 1 row" in out.err
+    import json
+    got = json.loads(out_json.read_text())
+    assert got["ops"] == [{"op": "ops", "us": 1.0}] and got["long"]["ok"] is False
+    assert '{"op": "sweep", "us": 1.0}' in out.out and "peers" not in got
+
+
+def test_python_m_onelaunch_bench_is_the_same_parser():
+    p = subprocess.run([sys.executable, "-m", "onelaunch.bench", "--model", "tiny-qwen2",
+                        "--device", "cpu", "--what", "nope"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 2 and "unknown 'nope'" in one_error_line(p.stderr)
+    assert "python -m onelaunch bench --help" in p.stderr
+
+
+# ---- generate --megakernel: the one launch on Hopper, the chain elsewhere ----------------
+GEN_TINY = ["generate", "--model", "tiny-qwen2", "--prompt-ids", "5,400", "--tokens", "1",
+            "--device", "cpu", "--prefill", "steps", "--no-pdl"]
+
+
+def test_generate_megakernel_off_hopper_runs_the_chain(capsys):
+    """On the CPU: one line says the chain runs instead, the header says which path ran,
+    and the tokens are the chain's."""
+    rc, out = _main(capsys, *GEN_TINY, "--megakernel")
+    assert rc == 0, out.err
+    from onelaunch.cli.generate import MEGAKERNEL_NOTE
+    assert [l for l in out.err.splitlines() if l.startswith("note:")] == [MEGAKERNEL_NOTE]
+    head = out.out.splitlines()[0]
+    assert "a chain of 16 launches a step" in head and "megakernel" not in head
+    rc, plain = _main(capsys, *GEN_TINY)
+    ids = lambda o: [l for l in o.out.splitlines() if l.startswith("ids:")]
+    assert rc == 0 and ids(plain) == ids(out) and "note:" not in plain.err
+
+
+class _Reached(Exception):
+    """The engine was asked for: its keyword arguments."""
+
+
+@pytest.mark.parametrize("flag, want", [(["--megakernel"], True), ([], False)])
+def test_generate_megakernel_reaches_the_engine_on_hopper(capsys, monkeypatch, flag, want):
+    """With the capability check saying Hopper (mocked: nothing runs), --megakernel asks
+    the engine for the one launch; without it, for the chain."""
+    import onelaunch.engine
+    import onelaunch.megakernel.step as mk
+
+    def engine(*a, **kw):
+        raise _Reached(kw)
+    monkeypatch.setattr(mk, "device_refusal", lambda device: None)
+    monkeypatch.setattr(mk, "refusal", lambda spec, max_ctx=None: None)
+    monkeypatch.setattr(onelaunch.engine, "Engine", engine)
+    with pytest.raises(_Reached) as got:
+        main([*GEN_TINY, *flag])
+    assert got.value.args[0]["megakernel"] is want
+    assert "note:" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, words, hopper", [
+    (["--megakernel", "--attention", "plain"], "leave out --tp and --attention plain", False),
+    (["--megakernel", "--tp", "2"], "leave out --tp", False),
+    (["--megakernel"], "--megakernel: the one-launch step needs hidden", True),
+])
+def test_generate_megakernel_refusals_before_weights(capsys, monkeypatch, args, words, hopper):
+    import onelaunch.megakernel.step as mk
+    import onelaunch.weights
+
+    def boom(*a, **k):
+        raise AssertionError("weights were read before the input was validated")
+    monkeypatch.setattr(onelaunch.weights, "random_weights", boom)
+    if hopper:                    # the tiny model's shapes, refused on a (mocked) Hopper
+        monkeypatch.setattr(mk, "device_refusal", lambda device: None)
+    rc, out = _main(capsys, *GEN_TINY, *args)
+    assert rc == 2 and words in one_error_line(out.err)

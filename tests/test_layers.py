@@ -1,10 +1,17 @@
-"""The engine core imports nothing from the outer layers.
+"""The package's layers, in order: a module imports from its own layer or lower ones.
 
-The core (specs, weights, oracle, plan, engine, prefill, text, prompt, memcap, options,
-env, interpreter, kernels, megakernel) is what a decode step needs; measurement (``measure/``), the peers
-(``peers/``), reporting (``report/``), tensor parallelism's launcher and benchmark, and
-the command line sit around it and may import it, never the other way. Read from each
-core module's import statements (``ast``: also the imports inside functions), so a lazy
+    core     what a decode step needs: specs, weights, oracle, plan, engine, prefill,
+             text, prompt, memcap, options, env, interpreter, kernels, megakernel
+    tp       tensor parallelism: sharding, the group, the spawner
+    measure  timing and floors, agreement, the rungs and the ladder, sweeps, profiles,
+             the tensor-parallel benchmark jobs
+    peers    what a user would run instead, and ``bench``'s run beside the ladder
+    report   results files, figures, chapters' tables
+    cli      the command line and its ``python -m`` entry points
+
+So a circle between two layers cannot pass: one of its imports climbs. Within a layer
+imports are free (a package folder such as ``megakernel/`` is one layer). Read from each
+module's import statements (``ast``: also the imports inside functions), so a lazy
 import that climbs is caught as well.
 """
 import ast
@@ -13,21 +20,38 @@ from pathlib import Path
 import pytest
 
 PKG = Path(__file__).resolve().parent.parent / "onelaunch"
-CORE = ("specs", "weights", "oracle", "plan", "engine", "prefill", "text", "prompt",
-        "memcap", "options", "env", "interpreter", "kernels", "megakernel")
-OUTER = ("measure", "peers", "report", "tp", "cli", "bench", "profile", "__main__")
+LAYERS = {
+    "core": ("__init__", "specs", "weights", "oracle", "plan", "engine", "prefill", "text",
+             "prompt", "memcap", "options", "env", "interpreter", "kernels", "megakernel"),
+    "tp": ("tp",),
+    "measure": ("measure",),
+    "peers": ("peers",),
+    "report": ("report",),
+    "cli": ("cli", "bench", "profile", "__main__"),
+}
+ORDER = list(LAYERS)
+LAYER_OF = {top: name for name, tops in LAYERS.items() for top in tops}
 
 
-def core_files():
-    for name in CORE:
-        p = PKG / name
-        yield from (sorted(p.rglob("*.py")) if p.is_dir() else [PKG / f"{name}.py"])
+def layer(mod: str) -> int | None:
+    """The layer (an index into ORDER) of the dotted module ``mod`` under onelaunch;
+    None for a module outside the package."""
+    parts = mod.split(".")
+    if parts[0] != "onelaunch":
+        return None
+    top = parts[1] if len(parts) > 1 else "__init__"
+    assert top in LAYER_OF, f"onelaunch.{top} has no layer: add it to LAYERS"
+    return ORDER.index(LAYER_OF[top])
+
+
+def module_name(path: Path) -> str:
+    return ".".join(path.relative_to(PKG.parent).with_suffix("").parts)
 
 
 def imported(path: Path, name: str | None = None) -> set[str]:
     """The onelaunch modules ``path`` imports, as dotted names under onelaunch.
     ``name``: the module's dotted name (default: from its place under the package)."""
-    rel = tuple(name.split(".")) if name else path.relative_to(PKG.parent).with_suffix("").parts
+    rel = tuple((name or module_name(path)).split("."))
     pkg = rel[:-1]                      # the package a relative import starts from
     out = set()
     for node in ast.walk(ast.parse(path.read_text())):
@@ -50,34 +74,35 @@ def imported(path: Path, name: str | None = None) -> set[str]:
     return out
 
 
-def outer(mod: str) -> bool:
-    parts = mod.split(".")
-    return len(parts) > 1 and parts[0] == "onelaunch" and parts[1] in OUTER
+def climbs(path: Path, name: str | None = None) -> list[str]:
+    """The imports of ``path`` from a layer above its own."""
+    own = layer(name or module_name(path))
+    return sorted(m for m in imported(path, name) if layer(m) > own)
 
 
-@pytest.mark.parametrize("path", list(core_files()), ids=lambda p: str(p.relative_to(PKG)))
-def test_core_imports_no_outer_layer(path):
-    bad = sorted(m for m in imported(path) if outer(m))
-    assert not bad, f"{path.relative_to(PKG.parent)} imports the outer layers: {bad}"
-
-
-def test_the_checker_sees_a_climbing_import(tmp_path):
-    """The parse catches a climbing import (``text`` importing an exception from ``check``),
-    written relative, absolute or lazily inside a function."""
-    for src in ("from .measure.hf_check import compare_with_hf\n",
-                "def f():\n    from . import tp\n",
-                "import onelaunch.report.results\n",
-                "import importlib\nimportlib.import_module('onelaunch.peers.hf')\n"):
-        p = tmp_path / "probe.py"
-        p.write_text(src)
-        assert any(outer(m) for m in imported(p, "onelaunch.probe")), src
-    assert not any(outer(m) for m in imported(PKG / "engine.py"))
-
-
-@pytest.mark.parametrize("path", sorted((PKG / "tp").glob("*.py")),
+@pytest.mark.parametrize("path", sorted(PKG.rglob("*.py")),
                          ids=lambda p: str(p.relative_to(PKG)))
-def test_tp_imports_only_the_core(path):
-    """Sharding, the group and the spawner import the core and each other only: the
-    tensor-parallel benchmark jobs live in ``measure/tp.py``."""
-    bad = sorted(m for m in imported(path) if outer(m) and m.split(".")[1] != "tp")
-    assert not bad, f"{path.relative_to(PKG.parent)} imports the outer layers: {bad}"
+def test_imports_come_from_the_same_or_a_lower_layer(path):
+    bad = climbs(path)
+    own = ORDER[layer(module_name(path))]
+    assert not bad, f"{path.relative_to(PKG.parent)} ({own}) imports from above: {bad}"
+
+
+@pytest.mark.parametrize("name, src", [
+    ("onelaunch.text", "from .measure.hf_check import compare_with_hf\n"),   # relative
+    ("onelaunch.engine", "def f():\n    from . import tp\n"),             # lazy
+    ("onelaunch.weights", "import onelaunch.report.results\n"),             # absolute
+    ("onelaunch.oracle", "import importlib\nimportlib.import_module('onelaunch.peers.hf')\n"),
+    ("onelaunch.measure.ladder", "def f():\n    from ..peers.rungs import peer_rungs\n"),
+    ("onelaunch.tp.group", "from ..measure import agree\n"),
+    ("onelaunch.peers.rungs", "from ..report import results\n"),
+])
+def test_the_checker_sees_a_climbing_import(tmp_path, name, src):
+    """An import from a higher layer, written relative, absolute, lazily inside a
+    function or through importlib, is seen; the same module's imports from lower
+    layers are not."""
+    p = tmp_path / "probe.py"
+    p.write_text(src)
+    assert climbs(p, name), src
+    p.write_text("from . import agree\nfrom ..engine import Engine\nimport onelaunch.specs\n")
+    assert not climbs(p, "onelaunch.measure.probe")

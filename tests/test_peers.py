@@ -269,10 +269,11 @@ def test_count_launches_eager_vs_compiled_on_gpu():
 
 
 def test_bench_judges_peers_and_rungs_on_one_prompt_one_oracle_one_bandwidth(monkeypatch):
-    """``bench``'s run (``ladder.bench_rows``): the peer rows and the rung rows name the
+    """``bench``'s run (``peers.bench.bench_rows``): the peer rows and the rung rows name the
     same prompt (the one of ``--seed``), every check is against ONE oracle run, and every
     row's floor, ratio and bandwidth come from ONE bandwidth (here given: no GPU)."""
-    from onelaunch.measure import agree, ladder
+    from onelaunch.measure import agree
+    from onelaunch.peers import bench
     from onelaunch.prompt import prompt_digest
     spec = get_spec("tiny-qwen2")
     w = random_weights(spec, 0)                      # bf16: what the kernels read
@@ -283,9 +284,9 @@ def test_bench_judges_peers_and_rungs_on_one_prompt_one_oracle_one_bandwidth(mon
     monkeypatch.setattr(rungs, "oracle_greedy",
                         lambda *a, **k: greedy.append(k) or og(*a, **k))
     bw, ctx, seed = 1.5, 6, 3
-    rows = ladder.bench_rows(spec, w, "cpu", ctx=ctx, tokens=2, iters=1, seed=seed,
-                             read_tbps=bw, peers=("HF eager", "oracle eager"),
-                             peer_tokens=2, rungs=("fused eager",))
+    rows = bench.bench_rows(spec, w, "cpu", ctx=ctx, tokens=2, iters=1, seed=seed,
+                            read_tbps=bw, peers=("HF eager", "oracle eager"),
+                            peer_tokens=2, rungs=("fused eager",))
     assert [r["rung"] for r in rows] == ["HF eager", "oracle eager", "fused eager"]
     assert len(runs) == 1 and not [k for k in greedy if k.get("return_logits")]
     assert {r["prompt"] for r in rows} == {prompt_digest(random_prompt(spec, ctx, seed))}
@@ -299,8 +300,8 @@ def test_bench_judges_peers_and_rungs_on_one_prompt_one_oracle_one_bandwidth(mon
 def test_bench_runs_the_gpt_fast_peer_on_its_one_oracle_run(monkeypatch):
     """``bench``'s peers include the strongest compiled one (gpt-fast's step) for a dense
     model, on the run's prompt and its one oracle run; a MoE model has no such row."""
-    from onelaunch.measure import agree, ladder
-    from onelaunch.peers import gpt_fast
+    from onelaunch.measure import agree
+    from onelaunch.peers import bench, gpt_fast
     from onelaunch.prompt import prompt_digest
     runs = []
     oracle_tokens = agree.oracle_tokens
@@ -309,14 +310,14 @@ def test_bench_runs_the_gpt_fast_peer_on_its_one_oracle_run(monkeypatch):
         runs.append(k) if k.get("return_logits") else None) or og(*a, **k))
     og = rungs.oracle_greedy
     spec, ctx, seed = get_spec("tiny-qwen2"), 6, 3
-    rows = ladder.bench_rows(spec, random_weights(spec, 0), "cpu", ctx=ctx, tokens=2,
-                             iters=1, seed=seed, read_tbps=1.5, peers=(gpt_fast.NAME,),
-                             peer_tokens=2, rungs=())
+    rows = bench.bench_rows(spec, random_weights(spec, 0), "cpu", ctx=ctx, tokens=2,
+                            iters=1, seed=seed, read_tbps=1.5, peers=(gpt_fast.NAME,),
+                            peer_tokens=2, rungs=())
     assert [r["rung"] for r in rows] == [gpt_fast.NAME]
     assert len(runs) == 1                      # bench's oracle run, not one of its own
     assert rows[0]["prompt"] == prompt_digest(random_prompt(spec, ctx, seed))
     assert rows[0]["agree"] == "2/2" and rows[0]["ms_per_token"] > 0
     moe = get_spec("tiny-olmoe")
-    assert ladder.bench_rows(moe, random_weights(moe, 0), "cpu", ctx=ctx, tokens=2, iters=1,
-                             seed=seed, read_tbps=1.5, peers=(gpt_fast.NAME,),
-                             peer_tokens=2, rungs=()) == []
+    assert bench.bench_rows(moe, random_weights(moe, 0), "cpu", ctx=ctx, tokens=2, iters=1,
+                            seed=seed, read_tbps=1.5, peers=(gpt_fast.NAME,),
+                            peer_tokens=2, rungs=()) == []

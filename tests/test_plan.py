@@ -40,3 +40,48 @@ def test_buffers_follow_the_plan():
     m = Engine("tiny-olmoe", random_weights("tiny-olmoe", 0), max_ctx=32)
     assert "part_o" in m.buffers and "expert_ids" in m.buffers
     assert "down_scratch" not in m.buffers and "h" not in m.buffers
+
+
+def test_the_plan_is_data():
+    """Each launch holds its launcher (a function of ``onelaunch.kernels``, no closure) and
+    its arguments; ``trace`` reads them without running a kernel, and ``run`` issues the
+    call they describe."""
+    from onelaunch import kernels as K
+    e = Engine("tiny-qwen2", random_weights("tiny-qwen2", 0), max_ctx=32)
+    before = {n: t.clone() for n, t in e.buffers.items()}
+    calls = e.trace()
+    assert all(torch.equal(before[n], t) for n, t in e.buffers.items())     # nothing ran
+    assert [c["kernel"] for c in calls] == [L.op for L in e.plan]
+    for L, c in zip(e.plan, calls):
+        assert L.fn is getattr(K.LAUNCHERS[L.op], L.op) and L.fn.__closure__ is None
+        assert c["args"]["use_pdl"] is L.kwargs["use_pdl"] and c["layer"] == L.layer
+    e.seq[0] = 7
+    e.plan[0].run()                                     # embed: x = the row of token 7
+    assert torch.equal(e.x, e.W["embed"][7])
+    e.plan[1].run()                                     # rms_qkv reads x, writes qkv
+    assert e.qkv.float().abs().sum() > 0
+
+
+def test_replan_carries_a_new_setting_into_the_launches(monkeypatch):
+    """A launch holds its arguments, so a setting changed after the build reaches the step
+    through ``replan`` (the context sweep's caps on live splits), and the same buffers
+    stay in use."""
+    from onelaunch.measure import sweeps
+    w = random_weights("tiny-qwen2", 0)
+    e = Engine("tiny-qwen2", w, max_ctx=64)
+    caps = lambda: {c["args"]["live_cap"] for c in e.trace() if c["kernel"] == "attention_partial"}
+    assert caps() == {e.live_cap}
+    x = e.x
+    e.replan(live_cap=1)
+    assert caps() == {1} and e.live_cap == 1 and e.x is x and e.plan[0].args[1] is x
+    seen = []                           # the sweep: each pass runs the cap it names
+
+    def checked(e, o, c, forced, graph):
+        seen.append(caps())
+        return {"ok": False, "agree": "0/1", "rows": []}
+    monkeypatch.setattr(sweeps, "forced_from_cache", checked)
+    monkeypatch.setattr(sweeps, "timed_if_agreed", lambda e, r, *a: r)
+    monkeypatch.setattr(sweeps, "make_engine", lambda *a, **k: e)
+    sweeps.sweep_rows(get_spec("tiny-qwen2"), w, "cpu", ctxs=(8,), iters=1,
+                      live_caps=(None, 2))
+    assert seen == [{None}, {2}]

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from onelaunch.engine import Engine
-from onelaunch.cli import measure as commands
+from onelaunch.cli import profile as commands
 from onelaunch.measure import agree, ladder, profile, rungs, trace
 from onelaunch.measure.trace import ProfileError, attribute, split_replays
 from onelaunch.report import profile_figures

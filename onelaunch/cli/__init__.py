@@ -6,8 +6,10 @@ is one line on stderr that starts with ``error:`` and says what to do, and exit 
 a check that runs but disagrees exits 1.
 
 The only place argv and the environment (``env.py``) are read. One module per command
-(``check``, ``info``, ``generate``, ``bench``), each with its ``cmd_<name>`` and its
-subparser; ``args.py`` holds the parser and the argument types they share.
+(``check``, ``info``, ``generate``, ``bench``: ``--what`` names its measurements, and
+``python -m onelaunch.bench`` is the same command), each with its ``cmd_<name>`` and its
+subparser; ``args.py`` holds the parser and the argument types they share; ``profile.py``
+is ``python -m onelaunch.profile``.
 """
 from __future__ import annotations
 

@@ -36,7 +36,7 @@ class _Parser(argparse.ArgumentParser):
 def _device(name: str) -> str:
     if name == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda needs a CUDA GPU and torch sees none; "
-                         "use --device cpu (or run on the GPU host)")
+                         "use --device cpu (or run on a machine with a GPU)")
     return name
 
 

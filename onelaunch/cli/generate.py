@@ -26,6 +26,28 @@ def _generate(e, prompt, tokens, graph, batched, on_tokens, read_every):
                       batched_prefill=batched)
 
 
+MEGAKERNEL_NOTE = ("note: --megakernel needs an sm_90 GPU (Hopper); running the chain of "
+                   "kernels")
+
+
+def _megakernel(args, spec, device, max_ctx: int) -> bool:
+    """--megakernel: True where the one-launch step runs (Hopper); elsewhere one line says
+    the chain of kernels runs instead. What it cannot run is refused before weights load."""
+    if not args.megakernel:
+        return False
+    if args.tp > 1 or args.attention != "splitk":
+        raise UsageError("--megakernel runs the whole step in one launch on one GPU: leave "
+                         "out --tp and --attention plain")
+    from ..megakernel.step import device_refusal, refusal
+    if device_refusal(device):
+        print(MEGAKERNEL_NOTE, file=sys.stderr)
+        return False
+    why = refusal(spec, max_ctx)
+    if why:
+        raise UsageError(f"--megakernel: {why}; leave out --megakernel for the chain of kernels")
+    return True
+
+
 def cmd_generate(args) -> int:
     device = _device(args.device)
     _kernels_on(device)
@@ -80,6 +102,7 @@ def cmd_generate(args) -> int:
     if folder is not None:
         positions_fit(folder, n + tokens)
     max_ctx = args.max_ctx or min(spec.max_ctx, run_ctx(n, tokens, 0))
+    mega = _megakernel(args, spec, device, max_ctx)   # the one launch, or the chain
     if args.tp > 1:                            # every rank loads its own weights
         return _generate_tp(args, spec, prompt, tokens, max_ctx, tok, device)
     if args.checkpoint:
@@ -105,7 +128,8 @@ def cmd_generate(args) -> int:
             bar.update(len(batch))
 
     try:
-        e = Engine(spec, w, max_ctx=max_ctx, attention=args.attention, pdl=args.pdl)
+        e = Engine(spec, w, max_ctx=max_ctx, attention=args.attention, pdl=args.pdl,
+                   megakernel=mega)
         graph = device == "cuda" and not args.eager
         # what runs, read from the engine's plan (a setting that fell back shows)
         mode = ("CUDA graph" if graph else "eager launches") + ", " + e.describe()
@@ -252,6 +276,9 @@ def _add_generate(sub):
                    help="programmatic dependent launch where the GPU has it (Hopper+; default "
                    "on; --no-pdl turns it off)")
     p.add_argument("--eager", action="store_true", help="launch kernels one by one, no CUDA graph")
+    p.add_argument("--megakernel", action="store_true",
+                   help="the whole step in one launch (a Gluon kernel for Hopper, sm_90); "
+                   "elsewhere one line says so and the chain of kernels runs")
     p.add_argument("--max-ctx", type=_int_at_least(1), default=None,
                    help="the engine's context (default: fits)")
     p.add_argument("--check", action="store_true", help="also decode with the oracle and compare")

@@ -16,8 +16,8 @@ from . import (attention, attention_splitk, config,  # noqa: F401
                moe_router, o_proj_residual, peer, rms_gate_up_swiglu, rms_qkv,
                rope_kv_write, tp_ops, tuned)
 
-# every launcher the plan can issue -> the module that holds it (``Engine.trace``
-# replaces them by a recorder)
+# every launcher the plan can issue -> the module that holds it (``plan.launcher_name``
+# names a launch's function by it)
 LAUNCHERS = {
     "embed": embed, "rms_qkv": rms_qkv, "rope_kv_write": rope_kv_write,
     "attention": attention, "attention_partial": attention_splitk,

@@ -61,8 +61,8 @@ TABLE: dict[str, dict[str, dict]] = {
                                  PDL=0, FOLD_ROPE=1),
     },
     # RTX 4090 (Ada): not measured here; the defaults, whose tiles are safe on any GPU.
-    # `python -m onelaunch.bench --what sweepcfg --write-table` writes a measured table
-    # (tuned/sm_89.json, ``tuned.py``), which takes precedence over this one.
+    # `python -m onelaunch bench --model NAME --what sweepcfg --write-table` writes a
+    # measured table (tuned/sm_89.json, ``tuned.py``), which takes precedence over this one.
     "sm_89": _DEFAULT,
     # Triton's CPU interpreter: its cost grows with programs x loop steps, not with bytes,
     # so the CPU runs take few, wide programs (still several per op, so the masks and

@@ -1,9 +1,9 @@
 """Measured launch tables: ``kernels/tuned/<arch>.json``, one schema, one reader, one
 merging writer.
 
-A sweep on a GPU (``python -m onelaunch.bench --what sweepcfg --write-table`` for each
-kernel alone, ``--what sweepplan --write-table`` in the whole step) writes the fastest
-configuration it found for each op at each weight shape; ``config.get`` prefers such an
+A sweep on a GPU (``python -m onelaunch bench --model NAME --what sweepcfg --write-table``
+for each kernel alone, ``--what sweepplan --write-table`` in the whole step) writes the
+fastest configuration it found for each op at each weight shape; ``config.get`` prefers such an
 entry to the hand-written ``config.TABLE``. The file:
 
     {"arch": "sm_90", "gpu": ..., "model": ..., "read_tbps": ..., "date": ...,

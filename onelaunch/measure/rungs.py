@@ -90,8 +90,7 @@ RUNGS: dict[str, Rung] = _rungs(
     Rung("persistent, tiles ahead", attention="splitk", graph=True, pdl=True,
          persistent=True, cfgs={"layer_persistent": {"NEXT": 1, "STAGES": 0}}),
     Rung("+ persistent layer", attention="splitk", graph=True, pdl=True, persistent=True),
-    # the whole step in one persistent Gluon launch (megakernel/step.py): dense
-    # models on Hopper
+    # the whole step in one persistent Gluon launch (megakernel/step.py): on Hopper
     Rung(MEGA, attention="splitk", graph=True, pdl=False, megakernel=True),
 )
 

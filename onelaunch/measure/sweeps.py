@@ -85,7 +85,7 @@ def sweep_rows(spec, w, device="cuda", ctxs=(128, 512, 2048, 8192, 16384, 32768)
     o = Oracle(spec, w, max_ctx=max_ctx)
     rows = []
     for cap in live_caps:
-        e.live_cap = K.attention_splitk.default_live_cap(spec.kv_heads) if cap == 0 else cap
+        e.replan(live_cap=cap)                 # the launches hold the cap: a new plan
         e.capture()
         for c in ctxs:
             forced = random_prompt(spec, check_tokens, generator=g)

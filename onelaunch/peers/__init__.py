@@ -4,7 +4,8 @@
 (transformers' ``generate``), ``oracle_step`` (the oracle's step, eager and compiled),
 ``gpt_fast`` (the step as gpt-fast writes it), ``launches`` (counting kernel launches),
 ``llama_cpp`` and ``llama_cpp_gguf`` (llama.cpp's llama-bench on a GGUF of the run's
-weights).
+weights); ``bench`` puts them beside our ladder on one prompt and one oracle run
+(:func:`bench.bench_rows`, ``python -m onelaunch bench``).
 
 Four peers, each checked against the eager oracle over the same prompt, then timed per
 decode token at context ``ctx``; and llama.cpp, timed by its own llama-bench, which

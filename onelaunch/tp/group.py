@@ -62,18 +62,18 @@ class Group:
         return t
 
     def allreduce(self, e, t: torch.Tensor):
-        """(launch, result): a closure that sums ``t`` over the ranks, and the tensor
-        the sum lands in (``t`` itself, in place, except for the one-shot, which writes
-        a second buffer)."""
+        """(fn, args, result): the call ``fn(*args)`` that sums ``t`` over the ranks (a
+        plan's launch holds it as data), and the tensor the sum lands in (``t`` itself,
+        in place, except for the one-shot, which writes a second buffer)."""
         import torch.distributed as dist
         if self.rung in ("nccl", "gloo"):
-            return (lambda: dist.all_reduce(t)), t
+            return dist.all_reduce, (t,), t
         if self.rung == "symm":
             out = e.buf(f"{_name_of(e, t)}_sum", tuple(t.shape), t.dtype)
             op, g = torch.ops.symm_mem, self.group_name
             if hasattr(op, "one_shot_all_reduce_out"):
-                return (lambda: op.one_shot_all_reduce_out(t, "sum", g, out)), out
-            return (lambda: out.copy_(op.one_shot_all_reduce(t, "sum", g))), out
+                return op.one_shot_all_reduce_out, (t, "sum", g, out), out
+            return one_shot_all_reduce_into, (t, g, out), out
         raise TPError(f"rung {self.rung!r} has no separate all-reduce launch")
 
     def reset(self):
@@ -103,6 +103,12 @@ def shared_peers(spec, world: int):
     from ..kernels.peer import PeerBuffers
     slots, flags, seqnos = PeerBuffers.alloc_shared(world, *peer_sizes(spec, world))
     return slots, flags, seqnos
+
+
+def one_shot_all_reduce_into(t: torch.Tensor, group_name: str, out: torch.Tensor):
+    """Symmetric memory's one-shot all-reduce of ``t`` copied into ``out`` (for a
+    PyTorch without ``one_shot_all_reduce_out``)."""
+    out.copy_(torch.ops.symm_mem.one_shot_all_reduce(t, "sum", group_name))
 
 
 def _name_of(e, t) -> str:
