@@ -21,7 +21,7 @@ import pytest
 
 PKG = Path(__file__).resolve().parent.parent / "onelaunch"
 LAYERS = {
-    "core": ("__init__", "specs", "weights", "oracle", "plan", "engine", "prefill", "text",
+    "core": ("__init__", "specs", "weights", "checkpoint", "oracle", "plan", "engine", "prefill", "text",
              "prompt", "memcap", "options", "env", "interpreter", "kernels", "megakernel"),
     "tp": ("tp",),
     "measure": ("measure",),
