@@ -179,6 +179,9 @@ def stage(reuse: bool, timeout: int, extra: dict | None = None) -> int:
     shutil.copytree(ROOT / "book", STAGE / "book")
     if (ROOT / "_static").exists():
         shutil.copytree(ROOT / "_static", STAGE / "_static")
+    # the package's source, for the pages' {literalinclude} of the kernels they show
+    shutil.copytree(ROOT / "onelaunch", STAGE / "onelaunch",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     os.environ.setdefault("ONELAUNCH_RUN", f"cpu-{commit()}-"
                           f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}")
     rc, on_cpu = 0, []

@@ -132,6 +132,9 @@ ROWS = [
     (["check", "--model", ""], ["--model", "is empty", "tiny-qwen2"], []),
     (["generate", "--model", ""], ["--model", "is empty", "tiny-qwen2"], []),
     ([*GEN, "--prompt-ids", "1,2", "--prompt-len", "4"], ["--prompt-ids or --prompt-len"], []),
+    ([*BENCH, "--json", "/no/such/folder/bench.json"], ["--json", "does not exist"], []),
+    ([*BENCH, "--json", "TMP"], ["--json", "is a folder"], []),
+    ([*BENCH, "--tp", "2", "--ctx", "8", "--tp-rungs", "fusd"], ["unknown --tp-rungs fusd"], []),
     ([*CHECK, "--prompt-ids", "1,2", "--prompt-len", "4"], ["--prompt-ids or --prompt-len"], []),
     (["generate", "--checkpoint", "bad-chat-template", "--prompt", "hi", "--chat"],
      ["chat template does not render", "drop --chat"], []),
@@ -154,6 +157,8 @@ def test_bad_input_is_one_line_before_weights(capsys, no_weights, ckpt, tmp_path
     for a in args:
         if a == "CKPT":
             a = str(ckpt)
+        elif a == "TMP":
+            a = str(tmp_path)
         elif a in ("truncated", "garbage", "config-not-json", "config-bad-field",
                    "no-ids-tokenizer", "wide-tokenizer", "bad-chat-template"):
             a = _broken(ckpt, tmp_path, a)

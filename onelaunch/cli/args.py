@@ -68,6 +68,22 @@ def _seed(text: str) -> int:
     return v
 
 
+def _output_file(text: str) -> str:
+    """A file a run will write at its end: refused now, not after the run, when its folder
+    does not exist or the path is a folder."""
+    import os
+    folder = os.path.dirname(os.path.abspath(text))
+    if os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is a folder: give a file name in it, "
+                                         f"e.g. {os.path.join(text, 'bench.json')}")
+    if not os.path.isdir(folder):
+        raise argparse.ArgumentTypeError(f"the folder {folder!r} does not exist: create it "
+                                         "first, or write the file elsewhere")
+    if not os.access(folder, os.W_OK):
+        raise argparse.ArgumentTypeError(f"the folder {folder!r} is not writable")
+    return text
+
+
 def _positive_float(example: str):
     def parse(text: str) -> float:
         try:

@@ -20,8 +20,8 @@ import torch
 from ..measure.timing import run_ctx
 from ..prompt import UsageError
 from ..specs import get_spec
-from .args import (_add_engine_device, _add_tp, _device, _int_at_least, _kernels_on, _seed,
-                   _tp_fits)
+from .args import (_add_engine_device, _add_tp, _device, _int_at_least, _kernels_on,
+                   _output_file, _seed, _tp_fits)
 
 # --what: each measurement, in the order a run makes them
 WHAT = {
@@ -226,11 +226,11 @@ def _bench_tp(args, spec, device) -> int:
     from ..measure import tp as tp_jobs
     from ..report import results
     rungs = tuple(r.strip() for r in args.tp_rungs.split(",") if r.strip())
-    if device == "cpu":
-        rungs = tp.CPU_RUNGS
     bad = [r for r in rungs if r not in tp.RUNGS + tp.CPU_RUNGS]
-    if bad:
+    if bad:                                   # a typo is refused on every device
         raise UsageError(f"unknown --tp-rungs {','.join(bad)}: use {','.join(tp.RUNGS)}")
+    if device == "cpu":                       # no peer memory on a CPU: gloo's all-reduce
+        rungs = tp.CPU_RUNGS
     _tp_fits(spec, args.tp, rungs, device)
     try:
         rows = tp.launch(tp_jobs.bench_job, world=args.tp, device=device, uses=rungs,
@@ -289,7 +289,8 @@ def _add_bench(sub):
     p.add_argument("--write-table", action="store_true",
                    help="with --what sweepcfg or sweepplan: write the fastest configuration of "
                    "each op to kernels/tuned/<arch>.json")
-    p.add_argument("--json", default=None, help="also write the rows to this file, one key "
+    p.add_argument("--json", default=None, type=_output_file,
+                   help="also write the rows to this file, one key "
                    "a measurement")
     _add_tp(p, many=True)
     p.set_defaults(func=cmd_bench)

@@ -18,6 +18,7 @@ from ..measure.profile import PROFILE_RUNGS, profile_rows
 from ..measure.timing import run_bandwidth
 from ..specs import get_spec
 from ..weights import random_weights
+from .args import _output_file
 
 
 def profile_main(argv=None) -> int:
@@ -32,8 +33,9 @@ def profile_main(argv=None) -> int:
                     help="comma list of rungs (measure.rungs.RUNGS)")
     ap.add_argument("--replays", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--json", default=None, help="write {meta, read_tbps, rows} here")
-    ap.add_argument("--png", default=None, help="draw the figure here")
+    ap.add_argument("--json", default=None, type=_output_file,
+                    help="write {meta, read_tbps, rows} here")
+    ap.add_argument("--png", default=None, type=_output_file, help="draw the figure here")
     ap.add_argument("--trace-dir", default=None, help="keep each rung's Chrome trace here")
     ap.add_argument("--cupti-warmup", action="store_true",
                     help="an empty profiler session before any graph capture (PyTorch's "
