@@ -18,7 +18,7 @@ from .sync import wait_counter
 @gluon.jit
 def _split_keys(length, sp, splits, unit):
     """[start, end) of split ``sp``'s share of keys [0, length) and the units a split
-    takes (``schedule.split_range``): ceil(units / splits) units a split, in order."""
+    takes (``lists.split_range``): ceil(units / splits) units a split, in order."""
     per = ((length + unit - 1) // unit + splits - 1) // splits
     start = sp * per * unit
     return start, gl.maximum(start, gl.minimum(start + per * unit, length)), per
