@@ -347,7 +347,7 @@ def test_moe_host_stacks_the_experts_addressed_by_id():
     rows = mk.sched.instr.view(-1, isa.WIDTH)
     assert mk.qk_ss.shape[0] == int(rows[rows[:, isa.OP] == isa.OP_ROPE_KV, isa.SPLITS][0])
     c = mk.constexprs()
-    assert (c["KE"], c["TOPK"], c["EP"], c["HOLD"], c["STAGES"]) == (4, 8, 16, 1, 5)
+    assert (c.KE, c.TOPK, c.EP, c.HOLD, c.STAGES) == (4, 8, 16, 1, 5)
     assert mk.weight_bytes() == (sum(mk.w[k].numel() for k in ("qkv", "o", "rt"))
                                  + W["lm_head"].numel()
                                  + s.layers * s.top_k * 3 * I * H) * 2

@@ -16,30 +16,47 @@ import triton
 
 from . import schedule
 from .boxes import KB, TK, TN, down_boxes, gate_up_boxes, smem_layout
-from .step import (ATTENTION, BT, MOE_ATTENTION, MOE_STAGES, POLL, STAGES, constexprs,
-                   moe_constexprs, plan_schedule)
+from .gluon import args
 from .gluon.dense import step_kernel
 from .gluon.moe import moe_step_kernel
+from .step import (ATTENTION, BT, MOE_ATTENTION, MOE_STAGES, POLL, STAGES, constexprs,
+                   moe_constexprs, plan_schedule)
 
-# the kernels' arguments by name: their types in a signature
-BF16 = ("x qkv q attn h kc vc cos sin emb gin gpost gfin bqkv qn kn").split()
-FP32 = ("pm pl po val ss rl rw").split()
-I32 = ("prog idx seq amax pos plen ids log ctr err").split()
-SCALARS = {"eps": "fp32", "scale": "fp32", "timeout_ns": "i64", "clk_ptr": "*i64"}
+# the kernels' pointers by name: their element types in a signature (sizes are i32)
+BF16 = set("x qkv q attn h kc vc cos sin emb gin gpost gfin bqkv qn kn".split())
+FP32 = set("pm pl po val ss rl rw".split())
+I64 = {"clk"}
+SCALARS = {"prog_ptr": "*i32", "n_instr": "i32", "eps": "fp32", "scale": "fp32",
+           "timeout_ns": "i64", "n_ctr": "i32", "C": "constexpr", "num_warps": "constexpr"}
+GROUPS = {"acts": args.Acts, "cache": args.Cache, "parts": args.Partials,
+          "token": args.Token, "sync": args.Sync}
+DENSE_GROUPS = dict(GROUPS, gains=args.Gains, sizes=args.Sizes)
+MOE_GROUPS = dict(GROUPS, gains=args.MoEGains, route=args.Route, sizes=args.MoESizes)
 
 
-def signature(kernel, consts: dict, boxes: dict) -> dict:
-    """``kernel``'s signature by its parameters' names: ``boxes`` the descriptors' K
-    tiles a box, pointers by the table above, the constexprs, every other an i32."""
+def pointer(name: str) -> str:
+    return ("*bf16" if name in BF16 else "*fp32" if name in FP32 else "*i64" if name in I64
+            else "*i32")
+
+
+def signature(kernel, groups: dict, boxes: dict) -> tuple[dict, list]:
+    """``kernel``'s signature by its parameters' names (``boxes``: each descriptor's K
+    tiles a box; ``groups``: each tuple parameter's NamedTuple), and the paths of its
+    pointers (16-byte aligned, as the host's tensors are)."""
     lay = smem_layout()
-    sig = {}
-    for n in inspect.signature(kernel.fn).parameters:
-        base = n[:-4] if n.endswith("_ptr") else None
-        sig[n] = ("constexpr" if n in consts else SCALARS.get(n) or
-                  (f"tensordesc<bf16[{TN},{boxes[n]},{TK}],{lay!r}>" if n in boxes else
-                   "*bf16" if base in BF16 else "*fp32" if base in FP32 else
-                   "*i32" if base in I32 else "i32"))
-    return sig
+    sig, aligned = {}, []
+    for i, n in enumerate(inspect.signature(kernel.fn).parameters):
+        if n in boxes:
+            sig[n] = f"tensordesc<bf16[{TN},{boxes[n]},{TK}],{lay!r}>"
+        elif n in groups:
+            cls = groups[n]
+            sizes = cls in (args.Sizes, args.MoESizes)
+            sig[n] = cls(*("i32" if sizes else pointer(f) for f in cls._fields))
+            aligned += [(i, j) for j in range(len(cls._fields)) if not sizes]
+        else:
+            sig[n] = SCALARS[n]
+            aligned += [(i,)] if sig[n].startswith("*") else []
+    return sig, aligned
 
 
 def aot(spec_name: str = "qwen2.5-1.5b", P: int = 132, stages: int | None = None,
@@ -53,29 +70,31 @@ def aot(spec_name: str = "qwen2.5-1.5b", P: int = 132, stages: int | None = None
     if s.is_moe:
         kernel, stages = moe_step_kernel, stages or MOE_STAGES
         n_ctr = len(plan_schedule(s, P, 512).counters)
-        consts = moe_constexprs(s, P, n_ctr, stages, num_warps, True, kg, gt, poll, bt)
+        consts = moe_constexprs(s, P, n_ctr, stages, True, kg, gt, poll, bt)
         boxes = dict(d_qkv=KB, d_o=KB, d_rt=KB, d_egu=KB, d_edn=s.intermediate // TK,
                      d_lm=KB)
+        groups = MOE_GROUPS
     else:
         kernel, stages = step_kernel, stages or STAGES
         nf, tail = down_boxes(s.intermediate // TK, 2 * KB, True, num_warps)
         n_ctr = len(plan_schedule(s, P, 512, attention).counters)
-        consts = constexprs(s, P, n_ctr, stages, num_warps, True, kg, gt, nf, tail,
-                            attention, poll)
+        consts = constexprs(s, P, n_ctr, stages, True, kg, gt, nf, tail, attention, poll)
         boxes = dict(d_qkv=KB, d_o=KB, d_gu=KB, d_dn=2 * KB, d_dt=tail or 2 * KB, d_lm=KB)
-    sig = signature(kernel, consts, boxes)
-    aligned = [i for i, v in enumerate(sig.values()) if v.startswith("*")]
-    return compile_sm90(kernel, sig, consts, aligned, num_warps)
+        groups = DENSE_GROUPS
+    sig, aligned = signature(kernel, groups, boxes)
+    return compile_sm90(kernel, sig, dict(C=consts, num_warps=num_warps), aligned, num_warps)
 
 
 def compile_sm90(kernel, sig: dict, consts: dict, aligned, num_warps: int) -> dict:
-    """``kernel`` compiled for sm_90 on any machine (arguments ``aligned``: pointers 16-byte
-    aligned); raises unless its PTX has TMA copies, mbarriers and the clock. Returns its
-    shared memory, TMA copies, every thread's own acquire loads (``POLL`` 1's polls), PTX
-    lines and ``code``: a hash of the PTX's code (``ptx_code_hash``)."""
+    """``kernel`` compiled for sm_90 on any machine (``aligned``: the indices, or paths into
+    tuple arguments, of pointers 16-byte aligned); raises unless its PTX has TMA copies,
+    mbarriers and the clock. Returns its shared memory, TMA copies, every thread's own
+    acquire loads (``POLL`` 1's polls), PTX lines and ``code``: a hash of the PTX's code
+    (``ptx_code_hash``)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
-    attrs = {(i,): [["tt.divisibility", 16]] for i in aligned}
+    attrs = {(i if isinstance(i, tuple) else (i,)): [["tt.divisibility", 16]]
+             for i in aligned}
     k = triton.compile(GluonASTSource(kernel, sig, constexprs=consts, attrs=attrs),
                        target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps))
     ptx = k.asm["ptx"]

@@ -21,6 +21,8 @@ import triton
 
 from . import isa, schedule
 from .boxes import KB, TK, TN, box_view, down_boxes, gate_up_boxes, smem_layout
+from .gluon.args import (Acts, Cache, Consts, Gains, MoEConsts, MoEGains, MoESizes,
+                         Partials, Route, Sizes, Sync, Token)
 from .gluon.dense import step_kernel
 from .gluon.moe import moe_step_kernel
 
@@ -247,11 +249,12 @@ class MegaStep:
         """The kernel's arguments before the constexprs."""
         raise NotImplementedError
 
-    def constexprs(self) -> dict:
+    def constexprs(self):
+        """The kernel's ``C``: its compile-time constants (``args.Consts``, ``MoEConsts``)."""
         raise NotImplementedError
 
     def run(self):
-        self.kernel[(self.P,)](*self.args(), **self.constexprs())
+        self.kernel[(self.P,)](*self.args(), C=self.constexprs(), num_warps=self.num_warps)
 
     def launch(self):
         """This step as the engine plan's one entry."""
@@ -274,12 +277,12 @@ class MegaStep:
 
     def _engine_args(self) -> tuple:
         """The arguments both kernels open with: the lists, the descriptors, then the
-        activations, caches and partials up to the step's token and position."""
+        activations, the cache and the partials, the step's token."""
         e = self.e
-        return (self.prog, self.n_instr, *self.d, e.x, self.qkv, self.q, self.attn, self.h,
-                e.k_cache, e.v_cache, e.cos, e.sin, self.part_m, self.part_l, self.part_o,
-                self.lm_val, self.lm_idx, e.seq, e.argmax, e.pos, e.prompt_len,
-                e.W["embed"], self.g_in, self.g_post, e.W["norm"])
+        return (self.prog, self.n_instr, *self.d, Acts(e.x, self.qkv, self.q, self.attn, self.h),
+                Cache(e.k_cache, e.v_cache, e.cos, e.sin),
+                Partials(self.part_m, self.part_l, self.part_o),
+                Token(self.lm_val, self.lm_idx, e.seq, e.argmax, e.pos, e.prompt_len))
 
 
 class DenseStep(MegaStep):
@@ -309,15 +312,16 @@ class DenseStep(MegaStep):
 
     def args(self):
         e, s = self.e, self.e.spec
-        return (*self._engine_args(), self.b_qkv, self.ctr, self.err, self.clk,
-                s.layers, s.hidden, s.intermediate, s.qkv_size, s.q_size, s.kv_size, s.vocab,
-                self.spmax, e.max_ctx, s.rms_eps, s.head_dim ** -0.5, self.timeout_ns,
-                self.n_ctr)
+        return (*self._engine_args(),
+                Gains(e.W["embed"], self.g_in, self.g_post, e.W["norm"], self.b_qkv),
+                Sync(self.ctr, self.err, self.clk),
+                Sizes(s.layers, s.hidden, s.intermediate, s.qkv_size, s.q_size, s.kv_size,
+                      s.vocab, self.spmax, e.max_ctx),
+                s.rms_eps, s.head_dim ** -0.5, self.timeout_ns, self.n_ctr)
 
     def constexprs(self):
-        return constexprs(self.e.spec, self.P, self.n_ctr, self.stages, self.num_warps,
-                          self.clock, self.kg, self.gt, self.nf, self.tail, self.attention,
-                          self.poll)
+        return constexprs(self.e.spec, self.P, self.n_ctr, self.stages, self.clock, self.kg,
+                          self.gt, self.nf, self.tail, self.attention, self.poll)
 
 
 class MoEStep(MegaStep):
@@ -365,38 +369,41 @@ class MoEStep(MegaStep):
 
     def args(self):
         e, s = self.e, self.e.spec
-        return (*self._engine_args(), self.q_norm, self.k_norm, self.qk_ss,
-                self.router_logits, self.route_ids, self.route_w, self.expert_log, self.ctr,
-                self.err, self.clk, s.layers, s.hidden, s.intermediate, s.qkv_size, s.q_size,
-                s.kv_size, s.vocab, s.experts, self.spmax, e.max_ctx, s.rms_eps,
-                s.head_dim ** -0.5, self.timeout_ns, self.n_ctr)
+        return (*self._engine_args(),
+                MoEGains(e.W["embed"], self.g_in, self.g_post, e.W["norm"], self.q_norm,
+                         self.k_norm),
+                Route(self.qk_ss, self.router_logits, self.route_ids, self.route_w,
+                      self.expert_log),
+                Sync(self.ctr, self.err, self.clk),
+                MoESizes(s.layers, s.hidden, s.intermediate, s.qkv_size, s.q_size, s.kv_size,
+                         s.vocab, s.experts, self.spmax, e.max_ctx),
+                s.rms_eps, s.head_dim ** -0.5, self.timeout_ns, self.n_ctr)
 
     def constexprs(self):
-        return moe_constexprs(self.e.spec, self.P, self.n_ctr, self.stages, self.num_warps,
-                              self.clock, self.kg, self.gt, self.poll, self.bt)
+        return moe_constexprs(self.e.spec, self.P, self.n_ctr, self.stages, self.clock,
+                              self.kg, self.gt, self.poll, self.bt)
 
 
-def constexprs(s, P, n_ctr, stages, num_warps, clock, kg, gt, nf, tail, attention,
-               poll=POLL) -> dict:
+def constexprs(s, P, n_ctr, stages, clock, kg, gt, nf, tail, attention,
+               poll=POLL) -> Consts:
     """The dense kernel's compile-time constants."""
     check_poll(poll)
     g = s.heads // s.kv_heads
-    return dict(KB_=KB, KG=kg, GT=gt, NF=nf, TAIL=tail, STAGES=stages, WIDTH=isa.WIDTH, G=g,
-                GP=triton.next_power_of_2(g), D=s.head_dim, HKV=s.kv_heads, BT=BT, SB=SB,
-                SBF=SBF, NPB=triton.next_power_of_2(P), EB=EB, BIAS=int(s.qkv_bias),
-                ATT=ATT_STAGES[attention],
-                CTR_BLOCK=triton.next_power_of_2(n_ctr + 1),
-                CLOCK=int(clock), POLL=int(poll), num_warps=num_warps)
+    return Consts(KB_=KB, KG=kg, GT=gt, NF=nf, TAIL=tail, STAGES=stages, WIDTH=isa.WIDTH, G=g,
+                  GP=triton.next_power_of_2(g), D=s.head_dim, HKV=s.kv_heads, BT=BT, SB=SB,
+                  SBF=SBF, NPB=triton.next_power_of_2(P), EB=EB, BIAS=int(s.qkv_bias),
+                  ATT=ATT_STAGES[attention], CTR_BLOCK=triton.next_power_of_2(n_ctr + 1),
+                  CLOCK=int(clock), POLL=int(poll))
 
 
-def moe_constexprs(s, P, n_ctr, stages, num_warps, clock, kg, gt, poll=POLL,
-                   bt=BT) -> dict:
+def moe_constexprs(s, P, n_ctr, stages, clock, kg, gt, poll=POLL, bt=BT) -> MoEConsts:
     """The MoE kernel's compile-time constants."""
     check_poll(poll)
     g = s.heads // s.kv_heads
-    return dict(KB_=KB, KG=kg, GT=gt, KE=s.intermediate // TK, TOPK=s.top_k,
-                EP=triton.next_power_of_2(s.experts), QSB=QSB, STAGES=stages,
-                HOLD=HOLD_STAGES, WIDTH=isa.WIDTH, G=g, GP=triton.next_power_of_2(g),
-                D=s.head_dim, HKV=s.kv_heads, BT=bt, SB=SB, NPB=triton.next_power_of_2(P),
-                EB=EB, CTR_BLOCK=triton.next_power_of_2(n_ctr + 1), CLOCK=int(clock),
-                POLL=int(poll), num_warps=num_warps)
+    return MoEConsts(KB_=KB, KG=kg, GT=gt, KE=s.intermediate // TK, TOPK=s.top_k,
+                     EP=triton.next_power_of_2(s.experts), QSB=QSB, STAGES=stages,
+                     HOLD=HOLD_STAGES, WIDTH=isa.WIDTH, G=g, GP=triton.next_power_of_2(g),
+                     D=s.head_dim, HKV=s.kv_heads, BT=bt, SB=SB,
+                     NPB=triton.next_power_of_2(P), EB=EB,
+                     CTR_BLOCK=triton.next_power_of_2(n_ctr + 1), CLOCK=int(clock),
+                     POLL=int(poll))

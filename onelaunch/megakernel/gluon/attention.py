@@ -51,13 +51,17 @@ def _rope(ptr, d, D: gl.constexpr, c, s, mask):
 
 
 @gluon.jit
-def op_rope_kv(layer, kh, pos_ptr, qkv_ptr, q_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr, HQ, KVS,
-                MAXCTX, ctr_ptr, w0, target, timeout_ns, failed, err, instr,
-                G: gl.constexpr, GP: gl.constexpr, D: gl.constexpr, HKV: gl.constexpr,
-                POLL: gl.constexpr, num_warps: gl.constexpr):
+def op_rope_kv(layer, kh, pos_ptr, qkv_ptr, q_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr, HQ,
+               KVS, MAXCTX, ctr_ptr, w0, target, timeout_ns, failed, err, instr,
+               C: gl.constexpr, num_warps: gl.constexpr):
     """RoPE on kv head kh's G query heads (into q) and its key; the key and value into the
     cache at slot pos. The position's cos/sin are asked for before the counter wait.
     Returns the wait's ``failed``."""
+    G: gl.constexpr = C.G
+    GP: gl.constexpr = C.GP
+    D: gl.constexpr = C.D
+    HKV: gl.constexpr = C.HKV
+    POLL: gl.constexpr = C.POLL
     l2: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [num_warps, 1], [1, 0])
     pos = gl.load(pos_ptr, cache_modifier=".cg")
     hh = gl.arange(0, GP, gl.SliceLayout(1, l2))
@@ -100,14 +104,17 @@ def _attn_block(q, k, v, valid, m_i, l_i, o, scale, ql: gl.constexpr):
 
 
 @gluon.jit
-def _partial_blocks(q, k_old, v_old, k_pos, v_pos, pos, start, end, tk, dk, ts, base, kh, sp,
-                    kc_ptr, vc_ptr, pm_ptr, pl_ptr, po_ptr, SPMAX, scale, G: gl.constexpr,
-                    GP: gl.constexpr, D: gl.constexpr, BT: gl.constexpr, sl: gl.constexpr,
-                    ql: gl.constexpr):
+def _partial_blocks(q, k_old, v_old, k_pos, v_pos, pos, start, end, tk, dk, ts, base, kh,
+                    sp, kc_ptr, vc_ptr, pm_ptr, pl_ptr, po_ptr, SPMAX, scale,
+                    C: gl.constexpr, sl: gl.constexpr, ql: gl.constexpr):
     """A split's partial after its wait: the first block from the keys asked for before
     it (``k_old``, ``v_old``) with key pos (this step's, ``k_pos``, ``v_pos``: [D]) where
     the block holds it, the rest block by block from the cache; its G heads' running
     max, sum of exp and output into the partials."""
+    G: gl.constexpr = C.G
+    GP: gl.constexpr = C.GP
+    D: gl.constexpr = C.D
+    BT: gl.constexpr = C.BT
     m_i = gl.full([GP], float("-inf"), gl.float32, gl.SliceLayout(1, sl))
     l_i = gl.zeros([GP], gl.float32, gl.SliceLayout(1, sl))
     o = gl.zeros([GP, D], gl.float32, ql)
@@ -144,15 +151,19 @@ def _old_keys(kc_ptr, vc_ptr, pos, start, end, tk, dk, base, D: gl.constexpr):
 
 @gluon.jit
 def op_attn_partial(layer, kh, sp, splits, unit, pos_ptr, q_ptr, kc_ptr, vc_ptr, pm_ptr,
-                     pl_ptr, po_ptr, SPMAX, MAXCTX, scale, ctr_ptr, w0, target, timeout_ns,
-                     failed, err, instr, G: gl.constexpr, GP: gl.constexpr,
-                     D: gl.constexpr, HKV: gl.constexpr, BT: gl.constexpr,
-                     POLL: gl.constexpr, num_warps: gl.constexpr):
+                    pl_ptr, po_ptr, SPMAX, MAXCTX, scale, ctr_ptr, w0, target, timeout_ns,
+                    failed, err, instr, C: gl.constexpr, num_warps: gl.constexpr):
     """Split ``sp`` of ``splits`` of kv head kh's keys [0, pos]: its G query heads'
     running max, sum of exp and unnormalised output (fp32, online over blocks of BT
     keys; bf16 probabilities into P @ V, as the split-K kernel). The first block's keys
     before pos are asked for before the counter wait; key pos (this step's RoPE) and the
     queries after. Returns the wait's ``failed``."""
+    G: gl.constexpr = C.G
+    GP: gl.constexpr = C.GP
+    D: gl.constexpr = C.D
+    HKV: gl.constexpr = C.HKV
+    BT: gl.constexpr = C.BT
+    POLL: gl.constexpr = C.POLL
     l3: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 1, 32], [num_warps, 1, 1], [2, 1, 0])
     sl: gl.constexpr = gl.SliceLayout(2, l3)              # [GP, BT] scores
     kl: gl.constexpr = gl.SliceLayout(0, l3)              # [BT, D] keys / values
@@ -177,8 +188,7 @@ def op_attn_partial(layer, kh, sp, splits, unit, pos_ptr, q_ptr, kc_ptr, vc_ptr,
     v_pos = gl.load(vc_ptr + base + pos * D + dk, mask=at_pos, other=0.0,
                     cache_modifier=".cg")
     _partial_blocks(q, k_old, v_old, k_pos, v_pos, pos, start, end, tk, dk, ts, base, kh, sp,
-                    kc_ptr, vc_ptr, pm_ptr, pl_ptr, po_ptr, SPMAX, scale, G, GP, D, BT, sl,
-                    ql)
+                    kc_ptr, vc_ptr, pm_ptr, pl_ptr, po_ptr, SPMAX, scale, C, sl, ql)
     return failed
 
 
@@ -220,12 +230,10 @@ def _merge_group(kh, live, pm_ptr, pl_ptr, po_ptr, attn_ptr, SPMAX, G: gl.conste
 
 
 @gluon.jit
-def op_attn_fused(layer, kh, sp, splits, unit, bump, bump2, pos_ptr, qkv_ptr, kc_ptr,
-                   vc_ptr, cos_ptr, sin_ptr, pm_ptr, pl_ptr, po_ptr, attn_ptr, SPMAX, MAXCTX,
-                   HQ, KVS, scale, ctr_ptr, w0, target, timeout_ns, failed, err, instr,
-                   G: gl.constexpr, GP: gl.constexpr, D: gl.constexpr, HKV: gl.constexpr,
-                   BT: gl.constexpr, SBF: gl.constexpr, MERGE: gl.constexpr,
-                   POLL: gl.constexpr, num_warps: gl.constexpr):
+def op_attn_fused(layer, kh, sp, splits, unit, bump, bump2, pos_ptr, qkv_ptr, cache, parts,
+                  attn_ptr, SPMAX, MAXCTX, HQ, KVS, scale, ctr_ptr, w0, target, timeout_ns,
+                  failed, err, instr, C: gl.constexpr, MERGE: gl.constexpr,
+                  num_warps: gl.constexpr):
     """ATTN_FUSED (isa.py): before the counter wait, the first block of this split's
     earlier keys and pos's cos/sin are asked for; after it, RoPE on the G queries from
     qkv, the new key RoPEd (every split; zeros where it does not hold pos) and, by the
@@ -235,6 +243,15 @@ def op_attn_fused(layer, kh, sp, splits, unit, bump, bump2, pos_ptr, qkv_ptr, kc
     bump completes the kv head, the merge of its G heads and a bump of ``bump2``; else
     the caller bumps (release) and the merges merge.
     Returns the wait's ``failed``."""
+    kc_ptr, vc_ptr, cos_ptr, sin_ptr = cache
+    pm_ptr, pl_ptr, po_ptr = parts
+    G: gl.constexpr = C.G
+    GP: gl.constexpr = C.GP
+    D: gl.constexpr = C.D
+    HKV: gl.constexpr = C.HKV
+    BT: gl.constexpr = C.BT
+    SBF: gl.constexpr = C.SBF
+    POLL: gl.constexpr = C.POLL
     l3: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 1, 32], [num_warps, 1, 1], [2, 1, 0])
     sl: gl.constexpr = gl.SliceLayout(2, l3)              # [GP, BT] scores
     kl: gl.constexpr = gl.SliceLayout(0, l3)              # [BT, D] keys / values
@@ -264,8 +281,7 @@ def op_attn_fused(layer, kh, sp, splits, unit, bump, bump2, pos_ptr, qkv_ptr, kc
         gl.store(vc_ptr + base + pos * D + dk, v_new)
         gl.thread_barrier()                           # a later block reads it back
     _partial_blocks(q, k_old, v_old, k_new, v_new, pos, start, end, tk, dk, ts, base, kh, sp,
-                    kc_ptr, vc_ptr, pm_ptr, pl_ptr, po_ptr, SPMAX, scale, G, GP, D, BT, sl,
-                    ql)
+                    kc_ptr, vc_ptr, pm_ptr, pl_ptr, po_ptr, SPMAX, scale, C, sl, ql)
     if MERGE:
         gl.thread_barrier()
         done = gl.atomic_add(ctr_ptr + bump, 1, sem="acq_rel", scope="gpu")

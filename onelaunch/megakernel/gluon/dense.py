@@ -41,13 +41,16 @@ from .sync import now, reset_on_exit, stage_free, stage_ready, wait_counter
 
 
 @gluon.jit
-def _loader(prog_ptr, n_instr, d_qkv, d_o, d_gu, d_dn, d_dt, d_lm, ring, ring_dn,
-            ring_dt, ready, empty, clk_ptr, L, H, I, QKV, V, NF: gl.constexpr,
-            TAIL: gl.constexpr, STAGES: gl.constexpr, WIDTH: gl.constexpr,
-            CLOCK: gl.constexpr):
+def _loader(prog_ptr, n_instr, d_qkv, d_o, d_gu, d_dn, d_dt, d_lm, ring, ring_dn, ring_dt,
+            ready, empty, clk_ptr, L, H, I, QKV, V, C: gl.constexpr):
     """Every weight row block of this SM's list, in the order the compute eats them;
     the only wait is for a free stage. CLOCK: when it asked for an instruction's last
     tile."""
+    NF: gl.constexpr = C.NF
+    TAIL: gl.constexpr = C.TAIL
+    STAGES: gl.constexpr = C.STAGES
+    WIDTH: gl.constexpr = C.WIDTH
+    CLOCK: gl.constexpr = C.CLOCK
     TN_: gl.constexpr = d_gu.block_type.shape[0]
     KD: gl.constexpr = d_dn.block_type.shape[1]
     base = prog_ptr + gl.program_id(0) * n_instr * WIDTH
@@ -95,17 +98,33 @@ def _loader(prog_ptr, n_instr, d_qkv, d_o, d_gu, d_dn, d_dt, d_lm, ring, ring_dn
 
 
 @gluon.jit
-def _compute(prog_ptr, n_instr, ring, ring_dk, ring_tk, ready, empty, vec, x_ptr, qkv_ptr,
-             q_ptr, attn_ptr, h_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr, pm_ptr, pl_ptr, po_ptr,
-             val_ptr, idx_ptr, seq_ptr, amax_ptr, pos_ptr, plen_ptr, emb_ptr, gin_ptr, gpost_ptr,
-             gfin_ptr, bqkv_ptr, ctr_ptr, err_ptr, clk_ptr, H, I, QKV, HQ, KVS, SPMAX, MAXCTX,
-             eps, scale, timeout_ns, KG: gl.constexpr, GT: gl.constexpr, NF: gl.constexpr,
-             KD: gl.constexpr, TAIL: gl.constexpr, STAGES: gl.constexpr,
-             WIDTH: gl.constexpr, TN_: gl.constexpr, TK_: gl.constexpr, G: gl.constexpr,
-             GP: gl.constexpr, D: gl.constexpr, HKV: gl.constexpr, BT: gl.constexpr,
-             SB: gl.constexpr, SBF: gl.constexpr, NPB: gl.constexpr, EB: gl.constexpr,
-             BIAS: gl.constexpr, ATT: gl.constexpr, CLOCK: gl.constexpr,
-             POLL: gl.constexpr, num_warps: gl.constexpr):
+def _compute(prog_ptr, n_instr, ring, ring_dk, ring_tk, ready, empty, vec, acts, cache,
+             parts, token, gains, sync, sizes, eps, scale, timeout_ns, C: gl.constexpr,
+             KD: gl.constexpr, TN_: gl.constexpr, TK_: gl.constexpr,
+             num_warps: gl.constexpr):
+    """This SM's list, one instruction at a time: its counter waits, its math from the
+    ring's stages (in the loader's order) and the activations, its stores, its bump."""
+    x_ptr, qkv_ptr, q_ptr, attn_ptr, h_ptr = acts
+    kc_ptr, vc_ptr, cos_ptr, sin_ptr = cache
+    pm_ptr, pl_ptr, po_ptr = parts
+    val_ptr, idx_ptr, seq_ptr, amax_ptr, pos_ptr, plen_ptr = token
+    emb_ptr, gin_ptr, gpost_ptr, gfin_ptr, bqkv_ptr = gains
+    ctr_ptr, err_ptr, clk_ptr = sync
+    L, H, I, QKV, HQ, KVS, V, SPMAX, MAXCTX = sizes
+    KG: gl.constexpr = C.KG
+    GT: gl.constexpr = C.GT
+    NF: gl.constexpr = C.NF
+    TAIL: gl.constexpr = C.TAIL
+    STAGES: gl.constexpr = C.STAGES
+    WIDTH: gl.constexpr = C.WIDTH
+    D: gl.constexpr = C.D
+    SB: gl.constexpr = C.SB
+    NPB: gl.constexpr = C.NPB
+    EB: gl.constexpr = C.EB
+    BIAS: gl.constexpr = C.BIAS
+    ATT: gl.constexpr = C.ATT
+    CLOCK: gl.constexpr = C.CLOCK
+    POLL: gl.constexpr = C.POLL
     # a row box [TN, kb, TK]: rows over the warps, K tiles in each thread's registers,
     # columns over a warp's lanes, 8 a lane (16-byte shared loads)
     l3: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 1, 32], [num_warps, 1, 1], [2, 1, 0])
@@ -209,12 +228,12 @@ def _compute(prog_ptr, n_instr, ring, ring_dk, ring_tk, ready, empty, vec, x_ptr
         elif op == isa.OP_ROPE_KV:
             failed = op_rope_kv(layer, row0, pos_ptr, qkv_ptr, q_ptr, kc_ptr, vc_ptr, cos_ptr,
                                  sin_ptr, HQ, KVS, MAXCTX, ctr_ptr, w0, t0, timeout_ns, failed,
-                                 err, i, G, GP, D, HKV, POLL, num_warps)
+                                 err, i, C, num_warps)
         elif op == isa.OP_ATTN_PARTIAL:
             failed = op_attn_partial(layer, row0, arg, splits, unit, pos_ptr, q_ptr, kc_ptr,
                                       vc_ptr, pm_ptr, pl_ptr, po_ptr, SPMAX, MAXCTX, scale,
-                                      ctr_ptr, w0, t0, timeout_ns, failed, err, i, G, GP, D,
-                                      HKV, BT, POLL, num_warps)
+                                      ctr_ptr, w0, t0, timeout_ns, failed, err, i, C,
+                                      num_warps)
         elif op == isa.OP_ATTN_MERGE:
             op_attn_merge(row0, splits, unit, pos_now, pm_ptr, pl_ptr, po_ptr, attn_ptr, SPMAX,
                            D, SB, num_warps)
@@ -309,10 +328,9 @@ def _compute(prog_ptr, n_instr, ring, ring_dk, ring_tk, ready, empty, vec, x_ptr
             if ATT < 4:                               # compiled only for fused lists
                 failed = op_attn_fused(layer, row0, arg, splits, unit, bump,
                                         field(hdr, f16, isa.BUMP2) if ATT == 2 else -1, pos_ptr,
-                                        qkv_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr, pm_ptr,
-                                        pl_ptr, po_ptr, attn_ptr, SPMAX, MAXCTX, HQ, KVS,
-                                        scale, ctr_ptr, w0, t0, timeout_ns, failed, err, i, G,
-                                        GP, D, HKV, BT, SBF, ATT == 2, POLL, num_warps)
+                                        qkv_ptr, cache, parts, attn_ptr, SPMAX, MAXCTX, HQ,
+                                        KVS, scale, ctr_ptr, w0, t0, timeout_ns, failed, err,
+                                        i, C, ATT == 2, num_warps)
         # every thread's stores, then release (the "two" form's fused splits bump in
         # their code)
         if (bump >= 0) & ((op != isa.OP_ATTN_FUSED) | (ATT != 2)):
@@ -323,41 +341,28 @@ def _compute(prog_ptr, n_instr, ring, ring_dk, ring_tk, ready, empty, vec, x_ptr
 
 
 @gluon.jit
-def step_kernel(prog_ptr, n_instr, d_qkv, d_o, d_gu, d_dn, d_dt, d_lm, x_ptr, qkv_ptr,
-                q_ptr, attn_ptr, h_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr, pm_ptr,
-                pl_ptr, po_ptr, val_ptr, idx_ptr, seq_ptr, amax_ptr, pos_ptr, plen_ptr,
-                emb_ptr, gin_ptr, gpost_ptr, gfin_ptr, bqkv_ptr, ctr_ptr, err_ptr,
-                clk_ptr, L, H, I, QKV, HQ, KVS, V, SPMAX, MAXCTX, eps, scale,
-                timeout_ns, n_ctr,
-                KB_: gl.constexpr, KG: gl.constexpr, GT: gl.constexpr,
-                NF: gl.constexpr, TAIL: gl.constexpr, STAGES: gl.constexpr,
-                WIDTH: gl.constexpr, G: gl.constexpr, GP: gl.constexpr,
-                D: gl.constexpr, HKV: gl.constexpr, BT: gl.constexpr,
-                SB: gl.constexpr, SBF: gl.constexpr, NPB: gl.constexpr,
-                EB: gl.constexpr, BIAS: gl.constexpr, ATT: gl.constexpr,
-                CTR_BLOCK: gl.constexpr, CLOCK: gl.constexpr, POLL: gl.constexpr,
+def step_kernel(prog_ptr, n_instr, d_qkv, d_o, d_gu, d_dn, d_dt, d_lm, acts, cache, parts,
+                token, gains, sync, sizes, eps, scale, timeout_ns, n_ctr, C: gl.constexpr,
                 num_warps: gl.constexpr):
+    """The whole step: ``prog_ptr`` the lists (int32 [P, n_instr, WIDTH]); ``d_*`` the TMA
+    descriptors of the stacked weights (QKV, O, gate/up, down's full and tail boxes, LM
+    head); the groups of ``args.py`` (``Acts``, ``Cache``, ``Partials``, ``Token``,
+    ``Gains``, ``Sync``, ``Sizes``); ``C`` its ``Consts``."""
     TN_: gl.constexpr = d_gu.block_type.shape[0]
     TK_: gl.constexpr = d_gu.block_type.shape[2]
     # a stage: two slots of [TN, KB_, TK] (two row blocks, or gate and up), or the same
     # bytes as one [TN, KD = 2 KB_, TK] down box
-    ring = gl.allocate_shared_memory(gl.bfloat16, [2 * STAGES, TN_, KB_, TK_],
+    ring = gl.allocate_shared_memory(gl.bfloat16, [2 * C.STAGES, TN_, C.KB_, TK_],
                                      d_gu.layout)
-    ring_dn, ring_dt, ring_dk, ring_tk = down_views(ring, d_dn, d_dt, STAGES,
-                                                     num_warps)
+    ring_dn, ring_dt, ring_dk, ring_tk = down_views(ring, d_dn, d_dt, C.STAGES, num_warps)
     KD: gl.constexpr = d_dn.block_type.shape[1]
-    vec, ready, empty = h_and_barriers(NF, KD, TAIL, TK_, STAGES)
+    vec, ready, empty = h_and_barriers(C.NF, KD, C.TAIL, TK_, C.STAGES)
     gl.warp_specialize([
-        (_compute, (prog_ptr, n_instr, ring, ring_dk, ring_tk, ready, empty, vec,
-                    x_ptr, qkv_ptr, q_ptr, attn_ptr, h_ptr, kc_ptr, vc_ptr, cos_ptr,
-                    sin_ptr, pm_ptr, pl_ptr, po_ptr, val_ptr, idx_ptr, seq_ptr,
-                    amax_ptr, pos_ptr, plen_ptr, emb_ptr, gin_ptr, gpost_ptr,
-                    gfin_ptr, bqkv_ptr, ctr_ptr, err_ptr, clk_ptr, H, I, QKV, HQ, KVS,
-                    SPMAX, MAXCTX, eps, scale, timeout_ns, KG, GT, NF, KD, TAIL,
-                    STAGES, WIDTH, TN_, TK_, G, GP, D, HKV, BT, SB, SBF, NPB, EB, BIAS,
-                    ATT, CLOCK, POLL, num_warps)),
-        (_loader, (prog_ptr, n_instr, d_qkv, d_o, d_gu, d_dn, d_dt, d_lm, ring,
-                   ring_dn, ring_dt, ready, empty, clk_ptr, L, H, I, QKV, V, NF, TAIL,
-                   STAGES, WIDTH, CLOCK))],
+        (_compute, (prog_ptr, n_instr, ring, ring_dk, ring_tk, ready, empty, vec, acts,
+                    cache, parts, token, gains, sync, sizes, eps, scale, timeout_ns, C, KD,
+                    TN_, TK_, num_warps)),
+        (_loader, (prog_ptr, n_instr, d_qkv, d_o, d_gu, d_dn, d_dt, d_lm, ring, ring_dn,
+                   ring_dt, ready, empty, sync.clk, sizes.L, sizes.H, sizes.I, sizes.QKV,
+                   sizes.V, C))],
         [1], [48])
-    reset_on_exit(ctr_ptr, n_ctr, CTR_BLOCK, num_warps)
+    reset_on_exit(sync.ctr, n_ctr, C.CTR_BLOCK, num_warps)

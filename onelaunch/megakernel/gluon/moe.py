@@ -64,20 +64,36 @@ def _take(ready, t, pend, hph, STAGES: gl.constexpr, HOLD: gl.constexpr):
 
 
 @gluon.jit
-def _compute(prog_ptr, n_instr, ring, ring_ek, ready, empty, hs, x_ptr, qkv_ptr, q_ptr,
-             attn_ptr, h_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr, pm_ptr, pl_ptr, po_ptr, val_ptr,
-             idx_ptr, seq_ptr, amax_ptr, pos_ptr, plen_ptr, emb_ptr, gin_ptr, gpost_ptr,
-             gfin_ptr, qn_ptr, kn_ptr, ss_ptr, rl_ptr, ids_ptr, rw_ptr, log_ptr, ctr_ptr,
-             err_ptr, clk_ptr, L, H, I, QKV, HQ, KVS, E, SPMAX, MAXCTX, eps, scale, timeout_ns,
-             KB_: gl.constexpr, KG: gl.constexpr, GT: gl.constexpr, KE: gl.constexpr,
-             TOPK: gl.constexpr,
-             EP: gl.constexpr, QSB: gl.constexpr, STAGES: gl.constexpr, HOLD: gl.constexpr,
-             WIDTH: gl.constexpr, TN_: gl.constexpr, TK_: gl.constexpr, G: gl.constexpr,
-             GP: gl.constexpr, D: gl.constexpr, HKV: gl.constexpr, BT: gl.constexpr,
-             SB: gl.constexpr, NPB: gl.constexpr, EB: gl.constexpr, CLOCK: gl.constexpr,
-             POLL: gl.constexpr, num_warps: gl.constexpr):
+def _compute(prog_ptr, n_instr, ring, ring_ek, ready, empty, hs, acts, cache, parts, token,
+             gains, route, sync, sizes, eps, scale, timeout_ns, C: gl.constexpr,
+             TN_: gl.constexpr, TK_: gl.constexpr, num_warps: gl.constexpr):
+    """This SM's list, one instruction at a time (as ``dense._compute``), the GEMV pairs'
+    stages taken in the loader's order, held ones first after a hoist (``_take``)."""
+    x_ptr, qkv_ptr, q_ptr, attn_ptr, h_ptr = acts
+    kc_ptr, vc_ptr, cos_ptr, sin_ptr = cache
+    pm_ptr, pl_ptr, po_ptr = parts
+    val_ptr, idx_ptr, seq_ptr, amax_ptr, pos_ptr, plen_ptr = token
+    emb_ptr, gin_ptr, gpost_ptr, gfin_ptr, qn_ptr, kn_ptr = gains
+    ss_ptr, rl_ptr, ids_ptr, rw_ptr, log_ptr = route
+    ctr_ptr, err_ptr, clk_ptr = sync
+    L, H, I, QKV, HQ, KVS, V, E, SPMAX, MAXCTX = sizes
+    KB_: gl.constexpr = C.KB_
+    KG: gl.constexpr = C.KG
+    GT: gl.constexpr = C.GT
+    KE: gl.constexpr = C.KE
+    TOPK: gl.constexpr = C.TOPK
+    EP: gl.constexpr = C.EP
+    STAGES: gl.constexpr = C.STAGES
+    HOLD: gl.constexpr = C.HOLD
+    WIDTH: gl.constexpr = C.WIDTH
+    D: gl.constexpr = C.D
+    SB: gl.constexpr = C.SB
+    NPB: gl.constexpr = C.NPB
+    EB: gl.constexpr = C.EB
+    CLOCK: gl.constexpr = C.CLOCK
+    POLL: gl.constexpr = C.POLL
     # a row box [TN, kb, TK]: rows over the warps, K tiles in each thread's registers,
-    # columns over a warp's lanes, 8 a lane (16-byte shared loads) (as gluon_step)
+    # columns over a warp's lanes, 8 a lane (16-byte shared loads) (as dense.py)
     l3: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 1, 32], [num_warps, 1, 1], [2, 1, 0])
     vl: gl.constexpr = gl.SliceLayout(0, l3)
     al: gl.constexpr = gl.SliceLayout(1, l3)
@@ -174,13 +190,12 @@ def _compute(prog_ptr, n_instr, ring, ring_ek, ready, empty, hs, x_ptr, qkv_ptr,
             failed = op_rope_kv_qkn(layer, row0, splits, pos_ptr, qkv_ptr, q_ptr, kc_ptr,
                                      vc_ptr, cos_ptr, sin_ptr, qn_ptr, kn_ptr, ss_ptr, HQ,
                                      KVS, MAXCTX, eps, ctr_ptr, w0, t0, timeout_ns, failed,
-                                     err, i, G, GP, D, HKV, QSB, POLL, num_warps)
+                                     err, i, C, num_warps)
         elif op == isa.OP_ATTN_PARTIAL:
             failed = op_attn_partial(layer, row0, field(hdr, f, isa.ARG), splits,
                                       field(hdr, f, isa.UNIT), pos_ptr, q_ptr, kc_ptr, vc_ptr,
                                       pm_ptr, pl_ptr, po_ptr, SPMAX, MAXCTX, scale, ctr_ptr,
-                                      w0, t0, timeout_ns, failed, err, i, G, GP, D, HKV, BT,
-                                      POLL, num_warps)
+                                      w0, t0, timeout_ns, failed, err, i, C, num_warps)
         elif op == isa.OP_ATTN_MERGE:
             op_attn_merge(row0, splits, field(hdr, f, isa.UNIT), pos_now, pm_ptr, pl_ptr, po_ptr,
                            attn_ptr, SPMAX, D, SB, num_warps)
@@ -291,22 +306,18 @@ def _compute(prog_ptr, n_instr, ring, ring_ek, ready, empty, hs, x_ptr, qkv_ptr,
 
 
 @gluon.jit
-def moe_step_kernel(prog_ptr, n_instr, d_qkv, d_o, d_rt, d_egu, d_edn, d_lm, x_ptr, qkv_ptr,
-                    q_ptr, attn_ptr, h_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr, pm_ptr, pl_ptr,
-                    po_ptr, val_ptr, idx_ptr, seq_ptr, amax_ptr, pos_ptr, plen_ptr, emb_ptr,
-                    gin_ptr, gpost_ptr, gfin_ptr, qn_ptr, kn_ptr, ss_ptr, rl_ptr, ids_ptr,
-                    rw_ptr, log_ptr, ctr_ptr, err_ptr, clk_ptr, L, H, I, QKV, HQ, KVS, V, E, SPMAX,
-                    MAXCTX, eps, scale, timeout_ns, n_ctr, KB_: gl.constexpr,
-                    KG: gl.constexpr, GT: gl.constexpr, KE: gl.constexpr,
-                    TOPK: gl.constexpr, EP: gl.constexpr, QSB: gl.constexpr,
-                    STAGES: gl.constexpr, HOLD: gl.constexpr, WIDTH: gl.constexpr,
-                    G: gl.constexpr, GP: gl.constexpr, D: gl.constexpr, HKV: gl.constexpr,
-                    BT: gl.constexpr, SB: gl.constexpr, NPB: gl.constexpr, EB: gl.constexpr,
-                    CTR_BLOCK: gl.constexpr, CLOCK: gl.constexpr, POLL: gl.constexpr,
-                    num_warps: gl.constexpr):
+def moe_step_kernel(prog_ptr, n_instr, d_qkv, d_o, d_rt, d_egu, d_edn, d_lm, acts, cache,
+                    parts, token, gains, route, sync, sizes, eps, scale, timeout_ns, n_ctr,
+                    C: gl.constexpr, num_warps: gl.constexpr):
+    """The whole step of a mixture of experts: ``prog_ptr`` the lists; ``d_*`` the TMA
+    descriptors of the stacked weights (QKV, O, router, the experts' gate/up and down,
+    LM head); the groups of ``args.py`` (``Acts``, ``Cache``, ``Partials``, ``Token``,
+    ``MoEGains``, ``Route``, ``Sync``, ``MoESizes``); ``C`` its ``MoEConsts``."""
     TN_: gl.constexpr = d_qkv.block_type.shape[0]
     TK_: gl.constexpr = d_qkv.block_type.shape[2]
-    NS: gl.constexpr = STAGES + HOLD                  # the ring's stages, then the held
+    KB_: gl.constexpr = C.KB_
+    KE: gl.constexpr = C.KE
+    NS: gl.constexpr = C.STAGES + C.HOLD              # the ring's stages, then the held
     # a stage: two slots of [TN, KB_, TK] (a GEMV pair, or an expert's gate and up rows),
     # or R boxes of [TN, KE, TK] (an expert's down rows, one a (row block, slot))
     ring = gl.allocate_shared_memory(gl.bfloat16, [2 * NS, TN_, KB_, TK_], d_qkv.layout)
@@ -318,22 +329,18 @@ def moe_step_kernel(prog_ptr, n_instr, d_qkv, d_o, d_rt, d_egu, d_edn, d_lm, x_p
                                 pl4)
     vlay: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=1,
                                                  order=[1, 0])
-    hs = gl.allocate_shared_memory(gl.bfloat16, [TOPK * KE // 4, 4, TK_], vlay)
+    hs = gl.allocate_shared_memory(gl.bfloat16, [C.TOPK * KE // 4, 4, TK_], vlay)
     ready = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(NS):
         mbarrier.init(ready.index(s), count=1)
         mbarrier.init(empty.index(s), count=1)
     gl.warp_specialize([
-        (_compute, (prog_ptr, n_instr, ring, ring_ek, ready, empty, hs, x_ptr, qkv_ptr, q_ptr,
-                    attn_ptr, h_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr, pm_ptr, pl_ptr, po_ptr,
-                    val_ptr, idx_ptr, seq_ptr, amax_ptr, pos_ptr, plen_ptr, emb_ptr, gin_ptr,
-                    gpost_ptr, gfin_ptr, qn_ptr, kn_ptr, ss_ptr, rl_ptr, ids_ptr, rw_ptr,
-                    log_ptr, ctr_ptr, err_ptr, clk_ptr, L, H, I, QKV, HQ, KVS, E, SPMAX, MAXCTX,
-                    eps, scale, timeout_ns, KB_, KG, GT, KE, TOPK, EP, QSB, STAGES, HOLD, WIDTH,
-                    TN_, TK_, G, GP, D, HKV, BT, SB, NPB, EB, CLOCK, POLL, num_warps)),
+        (_compute, (prog_ptr, n_instr, ring, ring_ek, ready, empty, hs, acts, cache, parts,
+                    token, gains, route, sync, sizes, eps, scale, timeout_ns, C, TN_, TK_,
+                    num_warps)),
         (_loader, (prog_ptr, n_instr, d_qkv, d_o, d_rt, d_egu, d_edn, d_lm, ring, ring_e,
-                   ready, empty, ids_ptr, ctr_ptr, err_ptr, clk_ptr, timeout_ns, L, H, I, QKV,
-                   E, V, TOPK, STAGES, HOLD, WIDTH, CLOCK, POLL))],
+                   ready, empty, route.ids, sync.ctr, sync.err, sync.clk, timeout_ns,
+                   sizes.L, sizes.H, sizes.I, sizes.QKV, sizes.E, sizes.V, C))],
         [1], [48])
-    reset_on_exit(ctr_ptr, n_ctr, CTR_BLOCK, num_warps)
+    reset_on_exit(sync.ctr, n_ctr, C.CTR_BLOCK, num_warps)

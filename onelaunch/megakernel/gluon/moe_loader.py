@@ -101,13 +101,18 @@ def _expert_id(ids_ptr, layer, j, E, TOPK: gl.constexpr):
 @gluon.jit
 def _loader(prog_ptr, n_instr, d_qkv, d_o, d_rt, d_egu, d_edn, d_lm, ring, ring_e, ready,
             empty, ids_ptr, ctr_ptr, err_ptr, clk_ptr, timeout_ns, L, H, I, QKV, E, V,
-            TOPK: gl.constexpr, STAGES: gl.constexpr, HOLD: gl.constexpr,
-            WIDTH: gl.constexpr, CLOCK: gl.constexpr, POLL: gl.constexpr):
+            C: gl.constexpr):
     """Every weight stage of this SM's list in the compute's order (``loads.stream``):
     the GEMV pairs (QKV, O, router, LM head), an expert's gate and up rows a row block,
     R slots' experts' down rows (all of I) a (row block, R slots); before an expert
     instruction's first stage its LWAIT counter (once per counter), after streaming the
     hoist."""
+    TOPK: gl.constexpr = C.TOPK
+    STAGES: gl.constexpr = C.STAGES
+    HOLD: gl.constexpr = C.HOLD
+    WIDTH: gl.constexpr = C.WIDTH
+    CLOCK: gl.constexpr = C.CLOCK
+    POLL: gl.constexpr = C.POLL
     TN_: gl.constexpr = d_qkv.block_type.shape[0]
     KB_: gl.constexpr = d_qkv.block_type.shape[1]
     KEB: gl.constexpr = d_edn.block_type.shape[1]

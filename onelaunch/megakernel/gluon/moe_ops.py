@@ -33,15 +33,20 @@ def _rope_normed(ptr, gptr, d, D: gl.constexpr, c, s, mask, rstd):
 
 @gluon.jit
 def op_rope_kv_qkn(layer, kh, n_blocks, pos_ptr, qkv_ptr, q_ptr, kc_ptr, vc_ptr, cos_ptr,
-                    sin_ptr, qn_ptr, kn_ptr, ss_ptr, HQ, KVS, MAXCTX, eps, ctr_ptr, w0, target,
-                    timeout_ns, failed, err, instr, G: gl.constexpr, GP: gl.constexpr,
-                    D: gl.constexpr, HKV: gl.constexpr, QSB: gl.constexpr,
-                    POLL: gl.constexpr, num_warps: gl.constexpr):
+                   sin_ptr, qn_ptr, kn_ptr, ss_ptr, HQ, KVS, MAXCTX, eps, ctr_ptr, w0,
+                   target, timeout_ns, failed, err, instr, C: gl.constexpr,
+                   num_warps: gl.constexpr):
     """ROPE_KV with OLMoE's q/k norm: the statistic of the whole q (k) from the
     ``n_blocks`` QKV blocks' partial squares (chunks of QSB, each summed in a fixed
     order), kv head kh's G query heads and its key normalised (their gains), RoPE'd
     (into q; the key into the cache at slot pos), its value into the cache. cos/sin
     and the gains are asked for before the counter wait. Returns the wait's ``failed``."""
+    G: gl.constexpr = C.G
+    GP: gl.constexpr = C.GP
+    D: gl.constexpr = C.D
+    HKV: gl.constexpr = C.HKV
+    QSB: gl.constexpr = C.QSB
+    POLL: gl.constexpr = C.POLL
     l2: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [num_warps, 1], [1, 0])
     pos = gl.load(pos_ptr, cache_modifier=".cg")
     hh = gl.arange(0, GP, gl.SliceLayout(1, l2))
