@@ -93,7 +93,7 @@ def _loader(prog_ptr, n_instr, wgu_desc, wgt_desc, wdn_desc, wdt_desc, ring, rin
                     t = fill_one(wdn_desc, ring_dn, ready, empty, t, r, j * KD, STAGES, 1)
                 if TAIL > 0:
                     t = fill_one(wdt_desc, ring_dt, ready, empty, t, r, NF * KD, STAGES,
-                                  KD // TAIL)
+                                 KD // TAIL)
 
 
 @gluon.jit
@@ -258,7 +258,7 @@ def mlp_stream_kernel(prog_ptr, n_instr, wgu_desc, wgt_desc, wdn_desc, wdt_desc,
                                 wgt_desc.layout)
     # the same bytes as the down projection's boxes (the loader's and the compute's views)
     ring_dn, ring_dt, ring_dk, ring_tk = down_views(ring, wdn_desc, wdt_desc, STAGES,
-                                                     num_warps)
+                                                    num_warps)
     KD: gl.constexpr = wdn_desc.block_type.shape[1]
     vec, ready, empty = h_and_barriers(NF, KD, TAIL, TK_, STAGES)
     gl.warp_specialize([

@@ -296,7 +296,7 @@ def op_attn_fused(layer, kh, sp, splits, unit, bump, bump2, pos_ptr, qkv_ptr, ca
 
 @gluon.jit
 def op_attn_merge(h, splits, unit, pos, pm_ptr, pl_ptr, po_ptr, attn_ptr, SPMAX,
-                   D: gl.constexpr, SB: gl.constexpr, num_warps: gl.constexpr):
+                  D: gl.constexpr, SB: gl.constexpr, num_warps: gl.constexpr):
     """Query head h's live partials merged in one pass of chunks of SB splits (one
     memory round trip a chunk): attn[h] = sum_s w_s o_s / sum_s w_s l_s, w_s = exp(m_s -
     max m), the running max rescaling the sums chunk to chunk. ``pos``: this step's,

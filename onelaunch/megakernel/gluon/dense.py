@@ -70,16 +70,16 @@ def _loader(prog_ptr, n_instr, d_qkv, d_o, d_gu, d_dn, d_dt, d_lm, ring, ring_dn
             r = layer * QKV + row0
             for rb in range(0, rows, 2 * TN_):
                 t = fill_pair(d_qkv, ring, ready, empty, t, r + rb, L * QKV, r + rows,
-                               STAGES)
+                              STAGES)
         elif op == isa.OP_O_PROJ:
             r = layer * H + row0
             for rb in range(0, rows, 2 * TN_):
                 t = fill_pair(d_o, ring, ready, empty, t, r + rb, L * H, r + rows,
-                               STAGES)
+                              STAGES)
         elif op == isa.OP_GATE_UP:                # gate rows, up rows
             for rb in range(0, rows, TN_):
                 t = fill(d_gu, ring, ready, empty, t, layer * 2 * I + row0 + rb, 0, 2,
-                          I, STAGES)
+                         I, STAGES)
         elif op == isa.OP_DOWN:                   # all of K a row block
             for rb in range(0, rows, TN_):
                 r = layer * H + row0 + rb
@@ -87,11 +87,11 @@ def _loader(prog_ptr, n_instr, d_qkv, d_o, d_gu, d_dn, d_dt, d_lm, ring, ring_dn
                     t = fill_one(d_dn, ring_dn, ready, empty, t, r, j * KD, STAGES, 1)
                 if TAIL > 0:
                     t = fill_one(d_dt, ring_dt, ready, empty, t, r, NF * KD, STAGES,
-                                  KD // TAIL)
+                                 KD // TAIL)
         elif op == isa.OP_LM_HEAD:
             for rb in range(0, rows, 2 * TN_):
                 t = fill_pair(d_lm, ring, ready, empty, t, row0 + rb, V, row0 + rows,
-                               STAGES)
+                              STAGES)
         if CLOCK & ((op == isa.OP_RMS_QKV) | (op == isa.OP_O_PROJ) | (op == isa.OP_GATE_UP)
                     | (op == isa.OP_DOWN) | (op == isa.OP_LM_HEAD)):
             gl.store(clk_ptr + (gl.program_id(0) * n_instr + i) * 4 + 3, now())
@@ -227,16 +227,16 @@ def _compute(prog_ptr, n_instr, ring, ring_dk, ring_tk, ready, empty, vec, acts,
                 gl.store(qkv_ptr + rbb, yb.to(gl.bfloat16), mask=rbb < row0 + rows)
         elif op == isa.OP_ROPE_KV:
             failed = op_rope_kv(layer, row0, pos_ptr, qkv_ptr, q_ptr, kc_ptr, vc_ptr, cos_ptr,
-                                 sin_ptr, HQ, KVS, MAXCTX, ctr_ptr, w0, t0, timeout_ns, failed,
-                                 err, i, C, num_warps)
+                                sin_ptr, HQ, KVS, MAXCTX, ctr_ptr, w0, t0, timeout_ns, failed,
+                                err, i, C, num_warps)
         elif op == isa.OP_ATTN_PARTIAL:
             failed = op_attn_partial(layer, row0, arg, splits, unit, pos_ptr, q_ptr, kc_ptr,
-                                      vc_ptr, pm_ptr, pl_ptr, po_ptr, SPMAX, MAXCTX, scale,
-                                      ctr_ptr, w0, t0, timeout_ns, failed, err, i, C,
-                                      num_warps)
+                                     vc_ptr, pm_ptr, pl_ptr, po_ptr, SPMAX, MAXCTX, scale,
+                                     ctr_ptr, w0, t0, timeout_ns, failed, err, i, C,
+                                     num_warps)
         elif op == isa.OP_ATTN_MERGE:
             op_attn_merge(row0, splits, unit, pos_now, pm_ptr, pl_ptr, po_ptr, attn_ptr, SPMAX,
-                           D, SB, num_warps)
+                          D, SB, num_warps)
         elif op == isa.OP_O_PROJ:                 # + residual
             av = gl.load(attn_ptr + offs, mask=offs < HQ, other=0.0,
                          cache_modifier=".cg").to(gl.float32)
@@ -321,16 +321,16 @@ def _compute(prog_ptr, n_instr, ring, ring_dk, ring_tk, ready, empty, vec, acts,
             gl.store(idx_ptr + idx, bi)
         elif op == isa.OP_ARGMAX:
             op_argmax(rows, pos_ptr, plen_ptr, seq_ptr, amax_ptr, val_ptr, idx_ptr, NPB,
-                       num_warps)
+                      num_warps)
         elif op == isa.OP_EMBED:
             op_embed(row0, rows, pos_ptr, seq_ptr, emb_ptr, x_ptr, H, EB, num_warps)
         elif op == isa.OP_ATTN_FUSED:             # ("two": bumps in its code)
             if ATT < 4:                               # compiled only for fused lists
                 failed = op_attn_fused(layer, row0, arg, splits, unit, bump,
-                                        field(hdr, f16, isa.BUMP2) if ATT == 2 else -1, pos_ptr,
-                                        qkv_ptr, cache, parts, attn_ptr, SPMAX, MAXCTX, HQ,
-                                        KVS, scale, ctr_ptr, w0, t0, timeout_ns, failed, err,
-                                        i, C, ATT == 2, num_warps)
+                                       field(hdr, f16, isa.BUMP2) if ATT == 2 else -1, pos_ptr,
+                                       qkv_ptr, cache, parts, attn_ptr, SPMAX, MAXCTX, HQ,
+                                       KVS, scale, ctr_ptr, w0, t0, timeout_ns, failed, err,
+                                       i, C, ATT == 2, num_warps)
         # every thread's stores, then release (the "two" form's fused splits bump in
         # their code)
         if (bump >= 0) & ((op != isa.OP_ATTN_FUSED) | (ATT != 2)):

@@ -188,17 +188,17 @@ def _compute(prog_ptr, n_instr, ring, ring_ek, ready, empty, hs, acts, cache, pa
             gl.store(ss_ptr + idx * 2 + 1, gl.sum(sk, axis=0))
         elif op == isa.OP_ROPE_KV:                # + the q/k norm
             failed = op_rope_kv_qkn(layer, row0, splits, pos_ptr, qkv_ptr, q_ptr, kc_ptr,
-                                     vc_ptr, cos_ptr, sin_ptr, qn_ptr, kn_ptr, ss_ptr, HQ,
-                                     KVS, MAXCTX, eps, ctr_ptr, w0, t0, timeout_ns, failed,
-                                     err, i, C, num_warps)
+                                    vc_ptr, cos_ptr, sin_ptr, qn_ptr, kn_ptr, ss_ptr, HQ,
+                                    KVS, MAXCTX, eps, ctr_ptr, w0, t0, timeout_ns, failed,
+                                    err, i, C, num_warps)
         elif op == isa.OP_ATTN_PARTIAL:
             failed = op_attn_partial(layer, row0, field(hdr, f, isa.ARG), splits,
-                                      field(hdr, f, isa.UNIT), pos_ptr, q_ptr, kc_ptr, vc_ptr,
-                                      pm_ptr, pl_ptr, po_ptr, SPMAX, MAXCTX, scale, ctr_ptr,
-                                      w0, t0, timeout_ns, failed, err, i, C, num_warps)
+                                     field(hdr, f, isa.UNIT), pos_ptr, q_ptr, kc_ptr, vc_ptr,
+                                     pm_ptr, pl_ptr, po_ptr, SPMAX, MAXCTX, scale, ctr_ptr,
+                                     w0, t0, timeout_ns, failed, err, i, C, num_warps)
         elif op == isa.OP_ATTN_MERGE:
             op_attn_merge(row0, splits, field(hdr, f, isa.UNIT), pos_now, pm_ptr, pl_ptr, po_ptr,
-                           attn_ptr, SPMAX, D, SB, num_warps)
+                          attn_ptr, SPMAX, D, SB, num_warps)
         elif op == isa.OP_O_PROJ:                 # + residual
             av = gl.load(attn_ptr + offs, mask=offs < HQ, other=0.0,
                          cache_modifier=".cg").to(gl.float32)
@@ -232,7 +232,7 @@ def _compute(prog_ptr, n_instr, ring, ring_ek, ready, empty, hs, acts, cache, pa
                          mask=rbb < row0 + rows)
         elif op == isa.OP_TOPK:
             op_topk(layer, pos_now, rl_ptr, ids_ptr, rw_ptr, log_ptr, L, E, EP, TOPK,
-                     num_warps)
+                    num_warps)
         elif op == isa.OP_EXPERT_GATE_UP:         # + SwiGLU
             xn, xnt = rms_vec(x_ptr, gpost_ptr + layer * H, H, eps, offs, offs_t, GT)
             for rb in range(0, rows, TN_):
@@ -263,7 +263,7 @@ def _compute(prog_ptr, n_instr, ring, ring_ek, ready, empty, hs, acts, cache, pa
                         wj = gl.load(rw_ptr + layer * TOPK + j, cache_modifier=".cg")
                         hj = h_slots.index(j).load(vl4).to(gl.float32)
                         acc = dot_box_k(ring_ek, s * R + b, hj,
-                                         gl.zeros([TN_, NW, TK_], gl.float32, a4), True, l4)
+                                        gl.zeros([TN_, NW, TK_], gl.float32, a4), True, l4)
                         y = gl.sum(gl.sum(acc, axis=2), axis=1).to(gl.bfloat16).to(gl.float32)
                         part += (y * wj).to(gl.bfloat16).to(gl.float32)
                     stage_free(empty, s)
@@ -295,7 +295,7 @@ def _compute(prog_ptr, n_instr, ring, ring_ek, ready, empty, hs, acts, cache, pa
             gl.store(idx_ptr + idx, bi)
         elif op == isa.OP_ARGMAX:
             op_argmax(rows, pos_ptr, plen_ptr, seq_ptr, amax_ptr, val_ptr, idx_ptr, NPB,
-                       num_warps)
+                      num_warps)
         elif op == isa.OP_EMBED:
             op_embed(row0, rows, pos_ptr, seq_ptr, emb_ptr, x_ptr, H, EB, num_warps)
         if bump >= 0:                                 # every thread's stores, then release

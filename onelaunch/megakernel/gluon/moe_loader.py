@@ -147,7 +147,7 @@ def _loader(prog_ptr, n_instr, d_qkv, d_o, d_rt, d_egu, d_edn, d_lm, ring, ring_
         if (lw >= 0) & (lw != last_w):                # the router's counter, then its ids
             was = failed
             failed = wait_counter(ctr_ptr + lw, field(hdr, f, isa.LTARGET), timeout_ns, failed, err,
-                                   i, POLL)
+                                  i, POLL)
             if (was == 0) & (failed != 0):
                 store_mine(err + 1, lw)
             last_w = lw

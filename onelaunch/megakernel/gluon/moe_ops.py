@@ -89,7 +89,7 @@ def op_rope_kv_qkn(layer, kh, n_blocks, pos_ptr, qkv_ptr, q_ptr, kc_ptr, vc_ptr,
 
 @gluon.jit
 def op_topk(layer, pos, rl_ptr, ids_ptr, rw_ptr, log_ptr, L, E, EP: gl.constexpr,
-             TOPK: gl.constexpr, num_warps: gl.constexpr):
+            TOPK: gl.constexpr, num_warps: gl.constexpr):
     """Softmax over the E router logits (fp32), then TOPK rounds of "largest
     probability, lowest expert index among equals": slot j's id and its probability
     rounded to bf16 (not renormalised) into the layer's row (``moe_router.route``); the

@@ -36,7 +36,7 @@ def rms_vec(x_ptr, g_ptr, H, eps, offs, offs_t, GT: gl.constexpr):
 
 @gluon.jit
 def row_dot(ring, slot, xn, xnt, KG: gl.constexpr, GT: gl.constexpr, TN_: gl.constexpr,
-             TK_: gl.constexpr, l3: gl.constexpr, al: gl.constexpr):
+            TK_: gl.constexpr, l3: gl.constexpr, al: gl.constexpr):
     """fp32 [TN]: the rows of ring slot ``slot`` (whole rows of KG + GT K tiles) times the
     vector pieces xn, xnt."""
     acc = dot_slice(ring, slot, 0, KG, xn, gl.zeros([TN_, TK_], gl.float32, al), True, l3)
@@ -47,7 +47,7 @@ def row_dot(ring, slot, xn, xnt, KG: gl.constexpr, GT: gl.constexpr, TN_: gl.con
 
 @gluon.jit
 def op_embed(row0, rows, pos_ptr, seq_ptr, emb_ptr, x_ptr, H, EB: gl.constexpr,
-              num_warps: gl.constexpr):
+             num_warps: gl.constexpr):
     """x[row0:row0 + rows] = E[seq[pos], row0:row0 + rows]."""
     l1: gl.constexpr = gl.BlockedLayout([8], [32], [num_warps], [0])
     pos = gl.load(pos_ptr, cache_modifier=".cg")
@@ -60,7 +60,7 @@ def op_embed(row0, rows, pos_ptr, seq_ptr, emb_ptr, x_ptr, H, EB: gl.constexpr,
 
 @gluon.jit
 def op_argmax(n, pos_ptr, plen_ptr, seq_ptr, amax_ptr, val_ptr, idx_ptr,
-               NPB: gl.constexpr, num_warps: gl.constexpr):
+              NPB: gl.constexpr, num_warps: gl.constexpr):
     """The token: the largest of the LM-head instructions' bests, the lowest row among
     equals; into argmax[pos + 1] (and seq[pos + 1] past the prompt); pos + 1."""
     l1: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])

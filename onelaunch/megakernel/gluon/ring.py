@@ -17,7 +17,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 @gluon.jit
 def fill(desc, ring, ready, empty, t, r, kt0, n_halves: gl.constexpr, I,
-          STAGES: gl.constexpr):
+         STAGES: gl.constexpr):
     """Stage t % STAGES <- a box of rows r.. x K tiles kt0.. (``desc``: [TN, KB, TK], each
     row's KB x TK columns contiguous in memory), one TMA copy a half (gate, then up at rows
     r + I: n_halves 2; down: 1), one barrier for the stage."""
@@ -77,7 +77,7 @@ def down_views(ring, d_dn, d_dt, STAGES: gl.constexpr, NW: gl.constexpr):
 
 @gluon.jit
 def h_and_barriers(NF: gl.constexpr, KD: gl.constexpr, TAIL: gl.constexpr,
-                    TK_: gl.constexpr, STAGES: gl.constexpr):
+                   TK_: gl.constexpr, STAGES: gl.constexpr):
     """h of the down projection in shared memory (chunks of 4 K tiles), and the ring's
     ready and empty barriers, initialised."""
     vl: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=1,
@@ -93,7 +93,7 @@ def h_and_barriers(NF: gl.constexpr, KD: gl.constexpr, TAIL: gl.constexpr,
 
 @gluon.jit
 def dot_slice(ring, k, k0: gl.constexpr, n: gl.constexpr, v, acc, MATH: gl.constexpr,
-               l3: gl.constexpr):
+              l3: gl.constexpr):
     """``_dot_box`` over K tiles [k0, k0 + n) of box k: the TMA brought the whole row
     (one run of memory a row), the math takes only the tiles inside K."""
     w = ring.index(k).slice(k0, n, dim=1).load(l3).to(gl.float32)
