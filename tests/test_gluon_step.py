@@ -386,3 +386,31 @@ def test_gate_up_boxes(kt, tail, want):
     kg, gt = gate_up_boxes(kt, KB, tail)
     assert (kg, gt) == want
     assert kg + gt >= kt and kg + gt <= KB and (gt == 0 or kg % gt == 0)
+
+
+def test_host_arguments_match_the_kernels_parameters():
+    """``DenseStep`` and ``MoEStep`` (no GPU: the host side only) pass each kernel its
+    parameters in order: a descriptor where it takes one, each group as the NamedTuple the
+    sm_90 compile types it by (``aot.DENSE_GROUPS``, ``MOE_GROUPS``), then ``C``."""
+    import inspect
+    from types import SimpleNamespace
+
+    from onelaunch.megakernel import aot
+    from onelaunch.weights import pack_weights
+    small_qwen = dataclasses.replace(get_spec("qwen2.5-1.5b"), name="small-qwen", layers=2,
+                                     vocab=1024, max_ctx=256)
+    for s, groups in ((small_qwen, aot.DENSE_GROUPS), (small_olmoe(), aot.MOE_GROUPS)):
+        W = pack_weights(s, random_weights(s, 0))
+        e = SimpleNamespace(spec=s, W=W, device=torch.device("cpu"), max_ctx=256,
+                            x=None, k_cache=None, v_cache=None, cos=None, sin=None,
+                            seq=None, argmax=None, pos=None, prompt_len=None)
+        mk = step.MegaStep(e, P=16)
+        assert type(mk) is (step.MoEStep if s.is_moe else step.DenseStep)
+        names = list(inspect.signature(mk.kernel.fn).parameters)
+        assert names[-2:] == ["C", "num_warps"] and len(mk.args()) == len(names) - 2
+        for name, a in zip(names, mk.args()):
+            if name in groups:
+                assert type(a) is groups[name], name
+            elif name.startswith("d_"):
+                assert hasattr(a, "block_shape"), name
+        assert type(mk.constexprs()).__name__ == ("MoEConsts" if s.is_moe else "Consts")
