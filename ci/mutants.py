@@ -212,9 +212,10 @@ MUTANTS = [
            "i = int((p == best).nonzero()[0, 0])", "i = int((p == best).nonzero()[-1, 0])",
            MEGA_MOE),
     Mutant("megakernel MoE: gate/up without the loader's wait",
-           "onelaunch/megakernel/schedule.py", "idx=i, lwait=route)", "idx=i)", MEGA_MOE),
+           "onelaunch/megakernel/schedule.py", "idx=i, lwait=route,", "idx=i, lwait=(NONE, 0),",
+           MEGA_MOE),
     Mutant("megakernel MoE: q/k norm from one QKV block", "onelaunch/megakernel/schedule.py",
-           "idx=kh, splits=len(qkv) if s.qk_norm else 0)", "idx=kh, splits=1 if s.qk_norm else 0)",
+           "idx=kh, splits=len(qkv) if s.qk_norm else 0,", "idx=kh, splits=1 if s.qk_norm else 0,",
            MEGA_MOE),
     # what the VM marks unwritten at a step's start against the rows' writes
     # (tests/test_vm_writes.py): a wrong slot hides a read of the new key before its store

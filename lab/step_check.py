@@ -8,9 +8,9 @@ replays bit-identical, and both steps timed alternately against the floor measur
                              [--variants ATTENTION:PLAN_CTX[:STAGES[:POLL[:BT]]],...]
     python lab/step_clock.py PREFIX_512.pt       # where the time goes, per layer and op
 
-    python lab/step_check.py OUT.json --model olmoe-1b-7b     # the MoE kernel (gluon_moe)
+    python lab/step_check.py OUT.json --model olmoe-1b-7b     # the MoE kernel
 
-OLMoE runs the MoE kernel (``megakernel/gluon_moe.py``): attention "four" only (its RoPE
+OLMoE runs the MoE kernel (``megakernel/gluon/moe.py``): attention "four" only (its RoPE
 holds the q/k norm; the default variant), the ring's stages ``step.MOE_STAGES`` unless
 given (its h and held stage share the shared memory). Besides x, qkv and attn, the last
 layer's router logits, routing weights and ids are compared with the chain's

@@ -1,4 +1,5 @@
-"""The one-launch step (``megakernel/step.py`` host, ``gluon_step.py`` device): the lists
+"""The one-launch step (``megakernel/step.py`` host, ``gluon/dense.py`` and ``gluon/moe.py``
+device, ``aot.py`` their compile for sm_90): the lists
 it runs are ``schedule.build``'s with the kernel's tiles (the VM runs them at full
 shapes in ``test_megakernel_vm.py``), it compiles for sm_90 on a machine without a GPU,
 an engine or rung asked for it where it cannot run says why in one line, and on the GPU
@@ -15,6 +16,7 @@ import triton
 
 from onelaunch.engine import Engine, EngineError, megakernel_refusal
 from onelaunch.megakernel import isa, loads, schedule, step
+from onelaunch.megakernel.boxes import KB, down_boxes, gate_up_boxes
 from onelaunch.megakernel.step import TN, plan_ctx, plan_schedule, refusal
 from onelaunch.measure.rungs import BENCH, MEGA, RUNGS
 from onelaunch.specs import get_spec
@@ -73,19 +75,21 @@ def test_engine_off_hopper_says_why_in_one_line(monkeypatch):
         Engine("tiny-qwen2", w, megakernel=True, attention="plain")
 
 
-# the dense kernel's code (``mlp_stream.ptx_code_hash``) at Qwen's shapes as commit
-# 3c12436 compiled it (Triton 3.6.0): the MoE kernel (issue 26) left it as it was
+# the kernels' code (``aot.ptx_code_hash``: the PTX without its line numbers) at Qwen's and
+# OLMoE-1B-7B's shapes with Triton 3.6.0: an edit to the device code that changes what the
+# GPU runs changes these, so one that only moves or renames code shows it kept the bits
 DENSE_CODE = {("four", 0): "465d113cb9f2e95c", ("four", 1): "2df738dab3ca9b90",
               ("three", 0): "36d5f4bcc8a6ae2a", ("three", 1): "057e31c4969855fd",
               ("two", 0): "8ea3407f592471fe", ("two", 1): "1f6283eb9727e701"}
+MOE_CODE = {0: "173a5747e21fab8b", 1: "d0f60a9aa95490c2"}
 
 
 def test_compiles_for_hopper_without_a_gpu():
     """The whole step's kernel at Qwen's shapes through ptxas for sm_90, in each form of
     the attention the host can pick (the engine's "three", and "four" and "two") and
     both ways of polling a counter: layouts, TMA boxes, barriers, the clock; with
-    Triton 3.6.0 the code is the same PTX as before the MoE kernel came (``DENSE_CODE``)."""
-    r = subprocess.run([sys.executable, "-m", "onelaunch.megakernel.step", "--aot",
+    Triton 3.6.0 the code is ``DENSE_CODE``'s."""
+    r = subprocess.run([sys.executable, "-m", "onelaunch.megakernel.aot",
                         "--attention", ",".join(schedule.FORMS),    # every form
                         "--poll", "0,1"],                           # both polls
                        capture_output=True, text=True, timeout=600,
@@ -102,21 +106,24 @@ def test_compiles_for_hopper_without_a_gpu():
 
 
 def test_moe_compiles_for_hopper_without_a_gpu():
-    """The MoE kernel (``gluon_moe``) at OLMoE-1B-7B's shapes through ptxas for sm_90,
+    """The MoE kernel (``gluon/moe.py``) at OLMoE-1B-7B's shapes through ptxas for sm_90,
     both polls: TMA copies (the experts' boxes too), barriers, the clock, and its ring,
     held stage and h within sm_90's shared memory."""
-    r = subprocess.run([sys.executable, "-m", "onelaunch.megakernel.step", "--aot",
+    r = subprocess.run([sys.executable, "-m", "onelaunch.megakernel.aot",
                         "--model", "olmoe-1b-7b", "--poll", "0,1"],
                        capture_output=True, text=True, timeout=600,
                        env={**__import__("os").environ, "TRITON_INTERPRET": "0"})
     assert r.returncode == 0, r.stderr[-2000:]
     for p in (0, 1):
         ln = next(ln for ln in r.stdout.splitlines()
-                  if f"[gluon_moe] sm_90 STAGES {step.MOE_STAGES} attention four poll {p}:" in ln)
+                  if f"[moe_step_kernel] sm_90 STAGES {step.MOE_STAGES} attention four poll {p}:"
+                  in ln)
         info = eval(ln.split(": ", 1)[1])
         assert info["tma"] > 0 and (info["acquire"] == 0) == (p == 0), ln
         assert info["shared"] <= step.SMEM_MAX
         assert info["shared"] >= step.moe_smem(get_spec("olmoe-1b-7b")) - 1024
+        if triton.__version__ == "3.6.0":
+            assert info["code"] == MOE_CODE[p], (p, ln)
 
 
 @pytest.mark.gpu
@@ -195,33 +202,19 @@ def test_a_stall_is_named_in_one_line():
     assert f"counter 3 ({sched.counters[3]}: saw 5, needs 6); 2 SMs stalled" in msg
 
 
-def test_the_kernels_literals_are_isas():
-    """The Gluon kernels branch on opcodes and read header fields by value: those values
-    are the ones ``isa`` defines (its one owner)."""
-    ops = (isa.OP_RMS_QKV, isa.OP_ROPE_KV, isa.OP_ATTN_PARTIAL, isa.OP_ATTN_MERGE,
-           isa.OP_O_PROJ, isa.OP_GATE_UP, isa.OP_DOWN, isa.OP_LM_HEAD, isa.OP_ARGMAX,
-           isa.OP_EMBED, isa.OP_ROUTER, isa.OP_TOPK, isa.OP_EXPERT_GATE_UP,
-           isa.OP_EXPERT_DOWN, isa.OP_ATTN_FUSED)
-    assert ops == (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
-    fields = (isa.OP, isa.LAYER, isa.ROW0, isa.ROWS, isa.K0, isa.KLEN, isa.WAIT0,
-              isa.TARGET0, isa.WAIT1, isa.TARGET1, isa.BUMP, isa.ARG, isa.IDX, isa.SPLITS,
-              isa.UNIT, isa.LWAIT, isa.LTARGET, isa.HOIST, isa.BUMP2)
-    assert fields == (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18)
-
-
 def test_refused_past_32_bit_cache_offsets():
     spec = get_spec("qwen2.5-1.5b")
     assert refusal(spec, 32768) is None
     assert "32-bit" in refusal(spec, 2 ** 20)
 
 
-# ---- the MoE kernel (gluon_moe.py): its host side and its loader's program --------------------
+# ---- the MoE kernel (gluon/moe.py): its host side and its loader's program ------------------
 PAIR = (isa.OP_RMS_QKV, isa.OP_O_PROJ, isa.OP_ROUTER, isa.OP_LM_HEAD)
 
 
 def moe_kernel_stages(rows, I, stages, hold):
-    """``gluon_moe``'s rules in Python, both partitions: (loader steps, compute steps).
-    A step is ("wait", counter, target) or ((instruction, stage), place, use): place
+    """The MoE kernel's stage rules (``gluon/moe_loader.py``, ``gluon/moe.py``) in Python,
+    both partitions: (loader steps, compute steps). A step is ("wait", counter, target) or ((instruction, stage), place, use): place
     ("ring", s) or ("hold", h), use its barrier's phase count. GEMV pairs take ceil(rows /
     2 TN) stages, an expert's gate/up rows / TN, its down rows / TN x ceil(slots / R)
     (R slots' boxes a stage); after the first of a run of loader-waiting instructions with
@@ -354,7 +347,7 @@ def test_moe_host_stacks_the_experts_addressed_by_id():
     rows = mk.sched.instr.view(-1, isa.WIDTH)
     assert mk.qk_ss.shape[0] == int(rows[rows[:, isa.OP] == isa.OP_ROPE_KV, isa.SPLITS][0])
     c = mk.constexprs()
-    assert (c["KE"], c["TOPK"], c["EP"], c["HOLD"], c["STAGES"]) == (4, 8, 16, 1, 5)
+    assert (c.KE, c.TOPK, c.EP, c.HOLD, c.STAGES) == (4, 8, 16, 1, 5)
     assert mk.weight_bytes() == (sum(mk.w[k].numel() for k in ("qkv", "o", "rt"))
                                  + W["lm_head"].numel()
                                  + s.layers * s.top_k * 3 * I * H) * 2
@@ -375,3 +368,49 @@ def test_a_loaders_stall_is_named_as_the_loaders():
         MegaStep.check_stalls(mk)
     assert str(e.value).startswith("megakernel stalled: the loader of SM 5 instruction 39")
     assert "route.3" in str(e.value)
+
+
+# ---- the TMA boxes (boxes.py) ---------------------------------------------------------------
+@pytest.mark.parametrize("kt,kd,tail,want", [(35, 16, True, (2, 4)), (35, 16, False, (3, 0)),
+                                             (32, 16, True, (2, 0)), (3, 16, True, (0, 4))])
+def test_down_boxes(kt, kd, tail, want):
+    nf, tb = down_boxes(kt, kd, tail)
+    assert (nf, tb) == want
+    assert nf * kd <= kt + (kd - 1) and nf * kd + tb >= kt    # every tile, once
+
+
+@pytest.mark.parametrize("kt,tail,want", [(6, True, (4, 2)), (6, False, (8, 0)),
+                                          (8, True, (8, 0)), (4, True, (4, 0)),
+                                          (7, True, (4, 4))])
+def test_gate_up_boxes(kt, tail, want):
+    kg, gt = gate_up_boxes(kt, KB, tail)
+    assert (kg, gt) == want
+    assert kg + gt >= kt and kg + gt <= KB and (gt == 0 or kg % gt == 0)
+
+
+def test_host_arguments_match_the_kernels_parameters():
+    """``DenseStep`` and ``MoEStep`` (no GPU: the host side only) pass each kernel its
+    parameters in order: a descriptor where it takes one, each group as the NamedTuple the
+    sm_90 compile types it by (``aot.DENSE_GROUPS``, ``MOE_GROUPS``), then ``C``."""
+    import inspect
+    from types import SimpleNamespace
+
+    from onelaunch.megakernel import aot
+    from onelaunch.weights import pack_weights
+    small_qwen = dataclasses.replace(get_spec("qwen2.5-1.5b"), name="small-qwen", layers=2,
+                                     vocab=1024, max_ctx=256)
+    for s, groups in ((small_qwen, aot.DENSE_GROUPS), (small_olmoe(), aot.MOE_GROUPS)):
+        W = pack_weights(s, random_weights(s, 0))
+        e = SimpleNamespace(spec=s, W=W, device=torch.device("cpu"), max_ctx=256,
+                            x=None, k_cache=None, v_cache=None, cos=None, sin=None,
+                            seq=None, argmax=None, pos=None, prompt_len=None)
+        mk = step.MegaStep(e, P=16)
+        assert type(mk) is (step.MoEStep if s.is_moe else step.DenseStep)
+        names = list(inspect.signature(mk.kernel.fn).parameters)
+        assert names[-2:] == ["C", "num_warps"] and len(mk.args()) == len(names) - 2
+        for name, a in zip(names, mk.args()):
+            if name in groups:
+                assert type(a) is groups[name], name
+            elif name.startswith("d_"):
+                assert hasattr(a, "block_shape"), name
+        assert type(mk.constexprs()).__name__ == ("MoEConsts" if s.is_moe else "Consts")

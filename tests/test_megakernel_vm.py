@@ -355,3 +355,56 @@ def test_fused_attention_gives_the_same_bits(tiny, P, attention):
         tokens, logits, m = vm_steps(spec, w, fused, cache, seq, start, steps, 2, seed)
         assert tokens == want and torch.equal(logits, want_lg)
     assert_agrees(ref, tokens, logits)
+
+
+# ---- the instruction format (isa.py) ---------------------------------------------------------
+def every_constructor():
+    """One instruction of each opcode, each field a value of its own (so a field packed
+    into another's column, or read back from the wrong one, shows)."""
+    from onelaunch.megakernel import isa
+    out = []
+    for op, cls in isa.CONSTRUCTORS.items():
+        kw = {}
+        for k, name in enumerate(isa.field_names(cls)):
+            kw[name] = (100 + k, 200 + k) if name == "lwait" else 100 + k
+        if cls is isa.Gemv:
+            kw["op"] = op
+        out.append(cls(waits=[(7, 8), (9, 10)], bump=11, **kw))
+    return out
+
+
+@pytest.mark.parametrize("ins", every_constructor(), ids=lambda i: type(i).__name__)
+def test_each_opcodes_fields_round_trip_through_its_row(ins):
+    """An instruction packed into its int32 row and decoded is the same instruction: each
+    field has a column of its own, inside the header the kernels read (32 fields)."""
+    from onelaunch.megakernel import isa
+    row = ins.row()
+    assert len(row) == isa.WIDTH and isa.decode(row) == ins
+    assert row[isa.OP] in isa.CONSTRUCTORS and row[isa.HOIST] == 0
+    mine = [v for name in isa.field_names(type(ins)) for v in
+            (getattr(ins, name) if name == "lwait" else (getattr(ins, name),))]
+    assert sorted(v for v in row if v >= 100) == sorted(v for v in mine if v >= 100)
+    assert all(v == 0 for v in row[isa.BUMP2 + 1:])
+
+
+def test_every_scheduled_row_decodes_to_what_built_it():
+    """Every row of Qwen2.5-1.5B's (each attention form) and OLMoE-1B-7B's lists is an
+    instruction of a constructor: decoding and packing it again gives the row (HOIST, which
+    the loads set after, aside)."""
+    from onelaunch.megakernel import isa
+    plans = [plan_schedule(get_spec("qwen2.5-1.5b"), 132, 512, f) for f in S.FORMS]
+    plans.append(plan_schedule(get_spec("olmoe-1b-7b"), 132, 512))
+    for sched in plans:
+        for sm in range(sched.P):
+            for r in sched.rows(sm):
+                again = isa.decode(r).row()
+                again[isa.HOIST] = r[isa.HOIST]
+                assert again == r, (isa.OPCODES[r[OP]], r)
+
+
+def test_a_constructor_refuses_what_its_opcode_cannot_hold():
+    from onelaunch.megakernel import isa
+    with pytest.raises(ValueError, match="at most two waits"):
+        isa.Embed(row0=0, rows=4, waits=[(0, 1), (1, 1), (2, 1)])
+    with pytest.raises(ValueError, match="not one of"):
+        isa.Gemv(op=isa.OP_DOWN, layer=0, row0=0, rows=4, klen=8, idx=0)

@@ -25,8 +25,8 @@ once, which a grid barrier needs) walks each phase's tiles, and a grid barrier
 * STAGES > 0, streamed: one flat loop over (row tile, K tile) per phase
   (``_common.stream_gemv``; ``moe_experts.stream_experts_*``) that Triton's pipeliner
   turns into asynchronous copies into shared memory, STAGES - 1 tiles ahead: more bytes
-  in flight per program than registers can hold (NOTES.md 14). The pipeline starts after
-  each barrier.
+  in flight per program than registers can hold (measured in ``persistent_stream.json``).
+  The pipeline starts after each barrier.
 
 Either way the sums and roundings are the unfused plan's at the same tiles, so the
 layer's bits are those of an unfused engine at ``plan.persistent_cfgs``. The launch

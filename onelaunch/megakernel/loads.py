@@ -11,7 +11,7 @@ schedule must keep.
 Tiles are named by the engine's ``W`` layout; an expert's tile names its router slot
 (``SLOT``), which the loader resolves to an expert id once the router's counter is in.
 ``schedule.build`` balances the SMs on ``row_bytes`` and sets ``HOIST`` with
-``set_hoists``, importing them when it runs (this module imports ``schedule``).
+``set_hoists``.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from .isa import (ARG, BUMP, BUMP2, HOIST, IDX, K0, KLEN, LAYER, LTARGET, LWAIT,
                   OP_EXPERT_DOWN, OP_EXPERT_GATE_UP, OP_GATE_UP, OP_LM_HEAD, OP_O_PROJ,
                   OP_RMS_QKV, OP_ROPE_KV, OP_ROUTER, OP_TOPK, OPCODES, ROW0, ROWS, SPLITS,
                   TARGET0, TARGET1, UNIT, WAIT0, WAIT1)
-from .schedule import Schedule, ScheduleError, split_range
+from .lists import Schedule, ScheduleError, split_range
 
 TOKEN_ROW = -1        # a tile's row meaning "the embedding row of this step's token"
 SLOT = "@slot"        # "layers.3.w_experts_down@slot5": the expert the router put in slot 5

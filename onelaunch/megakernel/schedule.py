@@ -76,15 +76,14 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter
-from dataclasses import dataclass
 
 import torch
 
-from .isa import (ARG, BUMP, BUMP2, IDX, K0, KLEN, LAYER, LTARGET, LWAIT, NONE, OP,
-                  OP_ARGMAX, OP_ATTN_FUSED, OP_ATTN_MERGE, OP_ATTN_PARTIAL, OP_DOWN,
-                  OP_EMBED, OP_END, OP_EXPERT_DOWN, OP_EXPERT_GATE_UP, OP_GATE_UP,
-                  OP_LM_HEAD, OP_O_PROJ, OP_RMS_QKV, OP_ROPE_KV, OP_ROUTER, OP_TOPK, ROW0,
-                  ROWS, SPLITS, TARGET0, TARGET1, UNIT, WAIT0, WAIT1, WIDTH)
+from .isa import (NONE, OP_GATE_UP, OP_LM_HEAD, OP_O_PROJ, OP_RMS_QKV, OP_ROUTER, WIDTH,
+                  Argmax, AttnFused, AttnMerge, AttnPartial, Down, Embed, ExpertDown,
+                  ExpertGateUp, Gemv, RopeKv, Topk)
+from .lists import Schedule, ScheduleError, cdiv, split_range  # noqa: F401  (re-exported)
+from .loads import row_bytes, set_hoists
 
 MIN_UNIT = 16         # fewest positions a split's share is counted in
 INSTR_TILES = 2       # an instruction's fixed cost, in weight tiles (``down_splits``)
@@ -92,57 +91,10 @@ HOLD = 4              # held stages a loader fills before the router's wait
                       # (``loads.stream``)
 
 
-class ScheduleError(ValueError):
-    """A schedule that breaks an invariant ``loads.check`` states."""
-
-
-@dataclass
-class Schedule:
-    spec: object
-    instr: torch.Tensor           # int32 [P, N, WIDTH]
-    counters: list[str]           # counter index -> name ("qkv.0", "part.0.1", ...)
-    ctx: int                      # the context length splits and balance were planned at
-    tile_n: int                   # a weight tile: TILE_N rows x TILE_K columns
-    tile_k: int
-    hold: int = 0                 # a loader's held stages (``loads.stream``)
-
-    @property
-    def P(self) -> int:
-        return self.instr.shape[0]
-
-    def rows(self, sm: int) -> list[list[int]]:
-        """SM ``sm``'s instructions in order, as lists of ints (no OP_END padding)."""
-        key = (self.instr.data_ptr(), self.instr._version)
-        if getattr(self, "_rows_key", None) != key:         # instr set or edited in place
-            self._rows = [[r for r in lst if r[OP] != OP_END] for lst in self.instr.tolist()]
-            self._rows_key = key
-        return self._rows[sm]
-
-
-# ---- rows and counters -------------------------------------------------------------------
-def instr(op, layer=NONE, row0=0, rows=0, k0=0, klen=0, waits=(), bump=NONE, arg=0,
-          idx=0, splits=0, unit=0, lwait=(NONE, 0), bump2=NONE) -> list[int]:
-    """One instruction row; ``waits``: up to two (counter, target) pairs; ``lwait``: the
-    loader's (counter, target); ``bump2``: ATTN_FUSED's merge counter."""
-    r = [0] * WIDTH
-    r[BUMP2] = bump2
-    (w0, t0), (w1, t1) = (list(waits) + [(NONE, 0)] * 2)[:2]
-    for f, v in ((OP, op), (LAYER, layer), (ROW0, row0), (ROWS, rows), (K0, k0),
-                 (KLEN, klen), (WAIT0, w0), (TARGET0, t0), (WAIT1, w1), (TARGET1, t1),
-                 (BUMP, bump), (ARG, arg), (IDX, idx), (SPLITS, splits), (UNIT, unit),
-                 (LWAIT, lwait[0]), (LTARGET, lwait[1])):
-        r[f] = v
-    return r
-
-
+# ---- counters and blocks -------------------------------------------------------------------
 def counter(ctr: dict, name: str) -> int:
     """The index of counter ``name`` (allocated on first use)."""
     return ctr.setdefault(name, len(ctr))
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
 
 
 def blocks(n: int, parts: int, tile: int) -> list[tuple[int, int]]:
@@ -156,15 +108,6 @@ def blocks(n: int, parts: int, tile: int) -> list[tuple[int, int]]:
         out.append((r0, rows))
         r0 += rows
     return out
-
-
-def split_range(length: int, split: int, splits: int, unit: int) -> tuple[int, int]:
-    """[start, end) of ``split``'s share of keys [0, length): the length in units of
-    ``unit``, ceil(units / splits) units a split, in order (empty past the length), as
-    ``kernels/attention_splitk.split_range`` shares it."""
-    per = cdiv(cdiv(length, unit), splits)
-    start = split * per * unit
-    return start, max(start, min(start + per * unit, length))
 
 
 def attention_split(ctx: int, P: int, kv_heads: int) -> tuple[int, int]:
@@ -198,8 +141,8 @@ def slot_blocks(k: int, I: int, parts: int, tile: int) -> list[tuple[int, int]]:
 def gemv_stage(op, layer, n, K, P, tile_n, ctr, name, after) -> list[list[int]]:
     """Row blocks of a GEMV over all of K, each waiting on ``after``, bumping ``name``."""
     c = counter(ctr, name)
-    return [instr(op, layer, r0, rows, 0, K, [after], c, idx=i)
-            for i, (r0, rows) in enumerate(blocks(n, P, tile_n))]
+    return [Gemv(op=op, layer=layer, row0=r0, rows=rows, klen=K, idx=i, waits=[after],
+                 bump=c).row() for i, (r0, rows) in enumerate(blocks(n, P, tile_n))]
 
 
 FORMS = ("four", "three", "two")         # the attention's forms (``attention_stages``)
@@ -223,28 +166,28 @@ def attention_stages(s, l, P, ctx, tile_n, ctr, after, attention="four"):
     done = (counter(ctr, f"qkv.{l}"), len(qkv))
     splits, unit = attention_split(ctx, P, s.kv_heads)
     merged = lambda: counter(ctr, f"merge.{l}")     # made in stage order (``loads.table``)
-    split = lambda op, kh, sp, wait, **kw: instr(
-        op, l, kh, g, waits=[wait], bump=counter(ctr, f"part.{l}.{kh}"), arg=sp,
-        idx=kh * splits + sp, splits=splits, unit=unit, **kw)
+    split = lambda make, kh, sp, wait, **kw: make(
+        layer=l, kv_head=kh, heads=g, split=sp, idx=kh * splits + sp, splits=splits,
+        unit=unit, waits=[wait], bump=counter(ctr, f"part.{l}.{kh}"), **kw).row()
     if attention == "four":
-        rope = [[instr(OP_ROPE_KV, l, kh, 1, waits=[done], bump=counter(ctr, f"rope.{l}.{kh}"),
-                       idx=kh, splits=len(qkv) if s.qk_norm else 0)
+        rope = [[RopeKv(layer=l, kv_head=kh, idx=kh, splits=len(qkv) if s.qk_norm else 0,
+                        waits=[done], bump=counter(ctr, f"rope.{l}.{kh}")).row()
                  for kh in range(s.kv_heads)]]
-        part = [split(OP_ATTN_PARTIAL, kh, sp, (counter(ctr, f"rope.{l}.{kh}"), 1))
+        part = [split(AttnPartial, kh, sp, (counter(ctr, f"rope.{l}.{kh}"), 1))
                 for kh in range(s.kv_heads) for sp in range(splits)]
     elif s.qk_norm:
         raise ScheduleError(f"the {attention}-stage attention (ATTN_FUSED) has no q/k norm")
     else:
         rope = []
-        part = [split(OP_ATTN_FUSED, kh, sp, done,
+        part = [split(AttnFused, kh, sp, done,
                       bump2=merged() if attention == "two" else NONE)
                 for kh in range(s.kv_heads) for sp in range(splits)]
     if attention == "two":                       # the last split of a kv head merges
         merge, after_merge = [], (merged(), s.kv_heads)
     else:
-        merge = [[instr(OP_ATTN_MERGE, l, h, 1,
-                        waits=[(counter(ctr, f"part.{l}.{h // g}"), splits)], bump=merged(),
-                        idx=h, splits=splits, unit=unit) for h in range(s.heads)]]
+        merge = [[AttnMerge(layer=l, head=h, idx=h, splits=splits, unit=unit,
+                            waits=[(counter(ctr, f"part.{l}.{h // g}"), splits)],
+                            bump=merged()).row() for h in range(s.heads)]]
         after_merge = (merged(), s.heads)
     o = gemv_stage(OP_O_PROJ, l, s.hidden, s.q_size, P, tile_n, ctr, f"o.{l}", after_merge)
     return [qkv, *rope, part, *merge, o], (counter(ctr, f"o.{l}"), len(o))
@@ -264,12 +207,12 @@ def mlp_stages(s, l, P, tile_n, tile_k, ctr, after):
     for b, (r0, rows) in enumerate(rb):
         part = counter(ctr, f"dpart.{l}.{b}") if S > 1 else NONE
         for sp, (k0, kl) in enumerate(ks[:-1]):
-            early.append(instr(OP_DOWN, l, r0, rows, k0, kl, [done], part, sp,
-                               b * S + sp, S))
+            early.append(Down(layer=l, row0=r0, rows=rows, k0=k0, klen=kl, split=sp,
+                              idx=b * S + sp, splits=S, waits=[done], bump=part).row())
         waits = [done] + ([(part, S - 1)] if S > 1 else [])
-        last.append(instr(OP_DOWN, l, r0, rows, *ks[-1], waits,
-                          counter(ctr, f"down.{l}"),
-                          S - 1, b * S + S - 1, S))
+        last.append(Down(layer=l, row0=r0, rows=rows, k0=ks[-1][0], klen=ks[-1][1],
+                         split=S - 1, idx=b * S + S - 1, splits=S, waits=waits,
+                         bump=counter(ctr, f"down.{l}")).row())
     return [gu, early, last], (counter(ctr, f"down.{l}"), len(last))
 
 
@@ -280,10 +223,10 @@ def moe_stages(s, l, P, tile_n, tile_k, ctr, after):
     k, I, H = s.top_k, s.intermediate, s.hidden
     router = gemv_stage(OP_ROUTER, l, s.experts, H, P, tile_n, ctr, f"router.{l}", after)
     route = (counter(ctr, f"route.{l}"), 1)
-    topk = [instr(OP_TOPK, l, 0, s.experts, waits=[(counter(ctr, f"router.{l}"), len(router))],
-                  bump=route[0])]
-    gu = [instr(OP_EXPERT_GATE_UP, l, r0, rows, 0, H, [route], counter(ctr, f"gu.{l}"),
-                idx=i, lwait=route)
+    topk = [Topk(layer=l, experts=s.experts, bump=route[0],
+                 waits=[(counter(ctr, f"router.{l}"), len(router))]).row()]
+    gu = [ExpertGateUp(layer=l, row0=r0, rows=rows, klen=H, idx=i, lwait=route,
+                       waits=[route], bump=counter(ctr, f"gu.{l}")).row()
           for i, (r0, rows) in enumerate(slot_blocks(k, I, P, tile_n))]
     done = (counter(ctr, f"gu.{l}"), len(gu))
     rb = blocks(H, P, tile_n)
@@ -296,22 +239,22 @@ def moe_stages(s, l, P, tile_n, tile_k, ctr, after):
         for g, (j0, n) in enumerate(groups):
             waits = [done] + ([(part, S - 1)] if S > 1 and g == S - 1 else [])
             bump = part if g < S - 1 else counter(ctr, f"down.{l}")
-            (early if g < S - 1 else last).append(instr(
-                OP_EXPERT_DOWN, l, r0, rows, j0 * I, n * I, waits, bump, g, b * S + g, S,
-                lwait=route))
+            (early if g < S - 1 else last).append(ExpertDown(
+                layer=l, row0=r0, rows=rows, k0=j0 * I, klen=n * I, group=g, idx=b * S + g,
+                splits=S, lwait=route, waits=waits, bump=bump).row())
     return [router, topk, gu, early, last], (counter(ctr, f"down.{l}"), len(last))
 
 
 def head_stages(s, P, tile_n, ctr, after):
     """LM-head row blocks (each its best), then the one ARGMAX that resets the counters."""
     lm = gemv_stage(OP_LM_HEAD, NONE, s.vocab, s.hidden, P, tile_n, ctr, "lm", after)
-    return [lm, [instr(OP_ARGMAX, rows=len(lm), waits=[(counter(ctr, "lm"), len(lm))])]]
+    return [lm, [Argmax(n_best=len(lm), waits=[(counter(ctr, "lm"), len(lm))]).row()]]
 
 
 def stages(spec, P: int, ctx: int, tile_n: int, tile_k: int, ctr: dict,
            attention: str = "four") -> list[list]:
     """Every stage of the step in order, each a list of instruction rows."""
-    out = [[instr(OP_EMBED, row0=0, rows=spec.hidden, bump=counter(ctr, "embed"))]]
+    out = [[Embed(row0=0, rows=spec.hidden, bump=counter(ctr, "embed")).row()]]
     after = (counter(ctr, "embed"), 1)
     for l in range(spec.layers):
         att, after = attention_stages(spec, l, P, ctx, tile_n, ctr, after, attention)
@@ -326,11 +269,8 @@ def build(spec, P: int, ctx: int, tile_n: int = 16, tile_k: int = 256,
     """The schedule of one decode step of ``spec`` on P SMs, planned at ``ctx`` keys;
     ``hold``: the held stages a loader fills before the router's wait (MoE);
     ``attention``: the attention's form (``FORMS``; "three" and "two" are ATTN_FUSED,
-    run by the one-launch kernel only). The
-    balance needs each instruction's bytes and the hoists its tiles: both are ``loads``,
-    which imports this module, so they are imported here."""
-    from .loads import row_bytes, set_hoists
-
+    run by the one-launch kernel only). The balance weighs each instruction's bytes and
+    the loaders' hoists come from its tiles (``loads``)."""
     ctr: dict[str, int] = {}
     st = stages(spec, P, ctx, tile_n, tile_k, ctr, attention)
     sched = Schedule(spec, torch.zeros(0), list(ctr), ctx, tile_n, tile_k, hold)

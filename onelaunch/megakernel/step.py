@@ -1,34 +1,30 @@
-"""The host side of the one-launch step (``gluon_step.py`` is its device code): the
-schedule it runs, the weights stacked one tensor a kind with their TMA descriptors, the
-buffers it shares with an ``Engine`` (x, the caches, seq, pos, argmax), one launch, the
-stall check and the per-instruction clock; and a compile for sm_90 that needs no GPU.
+"""The host side of the one-launch step (device code: ``gluon/dense.py``, ``gluon/moe.py``):
+the schedule it runs, the weights stacked one tensor a kind with their TMA descriptors,
+the buffers it shares with an ``Engine`` (x, the caches, seq, pos, argmax), one launch,
+the stall check and the per-instruction clock. ``aot.py`` compiles it for sm_90 without
+a GPU.
 
     e = Engine(spec, weights, pdl=True)
     mk = MegaStep(e)                          # plans at ctx 512 on every SM
     e.plan = [mk.launch()]                    # the engine's step is now one launch
     e.teacher_forced(prompt, forced)          # graph capture, replays: as before
 
-    python -m onelaunch.megakernel.step --aot      # any machine: compile for sm_90
-    python -m onelaunch.megakernel.step --aot --model olmoe-1b-7b    # the MoE kernel
-
-A mixture of experts (OLMoE) runs ``gluon_moe.moe_step_kernel`` (the dense kernel is
-left as it was): the "four" attention (its RoPE holds the q/k norm), the router, the
-top-k, the experts addressed by the router's ids (stacked [layers * experts, ...], one
-TMA descriptor a kind), a ring of MOE_STAGES stages and HOLD_STAGES held ones.
+``MegaStep(engine)`` is a ``DenseStep`` for a dense model and an ``MoEStep`` for a
+mixture of experts (OLMoE: the "four" attention, whose RoPE holds the q/k norm, the
+router, the top-k, the experts addressed by the router's ids, stacked [layers * experts,
+...] one TMA descriptor a kind, a ring of MOE_STAGES stages and HOLD_STAGES held ones).
 """
 from __future__ import annotations
-
-import argparse
-import sys
 
 import torch
 import triton
 
 from . import isa, schedule
-from .gluon_moe import moe_step_kernel
-from .gluon_step import step_kernel
-from .mlp_stream import (KB, TK, TN, box_view, compile_sm90, down_boxes, gate_up_boxes,
-                         raise_on_stall, smem_layout)
+from .boxes import KB, TK, TN, box_view, down_boxes, gate_up_boxes, smem_layout
+from .gluon.args import (Acts, Cache, Consts, Gains, MoEConsts, MoEGains, MoESizes,
+                         Partials, Route, Sizes, Sync, Token)
+from .gluon.dense import step_kernel
+from .gluon.moe import moe_step_kernel
 
 ERR = 4                    # err[pid] = (instruction + 1, counter, value seen, target)
 BT = 16                    # keys an attention partial takes a block
@@ -37,9 +33,10 @@ SBF = 16                   # splits a fused merge takes a chunk (all G heads at 
 EB = 1024                  # columns an embedding copy takes a block
 TIMEOUT_NS = 200_000_000   # a counter wait's bound: 0.2 s
 ATT_STAGES = {"four": 4, "three": 3, "two": 2}    # the kernel's ATT: stages after QKV
-ATTENTION = "three"        # the engine's form of the attention (measured: NOTES 31)
+ATTENTION = "three"        # the engine's form of the attention: 1.301 ms a token at ctx
+                           # 512 against "four"'s 1.327 (v10_512.json)
 POLL = 1                   # a counter wait polls: 0 by one thread's acquire load broadcast
-                           # to the CTA, 1 by every thread's own (NOTES 34)
+                           # to the CTA, 1 by every thread's own (both timed: s16a.json)
 STAGES = 6                 # the ring's shared-memory stages, each two [TN, KB, TK] boxes
 MOE_STAGES = 5             # the MoE kernel's ring (its h and held stages share the memory)
 HOLD_STAGES = 1            # the MoE kernel's held stages (the loader's hoist before its wait)
@@ -140,7 +137,7 @@ def plan_schedule(spec, P: int, ctx: int, attention: str | None = None) -> sched
 
 
 def ring_bytes(stages: int = STAGES) -> int:
-    """An SM's ring of weight tiles in shared memory (``gluon_step``'s ``ring``):
+    """An SM's ring of weight tiles in shared memory (``gluon/dense.py``'s ``ring``):
     ``stages`` stages of two [TN, KB, TK] bf16 boxes."""
     return 2 * stages * TN * KB * TK * 2
 
@@ -158,149 +155,107 @@ def stacked(W: dict, key: str) -> torch.Tensor:
     return t.reshape(-1, t.shape[-1]).contiguous()
 
 
+def per_layer(W: dict, key: str) -> torch.Tensor:
+    """The layers' ``key`` vectors (a norm's gains) as one [L, n] tensor."""
+    return torch.stack([L[key] for L in W["layers"]]).contiguous()
+
+
+def raise_on_stall(err: torch.Tensor, names=None) -> None:
+    """Raise in one line if a kernel's ``err`` ([P, 4]: instruction + 1, counter, value
+    seen, target) records a wait that timed out: the first stalled SM, its instruction
+    and counter (``names``: the counters' names), and how many SMs stalled."""
+    e = err.cpu()
+    bad = (e[:, 0] > 0).nonzero().flatten().tolist()
+    if bad:
+        p = bad[0]
+        i, c, v, t = e[p].tolist()
+        name = f"{names[c]}: " if names is not None and 0 <= c < len(names) else ""
+        raise RuntimeError(f"megakernel stalled: SM {p} instruction {i - 1} waited on "
+                           f"counter {c} ({name}saw {v}, needs {t}); {len(bad)} SMs stalled")
+
+
+def check_poll(poll) -> None:
+    if poll not in (0, 1):
+        raise ValueError(f"poll {poll!r}: 0 or 1")
+
+
 class MegaStep:
-    """One decode step of an engine's model as one persistent launch over its buffers
-    (a dense model: ``gluon_step``; an MoE: ``gluon_moe``, its ids also into the
-    engine's ``expert_log``); ``run()`` launches it (it reads seq/pos and writes
-    argmax/seq/pos as the chain's last kernel does). ``stages`` and ``attention``: None
-    picks STAGES and ATTENTION, or MOE_STAGES and MOE_ATTENTION for an MoE. An MoE's
-    expert weights are copied once, stacked over layers (the engine keeps its own)."""
+    """One decode step of an engine's model as one persistent launch over its buffers;
+    ``run()`` launches it (it reads seq/pos and writes argmax/seq/pos as the chain's last
+    kernel does). ``MegaStep(engine, ...)`` builds the subclass for the engine's model:
+    ``DenseStep`` or ``MoEStep``. ``stages`` and ``attention``: None picks the
+    subclass's STAGES and ATTENTION."""
+    moe = False
+    STAGES = STAGES
+    ATTENTION = ATTENTION
+
+    def __new__(cls, engine, *args, **kwargs):
+        if cls is MegaStep:
+            cls = MoEStep if engine.spec.is_moe else DenseStep
+        return super().__new__(cls)
 
     def __init__(self, engine, P: int | None = None, ctx: int = 512, stages: int | None = None,
                  num_warps: int = 4, timeout_ns: int = TIMEOUT_NS, clock: bool = False,
                  attention: str | None = None, poll: int = POLL, bt: int | None = None):
-        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
         e, s = engine, engine.spec
         why = refusal(s)
         if why:
             raise ValueError(why)
-        dev = e.device
-        self.moe = s.is_moe
-        stages = stages or (MOE_STAGES if self.moe else STAGES)
-        attention = attention or (MOE_ATTENTION if self.moe else ATTENTION)
-        self.P = P or torch.cuda.get_device_properties(dev).multi_processor_count
-        self.sched = plan_schedule(s, self.P, ctx, attention)
-        self.prog = self.sched.instr.to(dev)
+        self.P = P or torch.cuda.get_device_properties(e.device).multi_processor_count
+        self.e, self.num_warps, self.timeout_ns = e, num_warps, timeout_ns
+        self.stages = stages or self.STAGES
+        self.attention = attention or self.ATTENTION
+        self.clock, self.poll = clock, poll
+        self.bt = bt or BT      # an MoE's: 32 and 64 measured slower (moe_bt.json)
+        self.sched = plan_schedule(s, self.P, ctx, self.attention)
+        self.prog = self.sched.instr.to(e.device)
         self.n_instr = self.prog.shape[1]
         self.n_ctr = len(self.sched.counters)
-        self.e, self.stages, self.num_warps, self.timeout_ns = e, stages, num_warps, timeout_ns
-        self.clock, self.attention, self.poll = clock, attention, poll
-        self.bt = bt or BT      # an MoE's: 32 and 64 measured slower (NOTES 38)
-        W = e.W
-        if self.moe:
-            self._moe_init(W, dev)
-            return
-        self.w = {"qkv": stacked(W, "w_qkv"), "o": stacked(W, "w_o"),
-                  "gu": stacked(W, "w_gate_up"), "dn": stacked(W, "w_down")}
-        self.g_in = torch.stack([L["input_norm"] for L in W["layers"]]).contiguous()
-        self.g_post = torch.stack([L["post_norm"] for L in W["layers"]]).contiguous()
-        self.b_qkv = (torch.cat([L["b_qkv"] for L in W["layers"]]).contiguous()
-                      if s.qkv_bias else self.g_in)          # unread without a bias
-        lay = smem_layout()
-        box = lambda t, kb: TensorDescriptor.from_tensor(box_view(t), [TN, kb, TK], lay)
         self.kg, self.gt = gate_up_boxes(s.hidden // TK, KB)
-        self.nf, self.tail = down_boxes(s.intermediate // TK, 2 * KB, True, num_warps)
-        self.d = [box(self.w["qkv"], KB), box(self.w["o"], KB), box(self.w["gu"], KB),
-                  box(self.w["dn"], 2 * KB), box(self.w["dn"], self.tail or 2 * KB),
-                  box(W["lm_head"], KB)]
-        rows = self.sched.instr.view(-1, isa.WIDTH)
-        part = torch.isin(rows[:, isa.OP], torch.tensor([isa.OP_ATTN_PARTIAL, isa.OP_ATTN_FUSED]))
-        self.spmax = splits = int(rows[part, isa.SPLITS].max())
-        f32 = torch.float32
-        z = lambda *shape, dt=torch.bfloat16: torch.zeros(shape, dtype=dt, device=dev)
+        self.w = self.stack(e.W)
+        self.g_in = per_layer(e.W, "input_norm")
+        self.g_post = per_layer(e.W, "post_norm")
+        self.rows = self.sched.instr.view(-1, isa.WIDTH)
+        self.spmax = int(self.rows[torch.isin(self.rows[:, isa.OP], torch.tensor(
+            [isa.OP_ATTN_PARTIAL, isa.OP_ATTN_FUSED])), isa.SPLITS].max())
+        z = self.zeros
         self.qkv, self.q, self.attn = z(s.qkv_size), z(s.q_size), z(s.q_size)
-        self.h = z(s.intermediate)
-        self.part_m = z(s.heads, splits, dt=f32)
-        self.part_l = z(s.heads, splits, dt=f32)
-        self.part_o = z(s.heads, splits, s.head_dim, dt=f32)
-        self.lm_val, self.lm_idx = z(self.P, dt=f32), z(self.P, dt=torch.int32)
+        self.part_m = z(s.heads, self.spmax, dt=torch.float32)
+        self.part_l = z(s.heads, self.spmax, dt=torch.float32)
+        self.part_o = z(s.heads, self.spmax, s.head_dim, dt=torch.float32)
+        self.lm_val, self.lm_idx = z(self.P, dt=torch.float32), z(self.P, dt=torch.int32)
         self.ctr = z(self.n_ctr + 1, dt=torch.int32)
-        self.err = z(self.P, ERR, dt=torch.int32)
         # per instruction: start, counters in, end (globaltimer ns), and when the loader
         # asked for its last weight tile (0: an instruction with no tiles)
         self.clk = z(self.P, self.n_instr, 4, dt=torch.int64)
+        self.init_model()
 
-    def _moe_init(self, W, dev):
-        """The MoE kernel's weights (the experts stacked over layers, addressed by id),
-        descriptors and buffers."""
+    def zeros(self, *shape, dt=torch.bfloat16) -> torch.Tensor:
+        return torch.zeros(shape, dtype=dt, device=self.e.device)
+
+    def box(self, t: torch.Tensor, kb: int):
+        """A TMA descriptor of [TN, kb, TK] boxes over the [rows, K] weights ``t``."""
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-        s = self.e.spec
-        self.w = {"qkv": stacked(W, "w_qkv"), "o": stacked(W, "w_o"),
-                  "rt": stacked(W, "w_router"), "egu": stacked(W, "w_experts_gate_up"),
-                  "edn": stacked(W, "w_experts_down")}
-        self.g_in = torch.stack([L["input_norm"] for L in W["layers"]]).contiguous()
-        self.g_post = torch.stack([L["post_norm"] for L in W["layers"]]).contiguous()
-        self.q_norm = torch.stack([L["q_norm"] for L in W["layers"]]).contiguous()
-        self.k_norm = torch.stack([L["k_norm"] for L in W["layers"]]).contiguous()
-        lay = smem_layout()
-        box = lambda t, kb: TensorDescriptor.from_tensor(box_view(t), [TN, kb, TK], lay)
-        self.kg, self.gt = gate_up_boxes(s.hidden // TK, KB)
-        self.nf = self.tail = 0
-        self.ke = s.intermediate // TK
-        self.d = [box(self.w["qkv"], KB), box(self.w["o"], KB), box(self.w["rt"], KB),
-                  box(self.w["egu"], KB), box(self.w["edn"], self.ke), box(W["lm_head"], KB)]
-        rows = self.sched.instr.view(-1, isa.WIDTH)
-        self.spmax = splits = int(rows[rows[:, isa.OP] == isa.OP_ATTN_PARTIAL, isa.SPLITS].max())
-        n_qkv = int(((rows[:, isa.OP] == isa.OP_RMS_QKV) & (rows[:, isa.LAYER] == 0)).sum())
-        f32, i32 = torch.float32, torch.int32
-        z = lambda *shape, dt=torch.bfloat16: torch.zeros(shape, dtype=dt, device=dev)
-        self.qkv, self.q, self.attn = z(s.qkv_size), z(s.q_size), z(s.q_size)
-        self.h = z(s.top_k * s.intermediate)                  # per (slot, row)
-        self.part_m = z(s.heads, splits, dt=f32)
-        self.part_l = z(s.heads, splits, dt=f32)
-        self.part_o = z(s.heads, splits, s.head_dim, dt=f32)
-        self.qk_ss = z(n_qkv, 2, dt=f32)                      # the QKV blocks' squares
-        self.router_logits = z(s.experts, dt=f32)
-        self.route_ids = z(s.layers, s.top_k, dt=i32)         # per layer: never reused
-        self.route_w = z(s.layers, s.top_k, dt=f32)
-        # every step's ids at row pos, in the engine's log as the chain's router writes it
-        shape = (self.e.max_ctx + 1, s.layers, s.top_k)
-        self.expert_log = (self.e.buf("expert_log", shape, i32) if hasattr(self.e, "buf")
-                           else z(*shape, dt=i32))
-        self.lm_val, self.lm_idx = z(self.P, dt=f32), z(self.P, dt=i32)
-        self.ctr = z(self.n_ctr + 1, dt=i32)
-        self.err = z(2 * self.P, ERR, dt=i32)                 # computes', then loaders' rows
-        self.clk = z(self.P, self.n_instr, 4, dt=torch.int64)
+        return TensorDescriptor.from_tensor(box_view(t), [TN, kb, TK], smem_layout())
 
-    def weight_bytes(self) -> int:
-        """The weight bytes a step reads (MoE: the top-k experts of each layer)."""
-        W, s = self.e.W, self.e.spec
-        lm = W["lm_head"].numel() * W["lm_head"].element_size()
-        if self.moe:
-            dense = sum(self.w[k].numel() * self.w[k].element_size() for k in ("qkv", "o", "rt"))
-            return dense + lm + s.layers * s.top_k * 3 * s.intermediate * s.hidden * 2
-        return sum(t.numel() * t.element_size() for t in self.w.values()) + lm
+    def stack(self, W: dict) -> dict:
+        """The weights the kernel streams, stacked over the layers (a kind a tensor)."""
+        raise NotImplementedError
+
+    def init_model(self) -> None:
+        """The model's own descriptors (``self.d``), gains and buffers."""
+        raise NotImplementedError
+
+    def args(self) -> tuple:
+        """The kernel's arguments before the constexprs."""
+        raise NotImplementedError
+
+    def constexprs(self):
+        """The kernel's ``C``: its compile-time constants (``args.Consts``, ``MoEConsts``)."""
+        raise NotImplementedError
 
     def run(self):
-        e, s = self.e, self.e.spec
-        if self.moe:
-            moe_step_kernel[(self.P,)](
-                self.prog, self.n_instr, *self.d, e.x, self.qkv, self.q, self.attn, self.h,
-                e.k_cache, e.v_cache, e.cos, e.sin, self.part_m, self.part_l, self.part_o,
-                self.lm_val, self.lm_idx, e.seq, e.argmax, e.pos, e.prompt_len,
-                e.W["embed"], self.g_in, self.g_post, e.W["norm"], self.q_norm, self.k_norm,
-                self.qk_ss, self.router_logits, self.route_ids, self.route_w,
-                self.expert_log, self.ctr,
-                self.err, self.clk, s.layers, s.hidden, s.intermediate, s.qkv_size, s.q_size,
-                s.kv_size, s.vocab, s.experts, self.spmax, e.max_ctx, s.rms_eps,
-                s.head_dim ** -0.5, self.timeout_ns, self.n_ctr, **self.constexprs())
-            return
-        step_kernel[(self.P,)](
-            self.prog, self.n_instr, *self.d, e.x, self.qkv, self.q, self.attn, self.h,
-            e.k_cache, e.v_cache, e.cos, e.sin, self.part_m, self.part_l, self.part_o,
-            self.lm_val, self.lm_idx, e.seq, e.argmax, e.pos, e.prompt_len, e.W["embed"],
-            self.g_in, self.g_post, e.W["norm"], self.b_qkv, self.ctr, self.err, self.clk,
-            s.layers, s.hidden, s.intermediate, s.qkv_size, s.q_size, s.kv_size, s.vocab,
-            self.spmax, e.max_ctx, s.rms_eps, s.head_dim ** -0.5, self.timeout_ns, self.n_ctr,
-            **self.constexprs())
-
-    def constexprs(self) -> dict:
-        s = self.e.spec
-        if self.moe:
-            return moe_constexprs(s, self.P, self.n_ctr, self.stages, self.num_warps,
-                                  self.clock, self.kg, self.gt, self.poll, self.bt)
-        return constexprs(s, self.P, self.n_ctr, self.stages, self.num_warps, self.clock,
-                          self.kg, self.gt, self.nf, self.tail, self.attention, self.poll)
+        self.kernel[(self.P,)](*self.args(), C=self.constexprs(), num_warps=self.num_warps)
 
     def launch(self):
         """This step as the engine plan's one entry."""
@@ -321,126 +276,135 @@ class MegaStep:
                 raise RuntimeError(str(ex).replace("stalled: SM", "stalled: the loader of SM",
                                                    1)) from None
 
+    def _engine_args(self) -> tuple:
+        """The arguments both kernels open with: the lists, the descriptors, then the
+        activations, the cache and the partials, the step's token."""
+        e = self.e
+        return (self.prog, self.n_instr, *self.d, Acts(e.x, self.qkv, self.q, self.attn, self.h),
+                Cache(e.k_cache, e.v_cache, e.cos, e.sin),
+                Partials(self.part_m, self.part_l, self.part_o),
+                Token(self.lm_val, self.lm_idx, e.seq, e.argmax, e.pos, e.prompt_len))
 
-def constexprs(s, P, n_ctr, stages, num_warps, clock, kg, gt, nf, tail, attention,
-               poll=POLL) -> dict:
-    if poll not in (0, 1):
-        raise ValueError(f"poll {poll!r}: 0 or 1")
+
+class DenseStep(MegaStep):
+    """A dense model's step (``gluon/dense.py``'s ``step_kernel``)."""
+    kernel = step_kernel
+
+    def stack(self, W):
+        return {"qkv": stacked(W, "w_qkv"), "o": stacked(W, "w_o"),
+                "gu": stacked(W, "w_gate_up"), "dn": stacked(W, "w_down")}
+
+    def init_model(self):
+        s, W = self.e.spec, self.e.W
+        self.b_qkv = (torch.cat([L["b_qkv"] for L in W["layers"]]).contiguous()
+                      if s.qkv_bias else self.g_in)          # unread without a bias
+        self.nf, self.tail = down_boxes(s.intermediate // TK, 2 * KB, True, self.num_warps)
+        self.d = [self.box(self.w["qkv"], KB), self.box(self.w["o"], KB),
+                  self.box(self.w["gu"], KB), self.box(self.w["dn"], 2 * KB),
+                  self.box(self.w["dn"], self.tail or 2 * KB), self.box(W["lm_head"], KB)]
+        self.h = self.zeros(s.intermediate)
+        self.err = self.zeros(self.P, ERR, dt=torch.int32)
+
+    def weight_bytes(self) -> int:
+        """The weight bytes a step reads."""
+        lm = self.e.W["lm_head"]
+        return (sum(t.numel() * t.element_size() for t in self.w.values())
+                + lm.numel() * lm.element_size())
+
+    def args(self):
+        e, s = self.e, self.e.spec
+        return (*self._engine_args(),
+                Gains(e.W["embed"], self.g_in, self.g_post, e.W["norm"], self.b_qkv),
+                Sync(self.ctr, self.err, self.clk),
+                Sizes(s.layers, s.hidden, s.intermediate, s.qkv_size, s.q_size, s.kv_size,
+                      s.vocab, self.spmax, e.max_ctx),
+                s.rms_eps, s.head_dim ** -0.5, self.timeout_ns, self.n_ctr)
+
+    def constexprs(self):
+        return constexprs(self.e.spec, self.P, self.n_ctr, self.stages, self.clock, self.kg,
+                          self.gt, self.nf, self.tail, self.attention, self.poll)
+
+
+class MoEStep(MegaStep):
+    """A mixture of experts' step (``gluon/moe.py``'s ``moe_step_kernel``): its ids also
+    into the engine's ``expert_log``. The experts' weights are copied once, stacked over
+    layers (the engine keeps its own)."""
+    kernel = moe_step_kernel
+    moe = True
+    STAGES = MOE_STAGES
+    ATTENTION = MOE_ATTENTION
+
+    def stack(self, W):
+        return {"qkv": stacked(W, "w_qkv"), "o": stacked(W, "w_o"),
+                "rt": stacked(W, "w_router"), "egu": stacked(W, "w_experts_gate_up"),
+                "edn": stacked(W, "w_experts_down")}
+
+    def init_model(self):
+        s, W = self.e.spec, self.e.W
+        self.q_norm = per_layer(W, "q_norm")
+        self.k_norm = per_layer(W, "k_norm")
+        self.nf = self.tail = 0
+        self.ke = s.intermediate // TK
+        self.d = [self.box(self.w["qkv"], KB), self.box(self.w["o"], KB),
+                  self.box(self.w["rt"], KB), self.box(self.w["egu"], KB),
+                  self.box(self.w["edn"], self.ke), self.box(W["lm_head"], KB)]
+        rows, z, i32 = self.rows, self.zeros, torch.int32
+        n_qkv = int(((rows[:, isa.OP] == isa.OP_RMS_QKV) & (rows[:, isa.LAYER] == 0)).sum())
+        self.h = z(s.top_k * s.intermediate)                  # per (slot, row)
+        self.qk_ss = z(n_qkv, 2, dt=torch.float32)            # the QKV blocks' squares
+        self.router_logits = z(s.experts, dt=torch.float32)
+        self.route_ids = z(s.layers, s.top_k, dt=i32)         # per layer: never reused
+        self.route_w = z(s.layers, s.top_k, dt=torch.float32)
+        # every step's ids at row pos, in the engine's log as the chain's router writes it
+        shape = (self.e.max_ctx + 1, s.layers, s.top_k)
+        self.expert_log = (self.e.buf("expert_log", shape, i32) if hasattr(self.e, "buf")
+                           else z(*shape, dt=i32))
+        self.err = z(2 * self.P, ERR, dt=i32)                 # computes', then loaders' rows
+
+    def weight_bytes(self) -> int:
+        """The weight bytes a step reads: the top-k experts of each layer."""
+        W, s = self.e.W, self.e.spec
+        lm = W["lm_head"].numel() * W["lm_head"].element_size()
+        dense = sum(self.w[k].numel() * self.w[k].element_size() for k in ("qkv", "o", "rt"))
+        return dense + lm + s.layers * s.top_k * 3 * s.intermediate * s.hidden * 2
+
+    def args(self):
+        e, s = self.e, self.e.spec
+        return (*self._engine_args(),
+                MoEGains(e.W["embed"], self.g_in, self.g_post, e.W["norm"], self.q_norm,
+                         self.k_norm),
+                Route(self.qk_ss, self.router_logits, self.route_ids, self.route_w,
+                      self.expert_log),
+                Sync(self.ctr, self.err, self.clk),
+                MoESizes(s.layers, s.hidden, s.intermediate, s.qkv_size, s.q_size, s.kv_size,
+                         s.vocab, s.experts, self.spmax, e.max_ctx),
+                s.rms_eps, s.head_dim ** -0.5, self.timeout_ns, self.n_ctr)
+
+    def constexprs(self):
+        return moe_constexprs(self.e.spec, self.P, self.n_ctr, self.stages, self.clock,
+                              self.kg, self.gt, self.poll, self.bt)
+
+
+def constexprs(s, P, n_ctr, stages, clock, kg, gt, nf, tail, attention,
+               poll=POLL) -> Consts:
+    """The dense kernel's compile-time constants."""
+    check_poll(poll)
     g = s.heads // s.kv_heads
-    return dict(KB_=KB, KG=kg, GT=gt, NF=nf, TAIL=tail, STAGES=stages, WIDTH=isa.WIDTH, G=g,
-                GP=triton.next_power_of_2(g), D=s.head_dim, HKV=s.kv_heads, BT=BT, SB=SB,
-                SBF=SBF, NPB=triton.next_power_of_2(P), EB=EB, BIAS=int(s.qkv_bias),
-                ATT=ATT_STAGES[attention],
-                CTR_BLOCK=triton.next_power_of_2(n_ctr + 1),
-                CLOCK=int(clock), POLL=int(poll), num_warps=num_warps)
+    return Consts(KB_=KB, KG=kg, GT=gt, NF=nf, TAIL=tail, STAGES=stages, WIDTH=isa.WIDTH, G=g,
+                  GP=triton.next_power_of_2(g), D=s.head_dim, HKV=s.kv_heads, BT=BT, SB=SB,
+                  SBF=SBF, NPB=triton.next_power_of_2(P), EB=EB, BIAS=int(s.qkv_bias),
+                  ATT=ATT_STAGES[attention], CTR_BLOCK=triton.next_power_of_2(n_ctr + 1),
+                  CLOCK=int(clock), POLL=int(poll))
 
 
-def moe_constexprs(s, P, n_ctr, stages, num_warps, clock, kg, gt, poll=POLL,
-                   bt=BT) -> dict:
-    if poll not in (0, 1):
-        raise ValueError(f"poll {poll!r}: 0 or 1")
+def moe_constexprs(s, P, n_ctr, stages, clock, kg, gt, poll=POLL, bt=BT) -> MoEConsts:
+    """The MoE kernel's compile-time constants."""
+    check_poll(poll)
     g = s.heads // s.kv_heads
-    return dict(KB_=KB, KG=kg, GT=gt, KE=s.intermediate // TK, TOPK=s.top_k,
-                EP=triton.next_power_of_2(s.experts), QSB=QSB, STAGES=stages,
-                HOLD=HOLD_STAGES, WIDTH=isa.WIDTH, G=g, GP=triton.next_power_of_2(g),
-                D=s.head_dim, HKV=s.kv_heads, BT=bt, SB=SB, NPB=triton.next_power_of_2(P),
-                EB=EB, CTR_BLOCK=triton.next_power_of_2(n_ctr + 1), CLOCK=int(clock),
-                POLL=int(poll), num_warps=num_warps)
-
-
-def aot_moe(s, P: int = 132, stages: int | None = None, num_warps: int = 4,
-            poll: int = POLL, bt: int = BT) -> dict:
-    """The MoE kernel (``gluon_moe``) for sm_90 on any machine: layouts, TMA, barriers."""
-    stages = stages or MOE_STAGES
-    lay = smem_layout()
-    kg, gt = gate_up_boxes(s.hidden // TK, KB)
-    desc = lambda kb: f"tensordesc<bf16[{TN},{kb},{TK}],{lay!r}>"
-    ptrs = dict(prog_ptr="*i32", n_instr="i32", d_qkv=desc(KB), d_o=desc(KB), d_rt=desc(KB),
-                d_egu=desc(KB), d_edn=desc(s.intermediate // TK), d_lm=desc(KB))
-    for name in ("x", "qkv", "q", "attn", "h", "kc", "vc", "cos", "sin"):
-        ptrs[f"{name}_ptr"] = "*bf16"
-    for name in ("pm", "pl", "po", "val"):
-        ptrs[f"{name}_ptr"] = "*fp32"
-    for name in ("idx", "seq", "amax", "pos", "plen"):
-        ptrs[f"{name}_ptr"] = "*i32"
-    for name in ("emb", "gin", "gpost", "gfin", "qn", "kn"):
-        ptrs[f"{name}_ptr"] = "*bf16"
-    ptrs.update(ss_ptr="*fp32", rl_ptr="*fp32", ids_ptr="*i32", rw_ptr="*fp32",
-                log_ptr="*i32")
-    ptrs.update(ctr_ptr="*i32", err_ptr="*i32", clk_ptr="*i64")
-    ptrs.update({k: "i32" for k in ("L", "H", "I", "QKV", "HQ", "KVS", "V", "E", "SPMAX",
-                                    "MAXCTX")})
-    ptrs.update(eps="fp32", scale="fp32", timeout_ns="i64", n_ctr="i32")
-    n_ctr = len(plan_schedule(s, P, 512).counters)
-    consts = moe_constexprs(s, P, n_ctr, stages, num_warps, True, kg, gt, poll, bt)
-    sig = dict(ptrs, **{k: "constexpr" for k in consts})
-    aligned = [i for i, v in enumerate(ptrs.values()) if v.startswith("*")]
-    return compile_sm90(moe_step_kernel, sig, consts, aligned, num_warps)
-
-
-def aot(spec_name: str = "qwen2.5-1.5b", P: int = 132, stages: int | None = None,
-        num_warps: int = 4, attention: str = ATTENTION, poll: int = POLL) -> dict:
-    """Compile for sm_90 on any machine (no GPU): the layouts, TMA and barriers hold
-    (an MoE spec: the MoE kernel, its one attention form; ``attention`` is unused)."""
-    from ..specs import get_spec
-    s = get_spec(spec_name)
-    if s.is_moe:
-        return aot_moe(s, P, stages, num_warps, poll)
-    stages = stages or STAGES
-    lay = smem_layout()
-    kg, gt = gate_up_boxes(s.hidden // TK, KB)
-    nf, tail = down_boxes(s.intermediate // TK, 2 * KB, True, num_warps)
-    desc = lambda kb: f"tensordesc<bf16[{TN},{kb},{TK}],{lay!r}>"
-    ptrs = dict(prog_ptr="*i32", n_instr="i32", d_qkv=desc(KB), d_o=desc(KB), d_gu=desc(KB),
-                d_dn=desc(2 * KB), d_dt=desc(tail or 2 * KB), d_lm=desc(KB))
-    for name in ("x", "qkv", "q", "attn", "h", "kc", "vc", "cos", "sin"):
-        ptrs[f"{name}_ptr"] = "*bf16"
-    for name in ("pm", "pl", "po", "val"):
-        ptrs[f"{name}_ptr"] = "*fp32"
-    for name in ("idx", "seq", "amax", "pos", "plen"):
-        ptrs[f"{name}_ptr"] = "*i32"
-    for name in ("emb", "gin", "gpost", "gfin", "bqkv"):
-        ptrs[f"{name}_ptr"] = "*bf16"
-    ptrs.update(ctr_ptr="*i32", err_ptr="*i32", clk_ptr="*i64")
-    ptrs.update({k: "i32" for k in ("L", "H", "I", "QKV", "HQ", "KVS", "V", "SPMAX",
-                                    "MAXCTX")})
-    ptrs.update(eps="fp32", scale="fp32", timeout_ns="i64", n_ctr="i32")
-    n_ctr = len(plan_schedule(s, P, 512, attention).counters)
-    consts = constexprs(s, P, n_ctr, stages, num_warps, True, kg, gt, nf, tail, attention,
-                        poll)
-    sig = dict(ptrs, **{k: "constexpr" for k in consts})
-    aligned = [i for i, v in enumerate(ptrs.values()) if v.startswith("*")]
-    return compile_sm90(step_kernel, sig, consts, aligned, num_warps)
-
-
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m onelaunch.megakernel.step",
-                                 description="compile the one-launch step for sm_90 (no GPU)")
-    ap.add_argument("--aot", action="store_true", required=True)
-    ap.add_argument("--model", default="qwen2.5-1.5b",
-                    help="the spec (an MoE one compiles the MoE kernel, attention four)")
-    ap.add_argument("--stages", default=None,
-                    help=f"the ring's stages, comma-separated: each (default {STAGES}; "
-                    f"MoE {MOE_STAGES})")
-    ap.add_argument("--poll", default=str(POLL), help="counter polls, comma-separated: 0 "
-                    "one thread's load broadcast, 1 every thread's own "
-                    f"(default {POLL})")
-    ap.add_argument("--attention", default=",".join(schedule.FORMS),
-                    help="the attention's forms (" + "; ".join(
-                        f"{f}: {t}" for f, t in schedule.FORM_TEXT.items()) + ")")
-    a = ap.parse_args(argv)
-    from ..specs import get_spec
-    moe = get_spec(a.model).is_moe
-    default = MOE_STAGES if moe else STAGES
-    forms = [MOE_ATTENTION] if moe else a.attention.split(",")
-    for st in (int(v) for v in (a.stages or str(default)).split(",")):
-        for f in forms:
-            for pl in (int(v) for v in a.poll.split(",")):
-                print(f"[{'gluon_moe' if moe else 'gluon_step'}] sm_90 STAGES {st} "
-                      f"attention {f} poll {pl}: "
-                      f"{aot(a.model, stages=st, attention=f, poll=pl)}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return MoEConsts(KB_=KB, KG=kg, GT=gt, KE=s.intermediate // TK, TOPK=s.top_k,
+                     EP=triton.next_power_of_2(s.experts), QSB=QSB, STAGES=stages,
+                     HOLD=HOLD_STAGES, WIDTH=isa.WIDTH, G=g, GP=triton.next_power_of_2(g),
+                     D=s.head_dim, HKV=s.kv_heads, BT=bt, SB=SB,
+                     NPB=triton.next_power_of_2(P), EB=EB,
+                     CTR_BLOCK=triton.next_power_of_2(n_ctr + 1), CLOCK=int(clock),
+                     POLL=int(poll))

@@ -20,10 +20,12 @@ import torch
 import torch.nn.functional as F
 
 from ..oracle import apply_rope, rms_norm
-from .isa import (ARG, BUMP, BUMP2, IDX, K0, KLEN, LAYER, NONE, OP_END, OPCODES, ROW0, ROWS,
-                  SPLITS, UNIT)
+from .isa import (ARG, BUMP, BUMP2, IDX, K0, KLEN, LAYER, NONE, OP_ARGMAX, OP_ATTN_FUSED,
+                  OP_ATTN_MERGE, OP_ATTN_PARTIAL, OP_DOWN, OP_EMBED, OP_EXPERT_DOWN,
+                  OP_EXPERT_GATE_UP, OP_GATE_UP, OP_LM_HEAD, OP_O_PROJ, OP_RMS_QKV,
+                  OP_ROPE_KV, OP_ROUTER, OP_TOPK, ROW0, ROWS, SPLITS, UNIT)
+from .lists import split_range
 from .loads import split_slot, tiles
-from .schedule import split_range
 
 BF16, F32, I64 = torch.bfloat16, torch.float32, torch.int64
 ALL = (slice(None),)
@@ -318,4 +320,8 @@ def op_expert_down(m, c, row):
     yield from split_sum(m, c, row, slice(r0, r0 + n), part)
 
 
-OPS = {op: globals()[name.lower()] for op, name in OPCODES.items() if op != OP_END}
+OPS = {OP_EMBED: op_embed, OP_RMS_QKV: op_rms_qkv, OP_ROPE_KV: op_rope_kv,
+       OP_ATTN_PARTIAL: op_attn_partial, OP_ATTN_MERGE: op_attn_merge,
+       OP_ATTN_FUSED: op_attn_fused, OP_O_PROJ: op_o_proj, OP_GATE_UP: op_gate_up,
+       OP_DOWN: op_down, OP_LM_HEAD: op_lm_head, OP_ARGMAX: op_argmax, OP_ROUTER: op_router,
+       OP_TOPK: op_topk, OP_EXPERT_GATE_UP: op_expert_gate_up, OP_EXPERT_DOWN: op_expert_down}

@@ -92,10 +92,10 @@ def load(path) -> tuple[torch.Tensor, torch.Tensor]:
 
 def loader_stages(prog, spec, num_warps: int = 4) -> torch.Tensor:
     """float64 [P, N]: the ring stages the dense kernel's loader fills for each
-    instruction (``gluon_step._loader``'s rule): QKV, O and the LM head a stage per pair
+    instruction (``megakernel.gluon.dense._loader``'s rule): QKV, O and the LM head a stage per pair
     of TN-row blocks; gate/up a stage per block (its gate and up rows); down NF stages a
     block (boxes of 2 KB K tiles) and one more for the tail box."""
-    from ..megakernel.mlp_stream import KB, TK, TN, down_boxes
+    from ..megakernel.boxes import KB, TK, TN, down_boxes
     prog = torch.as_tensor(prog)
     op, rows = prog[:, :, OP].long(), prog[:, :, ROWS].double()
     nf, tail = down_boxes(spec.intermediate // TK, 2 * KB, True, num_warps)
