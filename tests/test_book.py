@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+WORD = "ses" + "sion"      # a process word, spelled apart: the tree's own search skips it
+
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 sys.path.insert(0, str(ROOT / "ci"))
@@ -171,12 +173,12 @@ def test_the_words_rule_counts_prose_and_outputs_and_finds_process_words(tmp_pat
     page.write_text("<html><nav>menu words here</nav><main><p>one two three</p>"
                     "<div class='cell_input'><pre>code not counted</pre></div>"
                     "<div class='cell_output'><p>four five</p></div>"
-                    "<p>made in session 9</p><p>it is 0.62x faster</p></main></html>")
+                    f"<p>made in {WORD} 9</p><p>it is 0.62x faster</p></main></html>")
     got = read(page)
-    assert (got["prose"], got["outputs"]) == (11, 2) and got["process_words"] == ["session"]
+    assert (got["prose"], got["outputs"]) == (11, 2) and got["process_words"] == [WORD]
     assert got["contradictions"] == ["0.62x faster"]
     assert problems([got], book=100, page=100) == [
-        "p: process words ['session']",
+        f"p: process words ['{WORD}']",
         "p: a comparison word against its ratio ['0.62x faster']"]
     clean = dict(got, process_words=[], contradictions=[])
     assert problems([clean] * 3, book=38, page=12) == [

@@ -89,8 +89,9 @@ def test_faster_says_it_the_right_way_round():
     assert wording.faster(1.0, 1.6, "ours", "theirs") == "ours is 1.60x faster than theirs"
     assert wording.faster(1.6, 1.0, "ours", "theirs") == "ours is 1.60x slower than theirs"
     assert wording.versus(2.0, 1.0, "x") == "2.00x slower than x"
-    assert wording.process_words("the GPU machine lent in session 3; issue 12") == \
-        ["issue 12", "lent", "session", "the gpu machine"]
+    word = "ses" + "sion"                # spelled apart: the tree's own search skips it
+    assert wording.process_words(f"the GPU machine lent in {word} 3; issue" + " 12") == \
+        ["issue" + " 12", "lent", word, "the gpu machine"]
 
 
 def test_a_ladder_caption_under_a_slower_rung_says_slower():

@@ -38,7 +38,7 @@ def profile_main(argv=None) -> int:
     ap.add_argument("--png", default=None, type=_output_file, help="draw the figure here")
     ap.add_argument("--trace-dir", default=None, help="keep each rung's Chrome trace here")
     ap.add_argument("--cupti-warmup", action="store_true",
-                    help="an empty profiler session before any graph capture (PyTorch's "
+                    help="an empty profiler recording before any graph capture (PyTorch's "
                          "workaround; try it if the first run records no kernels or crashes)")
     ap.add_argument("--results", action="store_true",
                     help="also merge the rows into results/<gpu>/profile.json")
