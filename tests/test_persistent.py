@@ -149,8 +149,9 @@ def test_phase_groups_one_launch_each(w, monkeypatch):
 
 def test_pdl_from_the_table_and_the_options():
     """The layer kernel launches with PDL when the engine does, unless its table entry
-    says PDL=0 (the H200's: results/h200/2026-11-30_persistent-layer-variants/*_nopdl.json); ``PersistentOptions.pdl`` overrides either
-    way."""
+    says PDL=0 (the H200's, from
+    results/h200/2026-11-30_persistent-layer-variants/*_nopdl.json);
+    ``PersistentOptions.pdl`` overrides either way."""
     from onelaunch.kernels import layer_persistent as LP
     assert LP.launch_options("cpu", True, {})["pdl"]
     assert not LP.launch_options("cpu", True, {"PDL": 0})["pdl"]
