@@ -26,7 +26,7 @@ from notebooks import (NOTEBOOKS, ROOT, SCRATCH, STAGE, chapters, commit,  # noq
 
 def _params_text(params: dict) -> str:
     return ", ".join(f"{k} {v}" for k, v in (params or {}).items()
-                     if v is not None and not isinstance(v, (list, dict)))
+                     if v not in (None, "") and not isinstance(v, (list, dict)))
 
 
 def ran_note(meta: dict, gpu_params: dict | None = None) -> str:
