@@ -231,10 +231,11 @@ def figure_caption(rows: list[dict], rungs: list[str], models: list[str],
     """What the figure shows, then per model what it finds and which rungs have no bar,
     from the same rows and rule: prose about a figure is generated, never typed.
     ``highlight``: whether the figure marks its last rung (the slider's frames do)."""
+    peer_line = any(summary(rows, m)["best_peer"] for m in models)   # what render_frame draws
     parts = ["Milliseconds per token of each rung (bars, log scale: shorter is faster: "
              + _colour_text(rows, rungs, models, highlight)
-             + "), against the bandwidth floor of the same run (dashed) and the "
-             "fastest peer (dotted)."]
+             + "), against the bandwidth floor of the same run (dashed)"
+             + (" and the fastest peer (dotted)." if peer_line else ".")]
     if any(spread(r) for r in rows if r["model"] in models and r["rung"] in rungs):
         parts.append("The whiskers span the fastest to the slowest of each rung's timed "
                      "repeats.")
