@@ -259,8 +259,10 @@ def figure_caption(rows: list[dict], rungs: list[str], models: list[str],
         if len(bars) < len(shown):
             bits.append(f"a bar for {len(bars)} of its {len(shown)} rungs")
         ties = [label(g, rows) for g in bars if st[g] == "near ties only"]
-        if ties:
-            bits.append("differing from the oracle only at near ties: " + "; ".join(ties))
+        if ties:        # labels hold commas ("HF generate, eager"): quoted apart
+            names = ", ".join(f"*{t}*" for t in ties[:-1]) + (" and " if len(ties) > 1 else "")
+            bits.append(f"{names}*{ties[-1]}* differ{'s' if len(ties) == 1 else ''} from "
+                        "the oracle only at near ties")
         unchecked = [label(g, rows) for g in bars if st[g] == NO_CHECK]
         if unchecked:
             bits.append("timed by its own tool, with no oracle check possible: "
