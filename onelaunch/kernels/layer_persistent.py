@@ -1,53 +1,18 @@
-"""One whole layer in one launch: a persistent kernel with grid barriers.
+"""One whole layer in one launch: the launcher of the persistent kernel with grid
+barriers (``layer_persistent_kernel.py``: the phases, how a GEMV phase runs, the
+barrier; ``layer_persistent_args.py``: its arguments in groups).
 
-    phase 0  RMSNorm + QKV (+ bias)          tiles: row tiles of W_qkv
-    phase 1  RoPE + KV write                 tiles: Hq + Hkv heads
-    phase 2  split-K attention partials      tiles: Hkv x n_splits
-    phase 3  merge of the splits             tiles: Hq heads
-    phase 4  O-projection + residual         tiles: row tiles of W_o
-    dense:
-    phase 5  RMSNorm + gate/up + SwiGLU      tiles: channel tiles of W_gate_up
-    phase 6  down + residual                 tiles: row tiles x splits of K (last arrival)
-    mixture of experts (MOE, streamed only):
-    phase 5  RMSNorm + router logits         tiles: row tiles of W_router
-    phase 6  top-k (every program), experts' gate/up    tiles: slots x channel tiles
-    phase 7  experts' down, weighted, + residual        tiles: row tiles (all slots each)
-
-A fixed grid of resident programs (``launch_cooperative_grid``: all of them on the GPU at
-once, which a grid barrier needs) walks each phase's tiles, and a grid barrier
-(``grid_barrier``) separates two phases. A GEMV phase runs in one of two ways (STAGES):
-
-* STAGES 0, the register ring: the unfused kernels' device functions (``rms_qkv_tile``,
-  ``o_proj_tile``, ``gate_up_tile``, ``down_tile``) tile by tile (``for t in range(pid,
-  n, P)``), each program keeping a few weight tiles requested in registers. Before a
-  barrier each program requests the first tiles of the next phase (``NEXT``), as a PDL
-  kernel requests them before ``gdc_wait``.
-* STAGES > 0, streamed: one flat loop over (row tile, K tile) per phase
-  (``_common.stream_gemv``; ``moe_experts.stream_experts_*``) that Triton's pipeliner
-  turns into asynchronous copies into shared memory, STAGES - 1 tiles ahead: more bytes
-  in flight per program than registers can hold (measured in ``persistent_stream.json``).
-  The pipeline starts after each barrier.
-
-Either way the sums and roundings are the unfused plan's at the same tiles, so the
-layer's bits are those of an unfused engine at ``plan.persistent_cfgs``. The launch
-itself is a PDL launch on Hopper, so layer boundaries overlap too.
-
-The barrier (``grid_barrier``): every thread fences its writes, the program arrives on a
-counter with a release atomic and spins with acquire atomics until every program has
-arrived at that barrier (targets P, 2P, ... within one launch); after the last barrier of
-the launch each program bumps an exit counter, and the last one resets both counters, so
-the next launch (the next layer, a CUDA-graph replay) finds zeros with no host reset. The
-next launch touches the counters only after its ``gdc_wait``, when this grid has finished.
+The grid is P resident programs (``grid_size``; a cooperative launch on the GPU, which a
+grid barrier needs). Streamed or with the register ring, the phases' sums and roundings
+are the unfused plan's at the same tiles, so the layer's bits are those of an unfused
+engine at ``plan.persistent_cfgs``. The launch itself is a PDL launch on Hopper, so layer
+boundaries overlap too.
 
 Phases are a constexpr range [FIRST, LAST]. On the GPU one launch runs 0..6 (MoE 0..7).
 Triton's interpreter runs programs one after another, where a spinning barrier would
 never end, so there the launcher issues one launch per phase (no barrier), running the
 same code; with a grid of one program the interpreter runs the one launch, barriers and
 the requests before them included (a lone program never waits for another).
-
-The kernel and its barrier are ``layer_persistent_kernel.py``, its argument groups
-``layer_persistent_args.py``; this module holds the launcher, the phase table and the
-launch options.
 """
 from __future__ import annotations
 
@@ -59,7 +24,7 @@ from . import config
 from . import layer_persistent_args as LA
 from .attention_splitk import BLOCK_S, block_m, live_share
 from .down_residual import down_split
-from .layer_persistent_kernel import _layer_persistent_kernel  # noqa: F401 (tests spy on it)
+from .layer_persistent_kernel import _layer_persistent_kernel
 
 PHASES = ("rms_qkv", "rope_kv_write", "attention_partial", "attention_reduce", "o_proj_residual",
           "rms_gate_up_swiglu", "down_residual")
@@ -184,12 +149,12 @@ def layer_persistent(x, L: dict, qkv, q, attn, h, k_cache, v_cache, cos, sin, po
     gu, dn, tiles, rt, ex, mt = (dense_groups(L, h, scratch, counter, cfgs, H) if moe is None
                                  else moe_groups(L, moe, h, scratch, counter, cfgs, H))
     args = (LA.Qkv(x, L["input_norm"], w_qkv, b if b is not None else w_qkv, qkv, N_QKV, H, eps,
-                  w_qkv.stride(0)),
+                   w_qkv.stride(0)),
             LA.Rope(q, k_cache, v_cache, cos, sin, pos, qn if qn is not None else qkv,
-                   kn if kn is not None else qkv, k_cache.stride(0), k_cache.stride(1), heads,
-                   kv_heads),
+                    kn if kn is not None else qkv, k_cache.stride(0), k_cache.stride(1), heads,
+                    kv_heads),
             LA.Attn(part_o, part_m, part_l, attn, n_splits, live_share(n_splits, live_cap),
-                   head_dim ** -0.5),
+                    head_dim ** -0.5),
             LA.OProj(w_o, w_o.shape[1], w_o.stride(0)), gu, dn, bar, rt, ex,
             clock if clock is not None else bar)
     hc = head_consts(cfgs["attention_splitk"], b is not None, qn is not None, heads, kv_heads,
@@ -212,12 +177,12 @@ def head_consts(c_at: dict, bias: bool, qk_norm: bool, heads: int, kv_heads: int
     block_t = min(c_at["BLOCK_T"], chunk)
     assert chunk % block_t == 0, "a tile must not straddle two chunks"
     return LA.Heads(HAS_BIAS=bias, QK_NORM=qk_norm, D=head_dim,
-                   BLOCK_D=triton.next_power_of_2(head_dim),
-                   BLOCK_R=min(1024, triton.next_power_of_2(heads * head_dim)), GROUP=group,
-                   GROUP_PAD=max(16, triton.next_power_of_2(group)),
-                   BLOCK_DA=max(16, triton.next_power_of_2(head_dim)), CHUNK=chunk,
-                   BLOCK_T=block_t, DOT_F32=config.interpreting(), BLOCK_S=BLOCK_S,
-                   BLOCK_M=block_m(n_splits))
+                    BLOCK_D=triton.next_power_of_2(head_dim),
+                    BLOCK_R=min(1024, triton.next_power_of_2(heads * head_dim)), GROUP=group,
+                    GROUP_PAD=max(16, triton.next_power_of_2(group)),
+                    BLOCK_DA=max(16, triton.next_power_of_2(head_dim)), CHUNK=chunk,
+                    BLOCK_T=block_t, DOT_F32=config.interpreting(), BLOCK_S=BLOCK_S,
+                    BLOCK_M=block_m(n_splits))
 
 
 def dense_groups(L: dict, h, scratch, counter, cfgs: dict, H: int) -> tuple:
@@ -255,9 +220,9 @@ def moe_groups(L: dict, moe: dict, h, scratch, counter, cfgs: dict, H: int) -> t
             LA.Down(w, scratch, counter, 1, w.stride(0)),
             gemv_tiles(c_qkv, c_o, c_qkv, c_qkv, H, w_o.shape[1], 1, 1),
             LA.Router(w_r, w_r.stride(0), w_r.shape[0], moe["logits"], ids, moe["weights"],
-                     moe["log"], moe["log_row"], moe["log_offset"]),
+                      moe["log"], moe["log_row"], moe["log_offset"]),
             LA.Experts(w_egu, w_egu.stride(0), w_egu.stride(1), w_edn.shape[2], w_edn,
-                      w_edn.stride(0), w_edn.stride(1), eh),
+                       w_edn.stride(0), w_edn.stride(1), eh),
             moe_tiles(w_r.shape[0], ids.numel(), cfgs["moe_router"], cfgs["moe_gate_up_swiglu"],
                       cfgs["moe_down_residual"], True))
 
@@ -267,15 +232,16 @@ def gemv_tiles(c_qkv, c_o, c_gu, c_dn, H: int, K_O: int, k_per_split: int,
     """The dense GEMV phases' tiles from the unfused ops' configs (prefetch: each one's
     share of K)."""
     return LA.Tiles(BN_QKV=c_qkv["BLOCK_N"], BK_QKV=c_qkv["BLOCK_K"],
-                   PF_QKV=config.prefetch(c_qkv, H), BN_O=c_o["BLOCK_N"], BK_O=c_o["BLOCK_K"],
-                   PF_O=config.prefetch(c_o, K_O), BN_GU=c_gu["BLOCK_N"],
-                   BK_GU=c_gu["BLOCK_K"], PF_GU=config.prefetch(c_gu, H),
-                   BN_DN=c_dn["BLOCK_N"], BK_DN=c_dn["BLOCK_K"],
-                   PF_DN=config.prefetch(c_dn, k_per_split), SPLIT_K=split)
+                    PF_QKV=config.prefetch(c_qkv, H), BN_O=c_o["BLOCK_N"], BK_O=c_o["BLOCK_K"],
+                    PF_O=config.prefetch(c_o, K_O), BN_GU=c_gu["BLOCK_N"],
+                    BK_GU=c_gu["BLOCK_K"], PF_GU=config.prefetch(c_gu, H),
+                    BN_DN=c_dn["BLOCK_N"], BK_DN=c_dn["BLOCK_K"],
+                    PF_DN=config.prefetch(c_dn, k_per_split), SPLIT_K=split)
 
 
 def moe_tiles(E: int, top_k: int, c_r, c_egu, c_edn, moe: bool) -> LA.MoETiles:
+    """A mixture of experts' constants from the router's and the experts' configs."""
     return LA.MoETiles(MOE=moe, TOP_K=top_k, TOP_KP=triton.next_power_of_2(top_k),
-                      BLOCK_E=triton.next_power_of_2(E), BN_R=c_r["BLOCK_N"],
-                      BK_R=c_r["BLOCK_K"], BN_EGU=c_egu["BLOCK_N"], BK_EGU=c_egu["BLOCK_K"],
-                      BN_EDN=c_edn["BLOCK_N"], BK_EDN=c_edn["BLOCK_K"])
+                       BLOCK_E=triton.next_power_of_2(E), BN_R=c_r["BLOCK_N"],
+                       BK_R=c_r["BLOCK_K"], BN_EGU=c_egu["BLOCK_N"], BK_EGU=c_egu["BLOCK_K"],
+                       BN_EDN=c_edn["BLOCK_N"], BK_EDN=c_edn["BLOCK_K"])

@@ -1,6 +1,6 @@
-"""The persistent layer's kernel: one whole layer in one launch, its phases separated by
-grid barriers (the launcher, the phase table and the launch options are
-``layer_persistent.py``; the argument groups ``layer_persistent_args.py``).
+"""The persistent layer's kernel: one whole layer in one launch, its phases separated
+by grid barriers. The launcher, the phase names and the launch options are
+``layer_persistent.py``; the argument groups ``layer_persistent_args.py``.
 
     phase 0  RMSNorm + QKV (+ bias)          tiles: row tiles of W_qkv
     phase 1  RoPE + KV write                 tiles: Hq + Hkv heads
@@ -15,8 +15,29 @@ grid barriers (the launcher, the phase table and the launch options are
     phase 6  top-k (every program), experts' gate/up    tiles: slots x channel tiles
     phase 7  experts' down, weighted, + residual        tiles: row tiles (all slots each)
 
-Grid: P resident programs, each walking every phase's tiles ``for t in range(pid, n,
-P)``. The phases run are the constexpr range [FIRST, LAST].
+A fixed grid of resident programs (``launch_cooperative_grid``: all of them on the GPU at
+once, which a grid barrier needs) walks each phase's tiles, and a grid barrier
+(``grid_barrier``) separates two phases. A GEMV phase runs in one of two ways (STAGES):
+
+* STAGES 0, the register ring: the unfused kernels' device functions (``rms_qkv_tile``,
+  ``o_proj_tile``, ``gate_up_tile``, ``down_tile``) tile by tile (``for t in range(pid,
+  n, P)``), each program keeping a few weight tiles requested in registers. Before a
+  barrier each program requests the first tiles of the next phase (``NEXT``), as a PDL
+  kernel requests them before ``gdc_wait``.
+* STAGES > 0, streamed: one flat loop over (row tile, K tile) per phase
+  (``_common.stream_gemv``; ``moe_experts.stream_experts_*``) that Triton's pipeliner
+  turns into asynchronous copies into shared memory, STAGES - 1 tiles ahead: more bytes
+  in flight per program than registers can hold (measured in ``persistent_stream.json``).
+  The pipeline starts after each barrier.
+
+The barrier (``grid_barrier``): every thread fences its writes, the program arrives on a
+counter with a release atomic and spins with acquire atomics until every program has
+arrived at that barrier (targets P, 2P, ... within one launch); after the last barrier of
+the launch each program bumps an exit counter, and the last one resets both counters, so
+the next launch (the next layer, a CUDA-graph replay) finds zeros with no host reset. The
+next launch touches the counters only after its ``gdc_wait``, when this grid has finished.
+
+The phases a launch runs are the constexpr range [FIRST, LAST].
 """
 from __future__ import annotations
 
@@ -87,17 +108,17 @@ def grid_barrier(bar_ptr, target, n_progs, RESET: tl.constexpr, FENCE: tl.conste
 
 @triton.jit
 def _layer_persistent_kernel(
-        qkv, rope, att, oproj, gu, dn,    # the phases' tensors and sizes: Qkv, Rope, Attn,
-        bar_ptr,                          # OProj, GateUp, Down; bar: int32 [2] zeros
-        rt, ex,                           # MoE (M.MOE): Router, Experts
-        clock_ptr,                        # CLOCK: int64 [P, SLOTS] (profile.clock_phases)
-        A: tl.constexpr, T: tl.constexpr, M: tl.constexpr,      # Heads, Tiles, MoETiles
-        FIRST: tl.constexpr, LAST: tl.constexpr,                # the phases this launch runs
+        qkv, rope, att, oproj, gu, dn,   # phases 0-6: Qkv, Rope, Attn, OProj, GateUp, Down
+        bar_ptr,                         # int32 [2]: arrivals, exits (zeros between launches)
+        rt, ex,                          # the MoE phases 5-7 (M.MOE): Router, Experts
+        clock_ptr,                       # CLOCK: int64 [P, SLOTS] (profile.clock_phases)
+        A: tl.constexpr, T: tl.constexpr, M: tl.constexpr,   # Heads, Tiles, MoETiles
+        FIRST: tl.constexpr, LAST: tl.constexpr,             # the phases this launch runs
         NEXT: tl.constexpr, USE_PDL: tl.constexpr, FENCE: tl.constexpr,
         STAGES: tl.constexpr, CLOCK: tl.constexpr, SLOTS: tl.constexpr,
         FOLD: tl.constexpr, SKIP: tl.constexpr):
-    """The layer's phases FIRST..LAST (``layer_persistent.py`` says how each runs). The
-    groups are ``layer_persistent_args``' NamedTuples, read by field."""
+    """The layer's phases FIRST..LAST. The groups are ``layer_persistent_args``'
+    NamedTuples (one kernel parameter a field, in order), read by field."""
     pid = tl.program_id(0)
     P = tl.num_programs(0)
     clk = clock_ptr + pid * SLOTS      # slot 2k: phase k starts here, 2k + 1: it ends
