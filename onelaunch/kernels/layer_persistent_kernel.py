@@ -80,6 +80,25 @@ def share_early(rope, att, pos, t, A: tl.constexpr):
 
 
 @triton.jit
+def qkv_tiles(qkv, t, T: tl.constexpr):
+    """The register ring's first weight tiles of W_qkv's row tile ``t``."""
+    return row_tiles(qkv.w, qkv.stride, qkv.N, t, 0, qkv.H, T.BN_QKV, T.BK_QKV, T.PF_QKV)
+
+
+@triton.jit
+def o_tiles(oproj, H, t, T: tl.constexpr):
+    """The register ring's first weight tiles of W_o's row tile ``t``."""
+    return row_tiles(oproj.w, oproj.stride, H, t, 0, oproj.K, T.BN_O, T.BK_O, T.PF_O)
+
+
+@triton.jit
+def gu_tiles(gu, H, t, T: tl.constexpr):
+    """The register ring's first weight tiles of W_gate_up's channel tile ``t`` (its
+    gate rows and its up rows)."""
+    return gate_up_first(gu.w, gu.stride, gu.I, H, t, T.BN_GU, T.BK_GU, T.PF_GU)
+
+
+@triton.jit
 def grid_barrier(bar_ptr, target, n_progs, RESET: tl.constexpr, FENCE: tl.constexpr,
                  clk_ptr, PHASE: tl.constexpr, CLOCK: tl.constexpr):
     """Wait until ``target`` arrivals (every program's, at this and earlier barriers of
@@ -138,19 +157,17 @@ def _layer_persistent_kernel(
 
     # ---- before the PDL wait: the first weight tiles of the launch's first phase -----
     if FIRST == 0 and RING:
-        a0, a1, a2, a3 = row_tiles(qkv.w, qkv.stride, qkv.N, pid, 0, qkv.H, T.BN_QKV, T.BK_QKV,
-                                   T.PF_QKV)
+        a0, a1, a2, a3 = qkv_tiles(qkv, pid, T)
     if FIRST == 2:
         start, end, k0, v0, tm0 = share_early(rope, att, pos, pid, A)
     if FIRST == 4 and RING:
-        o0, o1, o2, o3 = row_tiles(oproj.w, oproj.stride, qkv.H, pid, 0, oproj.K, T.BN_O, T.BK_O,
-                                   T.PF_O)
+        o0, o1, o2, o3 = o_tiles(oproj, qkv.H, pid, T)
     if FIRST == 5 and RING:
-        g0, g1, g2, g3, u0, u1, u2, u3 = gate_up_first(gu.w, gu.stride, gu.I, qkv.H, pid, T.BN_GU,
-                                                       T.BK_GU, T.PF_GU)
+        g0, g1, g2, g3, u0, u1, u2, u3 = gu_tiles(gu, qkv.H, pid, T)
     if FIRST == 6 and RING:
-        d0, d1, d2, d3 = down_first(dn.w, dn.stride, qkv.H, gu.I, dn.k_per_split, pid % n_dn_rows,
-                                    pid // n_dn_rows, T.BN_DN, T.BK_DN, T.PF_DN)
+        d0, d1, d2, d3 = down_first(dn.w, dn.stride, qkv.H, gu.I, dn.k_per_split,
+                                    pid % n_dn_rows, pid // n_dn_rows, T.BN_DN, T.BK_DN,
+                                    T.PF_DN)
     pdl_wait(USE_PDL)
     stamp(clk, 2 * FIRST, CLOCK)
 
@@ -164,8 +181,7 @@ def _layer_persistent_kernel(
             for t in range(pid, n_qkv, P):
                 rms_qkv_tile(qkv.x, qkv.gin, qkv.w, qkv.b, qkv.out, qkv.N, qkv.H, rstd, qkv.stride,
                              t, a0, a1, a2, a3, A.HAS_BIAS, T.BN_QKV, T.BK_QKV, T.PF_QKV)
-                a0, a1, a2, a3 = row_tiles(qkv.w, qkv.stride, qkv.N, t + P, 0, qkv.H, T.BN_QKV,
-                                           T.BK_QKV, T.PF_QKV)
+                a0, a1, a2, a3 = qkv_tiles(qkv, t + P, T)
     if FIRST <= 0 and LAST >= 1:       # RoPE reads no weights: nothing to request early
         # (folded: attention's keys and values older than pos)
         if FOLD and NEXT and LAST >= 2:
@@ -207,8 +223,7 @@ def _layer_persistent_kernel(
     # the merge is short: W_o's tiles are requested here
     if FIRST <= 2 and LAST >= 3:
         if AHEAD:
-            o0, o1, o2, o3 = row_tiles(oproj.w, oproj.stride, qkv.H, pid, 0, oproj.K, T.BN_O,
-                                       T.BK_O, T.PF_O)
+            o0, o1, o2, o3 = o_tiles(oproj, qkv.H, pid, T)
         grid_barrier(bar_ptr, (3 - FIRST - SKIP) * P, P, LAST == 3, FENCE, clk, 3, CLOCK)
 
     # ---- phase 3: merge of the splits ------------------------------------------------
@@ -219,12 +234,10 @@ def _layer_persistent_kernel(
                         A.BLOCK_S, A.BLOCK_M, True)
     if FIRST <= 3 and LAST >= 4:
         if FIRST == 3 and AHEAD:
-            o0, o1, o2, o3 = row_tiles(oproj.w, oproj.stride, qkv.H, pid, 0, oproj.K, T.BN_O,
-                                       T.BK_O, T.PF_O)
+            o0, o1, o2, o3 = o_tiles(oproj, qkv.H, pid, T)
         grid_barrier(bar_ptr, (4 - FIRST - SKIP) * P, P, LAST == 4, FENCE, clk, 4, CLOCK)
         if not NEXT and RING:
-            o0, o1, o2, o3 = row_tiles(oproj.w, oproj.stride, qkv.H, pid, 0, oproj.K, T.BN_O,
-                                       T.BK_O, T.PF_O)
+            o0, o1, o2, o3 = o_tiles(oproj, qkv.H, pid, T)
 
     # ---- phase 4: O-projection + residual --------------------------------------------
     if FIRST <= 4 and LAST >= 4:
@@ -235,16 +248,13 @@ def _layer_persistent_kernel(
             for t in range(pid, n_o, P):
                 o_proj_tile(att.out, oproj.w, qkv.x, qkv.x, qkv.x, qkv.H, oproj.K, oproj.stride, t,
                             o0, o1, o2, o3, False, False, 1, FENCE, T.BN_O, T.BK_O, T.PF_O)
-                o0, o1, o2, o3 = row_tiles(oproj.w, oproj.stride, qkv.H, t + P, 0, oproj.K, T.BN_O,
-                                           T.BK_O, T.PF_O)
+                o0, o1, o2, o3 = o_tiles(oproj, qkv.H, t + P, T)
     if FIRST <= 4 and LAST >= 5:
         if AHEAD:
-            g0, g1, g2, g3, u0, u1, u2, u3 = gate_up_first(gu.w, gu.stride, gu.I, qkv.H, pid,
-                                                           T.BN_GU, T.BK_GU, T.PF_GU)
+            g0, g1, g2, g3, u0, u1, u2, u3 = gu_tiles(gu, qkv.H, pid, T)
         grid_barrier(bar_ptr, (5 - FIRST - SKIP) * P, P, LAST == 5, FENCE, clk, 5, CLOCK)
         if not NEXT and RING:
-            g0, g1, g2, g3, u0, u1, u2, u3 = gate_up_first(gu.w, gu.stride, gu.I, qkv.H, pid,
-                                                           T.BN_GU, T.BK_GU, T.PF_GU)
+            g0, g1, g2, g3, u0, u1, u2, u3 = gu_tiles(gu, qkv.H, pid, T)
 
     # ---- phase 5: RMSNorm + gate/up + SwiGLU (MoE: the router's logits) --------------
     if M.MOE and FIRST <= 5 and LAST >= 5:
@@ -260,18 +270,17 @@ def _layer_persistent_kernel(
             for t in range(pid, n_gu, P):
                 gate_up_tile(qkv.x, gu.gpost, gu.w, gu.h, gu.I, qkv.H, rstd2, gu.stride, t, g0, g1,
                              g2, g3, u0, u1, u2, u3, T.BN_GU, T.BK_GU, T.PF_GU)
-                g0, g1, g2, g3, u0, u1, u2, u3 = gate_up_first(gu.w, gu.stride, gu.I, qkv.H, t + P,
-                                                               T.BN_GU, T.BK_GU, T.PF_GU)
+                g0, g1, g2, g3, u0, u1, u2, u3 = gu_tiles(gu, qkv.H, t + P, T)
     if FIRST <= 5 and LAST >= 6:
         if AHEAD:
             d0, d1, d2, d3 = down_first(dn.w, dn.stride, qkv.H, gu.I, dn.k_per_split,
-                                        pid % n_dn_rows, pid // n_dn_rows, T.BN_DN, T.BK_DN,
-                                        T.PF_DN)
+                                    pid % n_dn_rows, pid // n_dn_rows, T.BN_DN, T.BK_DN,
+                                    T.PF_DN)
         grid_barrier(bar_ptr, (6 - FIRST - SKIP) * P, P, LAST == 6, FENCE, clk, 6, CLOCK)
         if not NEXT and RING:
             d0, d1, d2, d3 = down_first(dn.w, dn.stride, qkv.H, gu.I, dn.k_per_split,
-                                        pid % n_dn_rows, pid // n_dn_rows, T.BN_DN, T.BK_DN,
-                                        T.PF_DN)
+                                    pid % n_dn_rows, pid // n_dn_rows, T.BN_DN, T.BK_DN,
+                                    T.PF_DN)
 
     # ---- phase 6: down + residual (the last split to arrive adds the row block) ------
     # (MoE: every program routes from the logits, one stores; the experts' gate/up)
