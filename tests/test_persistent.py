@@ -294,11 +294,12 @@ def test_one_launch_kernel_compiles_for_hopper(stages, fold):
 
 # compiled in a subprocess: the kernels' module must be imported without TRITON_INTERPRET
 AOT = r'''
-import inspect, os, re, subprocess, sys, tempfile
+import inspect, os, re, subprocess, sys, tempfile, typing
 sys.path.insert(0, {repo!r})
 import triton
 from triton.backends.compiler import GPUTarget
 from onelaunch.kernels import layer_persistent as LP
+from onelaunch.kernels import layer_persistent_args as LA
 ce = dict(HAS_BIAS=True, QK_NORM=False, D=128, BLOCK_D=128, BLOCK_R=1024, GROUP=6, GROUP_PAD=16,
           BLOCK_DA=128, CHUNK=64, BLOCK_T=64, DOT_F32=False, BLOCK_S=32, BLOCK_M=32,
           BN_QKV=8, BK_QKV=2048, PF_QKV=1, BN_O=8, BK_O=2048, PF_O=1, BN_GU=8, BK_GU=512, PF_GU=2,
@@ -307,23 +308,39 @@ ce = dict(HAS_BIAS=True, QK_NORM=False, D=128, BLOCK_D=128, BLOCK_R=1024, GROUP=
           BN_R=8, BK_R=512, BN_EGU=8, BK_EGU=512, BN_EDN=8, BK_EDN=512,
           CLOCK=int(sys.argv[1]) == 0, SLOTS=14,   # the ring build also stamps the clock
           FOLD=sys.argv[2] == "1", SKIP=int(sys.argv[2]))
-bf16 = set("x gin w_qkv b_qkv qkv q k_cache v_cache cos sin qn kn attn w_o gpost w_gu h w_dn "
-           "w_r w_egu w_edn eh".split())
-f32 = set("part_o part_m part_l scratch logits wts".split())
-i32 = set("pos counter bar ids log".split())
-sig = {{}}
-for n in inspect.signature(LP._layer_persistent_kernel.fn).parameters:
-    b = n[:-4] if n.endswith("_ptr") else None
-    sig[n] = ("constexpr" if n in ce else "*bf16" if b in bf16 else "*fp32" if b in f32
-              else "*i32" if b in i32 else "*i64" if b == "clock"
-              else "fp32" if n in ("eps", "scale") else "i32")
-# pointers 16-byte aligned and sizes multiples of 16, as the launcher's tensors are (the
-# streamed phases' copies are pipelined only when the compiler knows that)
-attrs = {{(i,): [["tt.divisibility", 16]] for i, n in enumerate(sig)
-         if sig[n] != "constexpr" and n not in ("eps", "scale", "pos")}}
+# the kernel's tuple parameters (each field one kernel parameter) and constexpr groups
+GROUPS = dict(qkv=LA.Qkv, rope=LA.Rope, att=LA.Attn, oproj=LA.OProj, gu=LA.GateUp, dn=LA.Down,
+              rt=LA.Router, ex=LA.Experts)
+CONSTS = dict(A=LA.Heads, T=LA.Tiles, M=LA.MoETiles)
+f32 = set("att.po att.pm att.pl dn.scratch rt.logits rt.wts".split())
+i32 = set("rope.pos dn.counter rt.ids rt.log bar_ptr".split())
+def leaf(name, kind):
+    if kind is float:
+        return "fp32"
+    if kind is int:
+        return "i32"
+    return ("*fp32" if name in f32 else "*i32" if name in i32 else "*i64" if name == "clock_ptr"
+            else "*bf16")
+sig, consts, attrs = {{}}, {{}}, {{}}
+for i, n in enumerate(inspect.signature(LP._layer_persistent_kernel.fn).parameters):
+    if n in GROUPS:
+        kinds = typing.get_type_hints(GROUPS[n])
+        sig[n] = GROUPS[n](*(leaf(f"{{n}}.{{f}}", kinds[f]) for f in GROUPS[n]._fields))
+        # pointers 16-byte aligned and sizes multiples of 16, as the launcher's tensors are
+        # (the streamed phases' copies are pipelined only when the compiler knows that)
+        attrs.update({{(i, j): [["tt.divisibility", 16]] for j, f in enumerate(GROUPS[n]._fields)
+                      if sig[n][j] != "fp32" and f"{{n}}.{{f}}" != "rope.pos"}})
+    elif n in CONSTS:
+        sig[n], consts[n] = "constexpr", CONSTS[n](**{{f: ce[f] for f in CONSTS[n]._fields}})
+    elif n in ce:
+        sig[n], consts[n] = "constexpr", ce[n]
+    else:
+        sig[n] = leaf(n, object)
+        attrs[(i,)] = [["tt.divisibility", 16]]
 def build(stages):
     k = triton.compile(triton.compiler.ASTSource(fn=LP._layer_persistent_kernel, signature=sig,
-                                                 constexprs=dict(ce, STAGES=stages), attrs=attrs),
+                                                 constexprs=dict(consts, STAGES=stages),
+                                                 attrs=attrs),
                        target=GPUTarget("cuda", 90, 32), options=dict(num_warps=8))
     return k, k.asm["ttgir"].count("async_copy_global_to_local")
 c, copies = build(ce["STAGES"])

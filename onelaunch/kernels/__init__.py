@@ -8,8 +8,10 @@ everywhere: the plan's launch, the launch-configuration key, the tuned table.
 Ops that share device code share a module: ``attention_splitk`` (``attention_partial``,
 ``attention_reduce``, the pair as ``attention_splitk``), ``moe_experts``
 (``moe_gate_up_swiglu``, ``moe_down_residual``), ``tp_ops`` (the tensor-parallel
-reductions). ``config`` chooses launch configurations; ``tuned`` reads and writes the
-measured tables; ``peer`` holds the peer-mapped exchange buffers.
+reductions). The persistent layer (``layer_persistent``, its launcher) keeps its kernel in
+``layer_persistent_kernel`` and the kernel's argument groups in ``layer_persistent_args``.
+``config`` chooses launch configurations; ``tuned`` reads and writes the measured tables;
+``peer`` holds the peer-mapped exchange buffers.
 """
 from . import (attention, attention_splitk, config,  # noqa: F401
                down_residual, embed, layer_persistent, lm_head_argmax, moe_experts,

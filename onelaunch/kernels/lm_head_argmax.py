@@ -29,6 +29,8 @@ with the other ranks itself (``peer.peer_sum``), merges (the largest value, the 
 global index on a tie: the token one GPU picks) and does the bookkeeping: no other
 launch.
 """
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -39,11 +41,18 @@ from ._common import (bf16_round, gemv_tiles, load_w_tiles, merge_keys, pdl_wait
 from .peer import peer_sum
 
 
+class Step(NamedTuple):
+    """The step's bookkeeping buffers (int32), one tuple argument of the kernel."""
+    seq: object          # [max_ctx] the token sequence
+    argmax: object       # [max_ctx] the argmax at every position (``seq`` when not kept)
+    pos: object          # [1] the position this step consumed
+    prompt_len: object   # [1]
+
+
 @triton.jit
 def _lm_head_argmax_kernel(x_ptr, g_ptr, w_ptr, logits_ptr, part_val_ptr, part_idx_ptr,
-                           counter_ptr, seq_ptr, argmax_ptr, pos_ptr, prompt_len_ptr,
-                           keys_ptr, peer_ptr, N, K, eps, stride_w_n, n_programs,
-                           vocab_offset, rank, world, HAS_ARGMAX: tl.constexpr,
+                           counter_ptr, step, keys_ptr, peer_ptr, N, K, eps, stride_w_n,
+                           n_programs, vocab_offset, rank, world, HAS_ARGMAX: tl.constexpr,
                            FENCE: tl.constexpr, USE_PDL: tl.constexpr,
                            KEYS: tl.constexpr, PEER: tl.constexpr, WORLD: tl.constexpr,
                            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -100,12 +109,12 @@ def _lm_head_argmax_kernel(x_ptr, g_ptr, w_ptr, logits_ptr, part_val_ptr, part_i
                                        0.0), axis=1)
                 tok = merge_keys(tl.where(q < WORLD, vals, float("-inf")),
                                  tl.where(q < WORLD, idxs, float("inf")))
-                step_bookkeeping(tok, seq_ptr, argmax_ptr, pos_ptr, prompt_len_ptr,
+                step_bookkeeping(tok, step.seq, step.argmax, step.pos, step.prompt_len,
                                  HAS_ARGMAX)
             else:
                 tl.store(keys_ptr + j, key, mask=j < 2 * world)
         else:
-            step_bookkeeping(tok, seq_ptr, argmax_ptr, pos_ptr, prompt_len_ptr,
+            step_bookkeeping(tok, step.seq, step.argmax, step.pos, step.prompt_len,
                              HAS_ARGMAX)
         tl.store(counter_ptr, 0)
 
@@ -131,8 +140,9 @@ def lm_head_argmax(x, g, w, logits, part_val, part_idx, counter, seq, pos, promp
     assert vocab_offset + N < 2 ** 24, "indices travel as fp32"
     kw = {"launch_pdl": True} if use_pdl else {}
     _lm_head_argmax_kernel[(n_prog,)](
-        x, g, w, logits, part_val, part_idx, counter, seq, seq if argmax is None else argmax, pos,
-        prompt_len, logits if keys is None else keys, logits if peer is None else peer.desc,
+        x, g, w, logits, part_val, part_idx, counter,
+        Step(seq, seq if argmax is None else argmax, pos, prompt_len),
+        logits if keys is None else keys, logits if peer is None else peer.desc,
         N, K, eps, w.stride(0), n_prog, vocab_offset, rank, world,
         HAS_ARGMAX=argmax is not None, FENCE=not config.interpreting(), USE_PDL=use_pdl,
         KEYS=keys is not None, PEER=peer is not None, WORLD=world,
