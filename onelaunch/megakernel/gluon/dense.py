@@ -36,16 +36,17 @@ from triton.experimental.gluon import language as gl
 from .. import isa
 from .attention import op_attn_fused, op_attn_merge, op_attn_partial, op_rope_kv
 from .ops import field, op_argmax, op_embed, rms_vec, row_dot
-from .ring import dot_box_k, down_views, fill, fill_one, fill_pair, h_and_barriers
+from .ring import dot_box_k, down_views, fill, fill_one, fill_pair, h_and_barriers, l2_prefetch
 from .sync import now, reset_on_exit, stage_free, stage_ready, wait_counter
 
 
 @gluon.jit
 def _loader(prog_ptr, n_instr, d_qkv, d_o, d_gu, d_dn, d_dt, d_lm, ring, ring_dn, ring_dt,
-            ready, empty, clk_ptr, L, H, I, QKV, V, C: gl.constexpr):
+            ready, empty, clk_ptr, L, H, I, QKV, V, l2_tab, C: gl.constexpr):
     """Every weight row block of this SM's list, in the order the compute eats them;
     the only wait is for a free stage. CLOCK: when it asked for an instruction's last
-    tile."""
+    tile. L2PF: at each GATE_UP, first ask the L2 for the ranges of its row of
+    ``l2_tab`` (int64 [P, L, 2, 32], ``l2stage.py``)."""
     NF: gl.constexpr = C.NF
     TAIL: gl.constexpr = C.TAIL
     STAGES: gl.constexpr = C.STAGES
@@ -77,6 +78,8 @@ def _loader(prog_ptr, n_instr, d_qkv, d_o, d_gu, d_dn, d_dt, d_lm, ring, ring_dn
                 t = fill_pair(d_o, ring, ready, empty, t, r + rb, L * H, r + rows,
                               STAGES)
         elif op == isa.OP_GATE_UP:                # gate rows, up rows
+            if C.L2PF > 0:                        # the rows the ring will not hold
+                l2_prefetch(l2_tab + (gl.program_id(0) * L + layer) * 64, C.L2PF)
             for rb in range(0, rows, TN_):
                 t = fill(d_gu, ring, ready, empty, t, layer * 2 * I + row0 + rb, 0, 2,
                          I, STAGES)
@@ -342,12 +345,13 @@ def _compute(prog_ptr, n_instr, ring, ring_dk, ring_tk, ready, empty, vec, acts,
 
 @gluon.jit
 def step_kernel(prog_ptr, n_instr, d_qkv, d_o, d_gu, d_dn, d_dt, d_lm, acts, cache, parts,
-                token, gains, sync, sizes, eps, scale, timeout_ns, n_ctr, C: gl.constexpr,
-                num_warps: gl.constexpr):
+                token, gains, sync, sizes, eps, scale, timeout_ns, n_ctr, l2_tab,
+                C: gl.constexpr, num_warps: gl.constexpr):
     """The whole step: ``prog_ptr`` the lists (int32 [P, n_instr, WIDTH]); ``d_*`` the TMA
     descriptors of the stacked weights (QKV, O, gate/up, down's full and tail boxes, LM
     head); the groups of ``args.py`` (``Acts``, ``Cache``, ``Partials``, ``Token``,
-    ``Gains``, ``Sync``, ``Sizes``); ``C`` its ``Consts``."""
+    ``Gains``, ``Sync``, ``Sizes``); ``l2_tab`` the loaders' L2 table (None, a
+    compile-time constant, when ``C.L2PF`` is 0); ``C`` its ``Consts``."""
     TN_: gl.constexpr = d_gu.block_type.shape[0]
     TK_: gl.constexpr = d_gu.block_type.shape[2]
     # a stage: two slots of [TN, KB_, TK] (two row blocks, or gate and up), or the same
@@ -363,6 +367,6 @@ def step_kernel(prog_ptr, n_instr, d_qkv, d_o, d_gu, d_dn, d_dt, d_lm, acts, cac
                     TN_, TK_, num_warps)),
         (_loader, (prog_ptr, n_instr, d_qkv, d_o, d_gu, d_dn, d_dt, d_lm, ring, ring_dn,
                    ring_dt, ready, empty, sync.clk, sizes.L, sizes.H, sizes.I, sizes.QKV,
-                   sizes.V, C))],
+                   sizes.V, l2_tab, C))],
         [1], [48])
     reset_on_exit(sync.ctr, n_ctr, C.CTR_BLOCK, num_warps)
