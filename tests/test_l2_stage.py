@@ -49,7 +49,7 @@ def test_table_asks_for_the_stages_past_the_ring(mb):
     sched = plan_schedule(spec, 132, 512)
     tab = l2stage.table(sched, spec, mb, step.STAGES)
     H, I, L = spec.hidden, spec.intermediate, spec.layers
-    assert tab.shape == (132, L, 2, l2stage.LANES)
+    assert tab.shape == (132, L, 3, l2stage.LANES)
     off, n = tab[:, :, 0], tab[:, :, 1]
     on = n > 0
     assert ((off % 16 == 0) & (n % 16 == 0)).all()
@@ -70,7 +70,7 @@ def test_table_asks_for_the_stages_past_the_ring(mb):
 def test_the_ring_holds_what_o_leaves_it():
     """At the start of a GATE_UP the ring holds its first STAGES - (O's stages) stages: on
     Qwen's 132 SMs an O of 12 rows takes 2 stages (4 held), one of 8 rows 1 (5 held);
-    the table starts there."""
+    the table's ranges start there, and its loader asks before that stage's fill."""
     spec = get_spec("qwen2.5-1.5b")
     sched = plan_schedule(spec, 132, 512)
     seen = set()
@@ -91,6 +91,8 @@ def test_the_ring_holds_what_o_leaves_it():
         row = 3 * 2 * spec.intermediate + rows[i][isa.ROW0] + \
             l2stage.held(rows, i, step.STAGES, TN) * TN
         assert int(tab[p, 3, 0, 0]) == row * spec.hidden * 2
+        assert int(tab[p, 3, 2, 0]) == l2stage.held(rows, i, step.STAGES, TN)
+    assert not tab[:, :, 2, 1:].any()
 
 
 def small_engine(spec):
@@ -117,7 +119,7 @@ def test_off_by_default_and_no_instruction_changes():
     assert torch.equal(on.prog, off.prog) and on.args()[-1] is on.l2_tab
     tab = l2stage.table(on.sched, s, 4, on.stages)
     base = on.w["gu"].data_ptr()
-    assert torch.equal(on.l2_tab[:, :, 1], tab[:, :, 1])
+    assert torch.equal(on.l2_tab[:, :, 1:], tab[:, :, 1:])
     assert torch.equal(on.l2_tab[:, :, 0], torch.where(tab[:, :, 1] > 0, tab[:, :, 0] + base, 0))
     assert int(tab[:, :, 1].sum()) > 0
     with pytest.raises(ValueError, match="dense"):

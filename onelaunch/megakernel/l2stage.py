@@ -2,18 +2,19 @@
 each SM's loader asks for, as a table the dense kernel reads (``gluon/ring.py``'s
 ``l2_prefetch``; ``MegaStep(engine, l2_prefetch_mb=...)`` turns it on).
 
-From the end of a layer's down to the start of the next gate/up (~18 us a layer on an
-H200, log 34) the compute partitions wait on the attention's counters; each loader has
-filled its ring (``STAGES`` stages, the next QKV and O and the first gate/up stages) and
-waits for a free stage, so HBM idles. With the option on, a loader reaching its GATE_UP
-instruction first asks the L2 for the gate and up rows of that instruction's stages that
-the ring will not hold when its compute starts it: ``cp.async.bulk.prefetch.L2.global``,
-one lane of the loader's warp per range (gate ranges in lanes 0-15, up in 16-31), no
-data moved into the SM and nothing waits for it. The ring's TMA copies of those stages
-then find them in the L2.
+From the end of a layer's down to the start of the next gate/up (~15-18 us a layer on
+an H200, log 34) the compute partitions wait on the attention's counters; each loader
+has filled its ring (``STAGES`` stages: the next O and the first gate/up stages, once
+the compute has taken QKV's) and waits for a free stage, so HBM idles. With the option
+on, a loader about to wait there (before the fill of the first gate/up stage the ring
+has no room for) asks the L2 for the gate and up rows of the stages after it:
+``cp.async.bulk.prefetch.L2.global``, one lane of the loader's warp per range (gate
+ranges in lanes 0-15, up in 16-31), no data moved into the SM and nothing waits for it.
+The ring's TMA copies of those stages then find them in the L2.
 
-    tab = table(sched, spec, mb=16, stages=6)    # int64 [P, L, 2, LANES]: byte offsets
-                                                 # into the stacked gate/up weights, bytes
+    tab = table(sched, spec, mb=16, stages=6)    # int64 [P, L, 3, LANES]: byte offsets
+                                                 # into the stacked gate/up weights, their
+                                                 # bytes, and (lane 0) the stage to ask at
 
 A range is one row block of TN rows of gate (or up) over all of K: 16-byte aligned
 (rows of K bf16, K a multiple of TK) and TN x K x 2 bytes. Which blocks: for each SM and
@@ -63,16 +64,17 @@ def blocks_per_sm(total: int, P: int) -> list[int]:
 
 
 def table(sched, spec, mb: float, stages: int) -> torch.Tensor:
-    """int64 [P, L, 2, LANES]: per SM and layer, [0] the byte offsets into the stacked
+    """int64 [P, L, 3, LANES]: per SM and layer, [0] the byte offsets into the stacked
     gate/up weights ([L * 2 I, H] bf16, layer l's gate rows at l 2 I, up rows at l 2 I +
-    I) of the ranges its loader asks the L2 for, [1] their bytes (0: none). ``mb``
-    (decimal MB a layer) rounds to whole stages, spread over the SMs, at most HALF a
-    stage an SM."""
+    I) of the ranges its loader asks the L2 for, [1] their bytes (0: none), [2, 0] the
+    GATE_UP stage before whose fill it asks (the first the ring has no room for: the
+    first range's). ``mb`` (decimal MB a layer) rounds to whole stages, spread over the
+    SMs, at most HALF stages an SM."""
     P, L, tn = sched.P, spec.layers, sched.tile_n
     H, I = spec.hidden, spec.intermediate
     block = tn * H * 2                                   # one row block of gate (or up)
     share = blocks_per_sm(round(mb * 1e6 / (2 * block)), P)
-    out = torch.zeros(P, L, 2, LANES, dtype=torch.int64)
+    out = torch.zeros(P, L, 3, LANES, dtype=torch.int64)
     for p in range(P):
         rows = sched.rows(p)
         for i, r in enumerate(rows):
@@ -80,6 +82,7 @@ def table(sched, spec, mb: float, stages: int) -> torch.Tensor:
                 continue
             first = held(rows, i, stages, tn)
             n = min(share[p], HALF, max(0, cdiv(r[ROWS], tn) - first))
+            out[p, r[LAYER], 2, 0] = first
             for j in range(n):
                 g = r[LAYER] * 2 * I + r[ROW0] + (first + j) * tn
                 for half, lane in ((0, j), (I, HALF + j)):
@@ -113,5 +116,5 @@ def addresses(tab: torch.Tensor, base: int) -> torch.Tensor:
     """The table with the weights' address ``base`` added to every range's offset (a range
     of 0 bytes keeps address 0): what the kernel reads."""
     out = tab.clone()
-    out[:, :, 0] += torch.where(tab[:, :, 1] > 0, base, 0)
+    out[:, :, 0] += torch.where(tab[:, :, 1] > 0, base, 0)      # [2]: no address
     return out

@@ -60,15 +60,19 @@ def fill_pair(desc, ring, ready, empty, t, r, n_rows, r_end, STAGES: gl.constexp
 
 
 @gluon.jit
-def l2_prefetch(row_ptr, POLICY: gl.constexpr):
-    """Ask the L2 for the ranges of one row of the L2 table (int64 [2, 32]: addresses,
-    then bytes; 0 bytes: none), lane j of the loader's warp range j: a bulk prefetch (a
-    hint: no data into the SM, no completion to wait for), with the default policy
-    (POLICY 1) or evict-last (2)."""
+def l2_ranges(row_ptr):
+    """One row of the L2 table (int64 [3, 32]: addresses, bytes (0: none), where to ask):
+    lane j of the loader's warp holds range j; and the stage to ask at."""
     ll: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
     f = gl.arange(0, 32, ll)
-    addr = gl.load(row_ptr + f)
-    n = gl.load(row_ptr + 32 + f).to(gl.int32)
+    return gl.load(row_ptr + f), gl.load(row_ptr + 32 + f).to(gl.int32), gl.load(row_ptr + 64)
+
+
+@gluon.jit
+def l2_prefetch(addr, n, POLICY: gl.constexpr):
+    """Ask the L2 for ``n`` bytes at ``addr``, each lane its own range (``l2_ranges``): a
+    bulk prefetch (a hint: no data into the SM, no completion to wait for), with the
+    default policy (POLICY 1) or evict-last (2)."""
     if POLICY == 2:
         gl.inline_asm_elementwise(
             "{ .reg .pred p; .reg .b64 pol; setp.ne.s32 p, $2, 0;\n"
