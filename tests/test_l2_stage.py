@@ -122,6 +122,8 @@ def test_off_by_default_and_no_instruction_changes():
     assert torch.equal(on.l2_tab[:, :, 1:], tab[:, :, 1:])
     assert torch.equal(on.l2_tab[:, :, 0], torch.where(tab[:, :, 1] > 0, tab[:, :, 0] + base, 0))
     assert int(tab[:, :, 1].sum()) > 0
+    with pytest.raises(ValueError, match="16-byte"):
+        l2stage.addresses(tab, base + 8)
     with pytest.raises(ValueError, match="dense"):
         step.MegaStep(small_engine(small_olmoe()), P=16, l2_prefetch_mb=4)
     with pytest.raises(ValueError, match=">= 0"):

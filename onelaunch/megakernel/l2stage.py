@@ -2,8 +2,9 @@
 each SM's loader asks for, as a table the dense kernel reads (``gluon/ring.py``'s
 ``l2_prefetch``; ``MegaStep(engine, l2_prefetch_mb=...)`` turns it on).
 
-From the end of a layer's down to the start of the next gate/up (~15-18 us a layer on
-an H200, log 34) the compute partitions wait on the attention's counters; each loader
+From the end of a layer's down to the end of the next O (14.7 us at layer 10 of the
+clock ``results/h200/2026-12-02_megakernel-round-trips/clk_three_plan512_st6_poll1_512.pt``,
+ctx 512 on an H200) the compute partitions wait on the attention's counters; each loader
 has filled its ring (``STAGES`` stages: the next O and the first gate/up stages, once
 the compute has taken QKV's) and waits for a free stage, so HBM idles. With the option
 on, a loader about to wait there (before the fill of the first gate/up stage the ring
@@ -115,6 +116,9 @@ def intended(sched, spec, mb: float, stages: int) -> set[tuple[str, int]]:
 def addresses(tab: torch.Tensor, base: int) -> torch.Tensor:
     """The table with the weights' address ``base`` added to every range's offset (a range
     of 0 bytes keeps address 0): what the kernel reads."""
+    if base % 16:
+        raise ValueError(f"the gate/up weights at {base:#x}: a bulk prefetch needs 16-byte "
+                         "aligned addresses")
     out = tab.clone()
     out[:, :, 0] += torch.where(tab[:, :, 1] > 0, base, 0)      # [2]: no address
     return out
