@@ -184,7 +184,10 @@ class MegaStep:
     ``run()`` launches it (it reads seq/pos and writes argmax/seq/pos as the chain's last
     kernel does). ``MegaStep(engine, ...)`` builds the subclass for the engine's model:
     ``DenseStep`` or ``MoEStep``. ``stages`` and ``attention``: None picks the
-    subclass's STAGES and ATTENTION."""
+    subclass's STAGES and ATTENTION. ``l2_prefetch_mb`` (a dense model's; 0: off): MB a
+    layer of the next gate/up the loaders ask the L2 for while they wait on a full ring
+    in the attention (``l2stage.py``), under an evict-last policy with
+    ``l2_evict_last``."""
     moe = False
     STAGES = STAGES
     ATTENTION = ATTENTION
