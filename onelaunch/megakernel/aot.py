@@ -4,6 +4,7 @@ changed what the GPU runs.
 
     python -m onelaunch.megakernel.aot                         # Qwen2.5-1.5B, every form
     python -m onelaunch.megakernel.aot --model olmoe-1b-7b     # the MoE kernel
+    python -m onelaunch.megakernel.aot --attention three --l2 1,2  # the L2 prefetch on
 """
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ BF16 = set("x qkv q attn h kc vc cos sin emb gin gpost gfin bqkv qn kn".split())
 FP32 = set("pm pl po val ss rl rw".split())
 I64 = {"clk"}
 SCALARS = {"prog_ptr": "*i32", "n_instr": "i32", "eps": "fp32", "scale": "fp32",
-           "timeout_ns": "i64", "n_ctr": "i32", "C": "constexpr", "num_warps": "constexpr"}
+           "timeout_ns": "i64", "n_ctr": "i32", "l2_tab": "*i64", "C": "constexpr",
+           "num_warps": "constexpr"}
 GROUPS = {"acts": args.Acts, "cache": args.Cache, "parts": args.Partials,
           "token": args.Token, "sync": args.Sync}
 DENSE_GROUPS = dict(GROUPS, gains=args.Gains, sizes=args.Sizes)
@@ -39,14 +41,17 @@ def pointer(name: str) -> str:
             else "*i32")
 
 
-def signature(kernel, groups: dict, boxes: dict) -> tuple[dict, list]:
+def signature(kernel, groups: dict, boxes: dict, absent=()) -> tuple[dict, list]:
     """``kernel``'s signature by its parameters' names (``boxes``: each descriptor's K
-    tiles a box; ``groups``: each tuple parameter's NamedTuple), and the paths of its
-    pointers (16-byte aligned, as the host's tensors are)."""
+    tiles a box; ``groups``: each tuple parameter's NamedTuple; ``absent``: parameters
+    passed as None, compile-time constants), and the paths of its pointers (16-byte
+    aligned, as the host's tensors are)."""
     lay = smem_layout()
     sig, aligned = {}, []
     for i, n in enumerate(inspect.signature(kernel.fn).parameters):
-        if n in boxes:
+        if n in absent:
+            sig[n] = "constexpr"
+        elif n in boxes:
             sig[n] = f"tensordesc<bf16[{TN},{boxes[n]},{TK}],{lay!r}>"
         elif n in groups:
             cls = groups[n]
@@ -61,9 +66,10 @@ def signature(kernel, groups: dict, boxes: dict) -> tuple[dict, list]:
 
 def aot(spec_name: str = "qwen2.5-1.5b", P: int = 132, stages: int | None = None,
         num_warps: int = 4, attention: str = ATTENTION, poll: int = POLL,
-        bt: int = BT) -> dict:
+        bt: int = BT, l2: int = 0) -> dict:
     """The one-launch kernel of ``spec_name`` compiled for sm_90 (an MoE spec: the MoE
-    kernel, its one attention form, ``attention`` unused)."""
+    kernel, its one attention form, ``attention`` unused); ``l2`` the dense kernel's L2
+    prefetch (``Consts.L2PF``; 0: its table None)."""
     from ..specs import get_spec
     s = get_spec(spec_name)
     kg, gt = gate_up_boxes(s.hidden // TK, KB)
@@ -78,19 +84,21 @@ def aot(spec_name: str = "qwen2.5-1.5b", P: int = 132, stages: int | None = None
         kernel, stages = step_kernel, stages or STAGES
         nf, tail = down_boxes(s.intermediate // TK, 2 * KB, True, num_warps)
         n_ctr = len(plan_schedule(s, P, 512, attention).counters)
-        consts = constexprs(s, P, n_ctr, stages, True, kg, gt, nf, tail, attention, poll)
+        consts = constexprs(s, P, n_ctr, stages, True, kg, gt, nf, tail, attention, poll, l2)
         boxes = dict(d_qkv=KB, d_o=KB, d_gu=KB, d_dn=2 * KB, d_dt=tail or 2 * KB, d_lm=KB)
         groups = DENSE_GROUPS
-    sig, aligned = signature(kernel, groups, boxes)
-    return compile_sm90(kernel, sig, dict(C=consts, num_warps=num_warps), aligned, num_warps)
+    absent = () if s.is_moe or l2 else ("l2_tab",)
+    sig, aligned = signature(kernel, groups, boxes, absent)
+    return compile_sm90(kernel, sig, dict(C=consts, num_warps=num_warps,
+                                          **dict.fromkeys(absent)), aligned, num_warps)
 
 
 def compile_sm90(kernel, sig: dict, consts: dict, aligned, num_warps: int) -> dict:
     """``kernel`` compiled for sm_90 on any machine (``aligned``: the indices, or paths into
     tuple arguments, of pointers 16-byte aligned); raises unless its PTX has TMA copies,
     mbarriers and the clock. Returns its shared memory, TMA copies, every thread's own
-    acquire loads (``POLL`` 1's polls), PTX lines and ``code``: a hash of the PTX's code
-    (``ptx_code_hash``)."""
+    acquire loads (``POLL`` 1's polls), bulk L2 prefetches, PTX lines and ``code``: a hash
+    of the PTX's code (``ptx_code_hash``)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
     attrs = {(i if isinstance(i, tuple) else (i,)): [["tt.divisibility", 16]]
@@ -101,7 +109,10 @@ def compile_sm90(kernel, sig: dict, consts: dict, aligned, num_warps: int) -> di
     assert "cp.async.bulk.tensor" in ptx, "TMA loads"
     assert "mbarrier" in ptx and "%globaltimer" in ptx
     return {"shared": k.metadata.shared, "tma": ptx.count("cp.async.bulk.tensor"),
-            "acquire": ptx.count("ld.acquire.gpu.global"), "ptx_lines": ptx.count("\n"),
+            "acquire": ptx.count("ld.acquire.gpu.global"),
+            "l2_prefetch": ptx.count("cp.async.bulk.prefetch.L2"),
+            "evict_last": ptx.count("createpolicy.fractional.L2::evict_last"),
+            "ptx_lines": ptx.count("\n"),
             "code": ptx_code_hash(ptx)}
 
 
@@ -133,6 +144,8 @@ def main(argv=None) -> int:
     ap.add_argument("--attention", default=",".join(schedule.FORMS),
                     help="the attention's forms (" + "; ".join(
                         f"{f}: {t}" for f, t in schedule.FORM_TEXT.items()) + ")")
+    ap.add_argument("--l2", default="0", help="the dense kernel's L2 prefetch of gate/up, "
+                    "comma-separated: 0 off, 1 on, 2 on with evict-last (default 0)")
     a = ap.parse_args(argv)
     from ..specs import get_spec
     moe = get_spec(a.model).is_moe
@@ -141,9 +154,10 @@ def main(argv=None) -> int:
     for st in (int(v) for v in (a.stages or str(default)).split(",")):
         for f in forms:
             for pl in (int(v) for v in a.poll.split(",")):
-                print(f"[{'moe_step_kernel' if moe else 'step_kernel'}] sm_90 STAGES {st} "
-                      f"attention {f} poll {pl}: "
-                      f"{aot(a.model, stages=st, attention=f, poll=pl)}")
+                for l2 in (0,) if moe else (int(v) for v in a.l2.split(",")):
+                    print(f"[{'moe_step_kernel' if moe else 'step_kernel'}] sm_90 STAGES "
+                          f"{st} attention {f} poll {pl}{f' l2 {l2}' if l2 else ''}: "
+                          f"{aot(a.model, stages=st, attention=f, poll=pl, l2=l2)}")
     return 0
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from . import isa, schedule
+from . import isa, l2stage, schedule
 from .boxes import KB, TK, TN, box_view, down_boxes, gate_up_boxes, smem_layout
 from .gluon.args import (Acts, Cache, Consts, Gains, MoEConsts, MoEGains, MoESizes,
                          Partials, Route, Sizes, Sync, Token)
@@ -184,7 +184,10 @@ class MegaStep:
     ``run()`` launches it (it reads seq/pos and writes argmax/seq/pos as the chain's last
     kernel does). ``MegaStep(engine, ...)`` builds the subclass for the engine's model:
     ``DenseStep`` or ``MoEStep``. ``stages`` and ``attention``: None picks the
-    subclass's STAGES and ATTENTION."""
+    subclass's STAGES and ATTENTION. ``l2_prefetch_mb`` (a dense model's; 0: off): MB a
+    layer of the next gate/up the loaders ask the L2 for while they wait on a full ring
+    in the attention (``l2stage.py``), under an evict-last policy with
+    ``l2_evict_last``."""
     moe = False
     STAGES = STAGES
     ATTENTION = ATTENTION
@@ -196,7 +199,8 @@ class MegaStep:
 
     def __init__(self, engine, P: int | None = None, ctx: int = 512, stages: int | None = None,
                  num_warps: int = 4, timeout_ns: int = TIMEOUT_NS, clock: bool = False,
-                 attention: str | None = None, poll: int = POLL, bt: int | None = None):
+                 attention: str | None = None, poll: int = POLL, bt: int | None = None,
+                 l2_prefetch_mb: float = 0, l2_evict_last: bool = False):
         e, s = engine, engine.spec
         why = refusal(s)
         if why:
@@ -206,6 +210,9 @@ class MegaStep:
         self.stages = stages or self.STAGES
         self.attention = attention or self.ATTENTION
         self.clock, self.poll = clock, poll
+        if l2_prefetch_mb < 0 or (l2_prefetch_mb and self.moe):
+            raise ValueError(f"l2_prefetch_mb {l2_prefetch_mb}: MB >= 0, a dense model's")
+        self.l2_mb, self.l2_last = l2_prefetch_mb, l2_evict_last
         self.bt = bt or BT      # an MoE's: 32 and 64 measured slower (moe_bt.json)
         self.sched = plan_schedule(s, self.P, ctx, self.attention)
         self.prog = self.sched.instr.to(e.device)
@@ -304,6 +311,10 @@ class DenseStep(MegaStep):
                   self.box(self.w["dn"], self.tail or 2 * KB), self.box(W["lm_head"], KB)]
         self.h = self.zeros(s.intermediate)
         self.err = self.zeros(self.P, ERR, dt=torch.int32)
+        self.l2_tab = None                                   # the L2 prefetch off
+        if self.l2_mb:
+            tab = l2stage.table(self.sched, s, self.l2_mb, self.stages)
+            self.l2_tab = l2stage.addresses(tab, self.w["gu"].data_ptr()).to(self.e.device)
 
     def weight_bytes(self) -> int:
         """The weight bytes a step reads."""
@@ -318,11 +329,12 @@ class DenseStep(MegaStep):
                 Sync(self.ctr, self.err, self.clk),
                 Sizes(s.layers, s.hidden, s.intermediate, s.qkv_size, s.q_size, s.kv_size,
                       s.vocab, self.spmax, e.max_ctx),
-                s.rms_eps, s.head_dim ** -0.5, self.timeout_ns, self.n_ctr)
+                s.rms_eps, s.head_dim ** -0.5, self.timeout_ns, self.n_ctr, self.l2_tab)
 
     def constexprs(self):
+        l2 = 0 if self.l2_tab is None else 2 if self.l2_last else 1
         return constexprs(self.e.spec, self.P, self.n_ctr, self.stages, self.clock, self.kg,
-                          self.gt, self.nf, self.tail, self.attention, self.poll)
+                          self.gt, self.nf, self.tail, self.attention, self.poll, l2)
 
 
 class MoEStep(MegaStep):
@@ -386,15 +398,15 @@ class MoEStep(MegaStep):
 
 
 def constexprs(s, P, n_ctr, stages, clock, kg, gt, nf, tail, attention,
-               poll=POLL) -> Consts:
-    """The dense kernel's compile-time constants."""
+               poll=POLL, l2=0) -> Consts:
+    """The dense kernel's compile-time constants (``l2``: the L2 prefetch, ``Consts.L2PF``)."""
     check_poll(poll)
     g = s.heads // s.kv_heads
     return Consts(KB_=KB, KG=kg, GT=gt, NF=nf, TAIL=tail, STAGES=stages, WIDTH=isa.WIDTH, G=g,
                   GP=triton.next_power_of_2(g), D=s.head_dim, HKV=s.kv_heads, BT=BT, SB=SB,
                   SBF=SBF, NPB=triton.next_power_of_2(P), EB=EB, BIAS=int(s.qkv_bias),
                   ATT=ATT_STAGES[attention], CTR_BLOCK=triton.next_power_of_2(n_ctr + 1),
-                  CLOCK=int(clock), POLL=int(poll))
+                  CLOCK=int(clock), POLL=int(poll), L2PF=l2)
 
 
 def moe_constexprs(s, P, n_ctr, stages, clock, kg, gt, poll=POLL, bt=BT) -> MoEConsts:

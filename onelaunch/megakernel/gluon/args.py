@@ -131,6 +131,8 @@ class Consts(NamedTuple):
     CTR_BLOCK: int     # counters + 1 padded to a power of two (the reset's block)
     CLOCK: int         # 1: stamp the clock an instruction
     POLL: int          # 0: one thread's acquire load broadcast; 1: every thread's own
+    L2PF: int = 0      # the loaders' L2 prefetch of gate/up (``l2stage.py``): 0 off, 1 on,
+                       # 2 on with an evict-last policy
 
 
 class MoEConsts(NamedTuple):

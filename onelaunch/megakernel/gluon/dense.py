@@ -7,7 +7,8 @@ One CTA an SM walks its own list (``isa`` format). Two partitions share a ring o
 - the **loader** (one warp) walks the same list and asks the TMA engine for every weight
   row block in order (QKV, O, gate/up, down, LM head), waiting only for a free stage,
   never for data: while the compute partition waits on the rest of the grid, the ring
-  fills with what comes next;
+  fills with what comes next; with ``C.L2PF`` (off by default) it also asks the L2 for
+  the gate/up rows past the ring's while it waits there (``l2stage.py``);
 - the **compute** partition (``num_warps`` warps) waits on each instruction's counters
   (acquire), computes (RMS + GEMV from the ring; RoPE, attention partials and merges from
   the activations and the KV cache, ``attention.py``), stores, and bumps its counter
@@ -36,16 +37,19 @@ from triton.experimental.gluon import language as gl
 from .. import isa
 from .attention import op_attn_fused, op_attn_merge, op_attn_partial, op_rope_kv
 from .ops import field, op_argmax, op_embed, rms_vec, row_dot
-from .ring import dot_box_k, down_views, fill, fill_one, fill_pair, h_and_barriers
+from .ring import (dot_box_k, down_views, fill, fill_one, fill_pair, h_and_barriers,
+                   l2_prefetch, l2_ranges)
 from .sync import now, reset_on_exit, stage_free, stage_ready, wait_counter
 
 
 @gluon.jit
 def _loader(prog_ptr, n_instr, d_qkv, d_o, d_gu, d_dn, d_dt, d_lm, ring, ring_dn, ring_dt,
-            ready, empty, clk_ptr, L, H, I, QKV, V, C: gl.constexpr):
+            ready, empty, clk_ptr, L, H, I, QKV, V, l2_tab, C: gl.constexpr):
     """Every weight row block of this SM's list, in the order the compute eats them;
     the only wait is for a free stage. CLOCK: when it asked for an instruction's last
-    tile."""
+    tile. L2PF: at each GATE_UP, before the fill of the first stage the ring has no room
+    for while the compute waits on the attention, ask the L2 for the ranges of its row of
+    ``l2_tab`` (int64 [P, L, 3, 32], ``l2stage.py``)."""
     NF: gl.constexpr = C.NF
     TAIL: gl.constexpr = C.TAIL
     STAGES: gl.constexpr = C.STAGES
@@ -77,7 +81,12 @@ def _loader(prog_ptr, n_instr, d_qkv, d_o, d_gu, d_dn, d_dt, d_lm, ring, ring_dn
                 t = fill_pair(d_o, ring, ready, empty, t, r + rb, L * H, r + rows,
                               STAGES)
         elif op == isa.OP_GATE_UP:                # gate rows, up rows
+            if C.L2PF > 0:                        # its ranges, and where to ask
+                l2_a, l2_n, l2_at = l2_ranges(l2_tab + (gl.program_id(0) * L + layer) * 96)
             for rb in range(0, rows, TN_):
+                if C.L2PF > 0:                    # the stage the ring has no room for:
+                    if rb == l2_at * TN_:         # the rows after it, into the L2
+                        l2_prefetch(l2_a, l2_n, C.L2PF)
                 t = fill(d_gu, ring, ready, empty, t, layer * 2 * I + row0 + rb, 0, 2,
                          I, STAGES)
         elif op == isa.OP_DOWN:                   # all of K a row block
@@ -342,12 +351,13 @@ def _compute(prog_ptr, n_instr, ring, ring_dk, ring_tk, ready, empty, vec, acts,
 
 @gluon.jit
 def step_kernel(prog_ptr, n_instr, d_qkv, d_o, d_gu, d_dn, d_dt, d_lm, acts, cache, parts,
-                token, gains, sync, sizes, eps, scale, timeout_ns, n_ctr, C: gl.constexpr,
-                num_warps: gl.constexpr):
+                token, gains, sync, sizes, eps, scale, timeout_ns, n_ctr, l2_tab,
+                C: gl.constexpr, num_warps: gl.constexpr):
     """The whole step: ``prog_ptr`` the lists (int32 [P, n_instr, WIDTH]); ``d_*`` the TMA
     descriptors of the stacked weights (QKV, O, gate/up, down's full and tail boxes, LM
     head); the groups of ``args.py`` (``Acts``, ``Cache``, ``Partials``, ``Token``,
-    ``Gains``, ``Sync``, ``Sizes``); ``C`` its ``Consts``."""
+    ``Gains``, ``Sync``, ``Sizes``); ``l2_tab`` the loaders' L2 table (None, a
+    compile-time constant, when ``C.L2PF`` is 0); ``C`` its ``Consts``."""
     TN_: gl.constexpr = d_gu.block_type.shape[0]
     TK_: gl.constexpr = d_gu.block_type.shape[2]
     # a stage: two slots of [TN, KB_, TK] (two row blocks, or gate and up), or the same
@@ -363,6 +373,6 @@ def step_kernel(prog_ptr, n_instr, d_qkv, d_o, d_gu, d_dn, d_dt, d_lm, acts, cac
                     TN_, TK_, num_warps)),
         (_loader, (prog_ptr, n_instr, d_qkv, d_o, d_gu, d_dn, d_dt, d_lm, ring, ring_dn,
                    ring_dt, ready, empty, sync.clk, sizes.L, sizes.H, sizes.I, sizes.QKV,
-                   sizes.V, C))],
+                   sizes.V, l2_tab, C))],
         [1], [48])
     reset_on_exit(sync.ctr, n_ctr, C.CTR_BLOCK, num_warps)

@@ -7,6 +7,9 @@ row's kb x TK columns one contiguous run of memory. Stage s of a ring of STAGES 
 slots (2 s, 2 s + 1) and one pair of mbarriers: ``ready`` (the TMA's bytes arrived) and
 ``empty`` (the compute freed it); the t-th fill of a stream uses stage t % STAGES with
 phase (t // STAGES) & 1.
+
+``l2_prefetch``: a loader's asks of the L2 for weights the ring will take later
+(``megakernel/l2stage.py`` says which), one bulk prefetch a lane, nothing waits for them.
 """
 from __future__ import annotations
 
@@ -54,6 +57,33 @@ def fill_pair(desc, ring, ready, empty, t, r, n_rows, r_end, STAGES: gl.constexp
     r2 = gl.where(r + TN_ < r_end, r + TN_, n_rows)
     tma.async_copy_global_to_shared(desc, [r2, 0, 0], ready.index(s), ring.index(2 * s + 1))
     return t + 1
+
+
+@gluon.jit
+def l2_ranges(row_ptr):
+    """One row of the L2 table (int64 [3, 32]: addresses, bytes (0: none), where to ask):
+    lane j of the loader's warp holds range j; and the stage to ask at."""
+    ll: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+    f = gl.arange(0, 32, ll)
+    return gl.load(row_ptr + f), gl.load(row_ptr + 32 + f).to(gl.int32), gl.load(row_ptr + 64)
+
+
+@gluon.jit
+def l2_prefetch(addr, n, POLICY: gl.constexpr):
+    """Ask the L2 for ``n`` bytes at ``addr``, each lane its own range (``l2_ranges``): a
+    bulk prefetch (a hint: no data into the SM, no completion to wait for), with the
+    default policy (POLICY 1) or evict-last (2)."""
+    if POLICY == 2:
+        gl.inline_asm_elementwise(
+            "{ .reg .pred p; .reg .b64 pol; setp.ne.s32 p, $2, 0;\n"
+            "createpolicy.fractional.L2::evict_last.b64 pol, 1.0;\n"
+            "@p cp.async.bulk.prefetch.L2.global.L2::cache_hint [$1], $2, pol;\n"
+            "mov.b32 $0, 0; }", "=r,l,r", [addr, n], dtype=gl.int32, is_pure=False, pack=1)
+    else:
+        gl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.s32 p, $2, 0;\n"
+            "@p cp.async.bulk.prefetch.L2.global [$1], $2;\nmov.b32 $0, 0; }",
+            "=r,l,r", [addr, n], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit
