@@ -331,10 +331,10 @@ def draw_tp_split(panels: list[tuple[str, list[dict]]]):
         whole = [r for r in bars if not r.get("compute_ms")]
         if split:
             ax.barh([y[r["rung"]] for r in split], [r["compute_ms"] for r in split],
-                    color="#4c72b0", label="compute (the rank alone)")
+                    color="#4c72b0", label="the step with no exchange")
             ax.barh([y[r["rung"]] for r in split], [r["comm_ms"] for r in split],
                     left=[r["compute_ms"] for r in split], color="#dd8452",
-                    label="communication")
+                    label="the exchanges")
         if whole:
             ax.barh([y[r["rung"]] for r in whole], [r["ms_per_token"] for r in whole],
                     color="#9a9a9a", label="the step (no split measured)")
