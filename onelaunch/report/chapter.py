@@ -240,6 +240,25 @@ def tie_rows(rows: list[dict]) -> list[dict]:
     return out
 
 
+def agreement(row: dict) -> str:
+    """A judged row's agreement as a check line prints it, naming its near ties' count:
+    ``"12/12"``, ``"11/12 (1 near tie)"``, ``"10/12 (1 near tie, 1 flip)"``; steps that
+    differ with no record say so. The book's one form for near ties in a line of text
+    (chapter 2 draws them instead: :mod:`onelaunch.report.tie_figure`)."""
+    from .results import agree_ok, agree_text
+    text = agree_text(row)
+    if row.get("agree") is None or agree_ok(row["agree"]):
+        return text
+    verdicts = [t["verdict"] for t in tie_rows([row])]
+    if not verdicts:
+        return f"{text} (the differing steps were not recorded)"
+    plural = lambda n, w: f"{n} {w}{'s' if n != 1 else ''}"
+    ties = verdicts.count("near tie")
+    parts = [plural(ties, "near tie")] + ([plural(len(verdicts) - ties, "flip")]
+                                          if ties < len(verdicts) else [])
+    return f"{text} ({', '.join(parts)})"
+
+
 def near_ties(rows: list[dict], reference: str = "the oracle") -> list[dict]:
     """Show the steps where ``rows``' tokens differed from ``reference``'s as one table
     (:func:`tie_rows`; the model column only when the rows hold more than one model), or
