@@ -397,9 +397,13 @@ def shown(device, results_gpu: str | None = None) -> str:
     return results_gpu or results.gpu_slug(device)
 
 
-def numbers_line(gpu: str, name: str = "ladder") -> dict | None:
+def numbers_line(gpu: str, name: str = "ladder",
+                 what: str = "Numbers on this page") -> dict | None:
     """Show one line naming the run behind the page's numbers (GPU, versions, commit,
-    date) and, when the package changed after it, the commit the code is at now.
+    date) and, when the package changed after it, the commit the code is at now. A page
+    that also shows a file of another run names that run in a line of its own, ``what``
+    saying which numbers (``numbers_line(gpu, "phase_clock", "The phase clock")``):
+    ``ci/check_one_commit.py`` accepts a file of another run only where it is named.
     Returns that run's meta (``None``, and a line saying so, when the file is missing):
     a cell that ends with the call shows that dict too, so assign it (``m = ...``).
     ``gpu`` ``h200x2`` names a run on two H200s (chapter 7's ``numbers_line("h200x2",
@@ -414,7 +418,7 @@ def numbers_line(gpu: str, name: str = "ladder") -> dict | None:
     import re
     many = re.fullmatch(r".*\dx(\d)", gpu)       # h200x2: a run on two H200s
     many = many.group(1) if many else ""
-    line = (f"Numbers on this page: {f'{many} x ' if many else ''}{m['gpu_name']}, torch "
+    line = (f"{what}: {f'{many} x ' if many else ''}{m['gpu_name']}, torch "
             f"{m['torch']}, Triton {m['triton']}, commit `{m['commit']}`, "
             f"{m['date'][:10]}.")
     if changed_since(m["commit"]):
