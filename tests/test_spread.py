@@ -230,9 +230,10 @@ def quoted_times(code: str) -> list[tuple[str, str]]:
     for n in ast.walk(tree):
         if not (isinstance(n, ast.Call) and len(n.args) >= 2
                 and (getattr(n.func, "attr", None) in ("glue", "glue_from")
-                     or getattr(n.func, "id", None) in ("glue", "glue_from"))
-                and isinstance(n.args[0], ast.Constant)):
+                     or getattr(n.func, "id", None) in ("glue", "glue_from"))):
             continue
+        name = n.args[0].value if isinstance(n.args[0], ast.Constant) else \
+            ast.unparse(n.args[0])
         v = n.args[1]
         v = v.body if isinstance(v, ast.Lambda) else v
         branches = [v.body, v.orelse] if isinstance(v, ast.IfExp) else [v]
@@ -244,7 +245,7 @@ def quoted_times(code: str) -> list[tuple[str, str]]:
                 if isinstance(b, ast.Call) and isinstance(b.func, ast.Name) \
                         and b.func.id in ("max", "min", "sum", "len", "float", "int"):
                     direct = set()
-                out += [(n.args[0].value, f) for f in sorted(direct)]
+                out += [(name, f) for f in sorted(direct)]
     return out
 
 
@@ -252,11 +253,12 @@ def spread_problems(name: str, code: str) -> list[str]:
     """Times a page quotes whose spread it shows nowhere: not in a figure of rows of
     that field, nor through chapter.spread_text."""
     drawn = set(FIGURE_CALL.findall(code))
-    if "spread_text(" in code:
+    bare = [(g, f) for g, f in quoted_times(code) if not TIME_FIELDS[f] & drawn]
+    if len(re.findall(r"\bspread_text\(", code)) >= len(bare):   # one spread per time
         return []
     return [f"{name}: glue {g!r} quotes a row's {f} with no spread shown (draw it in "
             f"{' or '.join(sorted(TIME_FIELDS[f]))}, or quote chapter.spread_text)"
-            for g, f in quoted_times(code) if not TIME_FIELDS[f] & drawn]
+            for g, f in bare]
 
 
 def _chapter_code(p):
@@ -284,3 +286,6 @@ def test_the_quoted_time_rule_can_fail():
     assert len(spread_problems("p", code)) == 3
     assert len(spread_problems("p", code + "ladder_figure(rows)\n")) == 1
     assert spread_problems("p", code + "ladder_figure(rows)\nkernel_figure(k, 1, 'h')\n") == []
+    spreads = 'chapter.glue("a_spread", chapter.spread_text(r))\n'
+    assert len(spread_problems("p", code + spreads * 2)) == 3        # one each, not one
+    assert spread_problems("p", code + spreads * 3) == []
