@@ -11,7 +11,10 @@ makes such a block scroll sideways. What they print, found in each chapter's cod
   (a ``@triton.jit`` function prints as its Python function, ``.fn``);
 * ``show_doc(name)`` (chapter 3): the module docstring of ``onelaunch/kernels/<name>.py``;
 * ``EXPR.__doc__`` in a chapter's statement (e.g. ``engine.__doc__.strip()`` shown in a
-  text block): the docstring of the module ``EXPR``.
+  text block): the docstring of the module ``EXPR``;
+* a MyST ```` ```{literalinclude} ../onelaunch/FILE.py ```` directive in the prose: the
+  file's ``:pyobject:`` (``Class.method`` too, decorators included), cut by
+  ``:start-at:``, ``:end-at:`` and ``:lines:``, and ``:dedent:``, as Sphinx cuts them.
 
 Calls inside a ``def`` (the helpers themselves) are not printing sites. The expressions are
 evaluated in a namespace built from the chapter itself: its imports, its
@@ -33,6 +36,7 @@ import builtins
 import importlib
 import inspect
 import os
+import re
 import sys
 import types
 from dataclasses import dataclass
@@ -182,7 +186,7 @@ class Chapter:
         return ns
 
     def printed(self) -> list[Printed]:
-        out = []
+        out = included(self.path)
         for k, (_, tree) in enumerate(self.cells):
             for kind, node, top in _sites(tree):
                 site = f"{self.rel}:{node.lineno}"
@@ -195,6 +199,73 @@ class Chapter:
                     raise Unresolved(f"{site}: cannot resolve {ast.unparse(node)!r}: "
                                      f"{type(e).__name__}: {e}") from None
         return out
+
+
+INCLUDE = re.compile(r"^```\{literalinclude\}[ \t]+(\S+)[ \t]*\n((?::[\w-]+:.*\n)*)",
+                     re.M)
+
+
+def _pyobject(tree: ast.Module, dotted: str):
+    """The def or class ``dotted`` (``A.b`` for a method) names in ``tree``, or None."""
+    body = tree.body
+    node = None
+    for part in dotted.split("."):
+        node = next((n for n in body if isinstance(n, (ast.FunctionDef, ast.ClassDef,
+                                                       ast.AsyncFunctionDef))
+                     and n.name == part), None)
+        if node is None:
+            return None
+        body = node.body
+    return node
+
+
+def _cut(lines: list[str], first: int, opts: dict, site: str) -> tuple[list[str], int]:
+    """``lines`` (the first is file line ``first``) cut as the directive's options say."""
+    for key, keep in (("start-at", True), ("end-at", False)):
+        if key in opts:
+            mark = opts[key].strip().strip('"')
+            hit = next((i for i, ln in enumerate(lines) if mark in ln), None)
+            if hit is None:
+                raise Unresolved(f"{site}: cannot resolve :{key}: {mark!r}")
+            if keep:
+                lines, first = lines[hit:], first + hit
+            else:
+                lines = lines[:hit + 1]
+    if "lines" in opts:
+        a, _, b = opts["lines"].strip().partition("-")
+        lines, first = lines[int(a) - 1:int(b or a)], first + int(a) - 1
+    if "dedent" in opts:
+        n = opts["dedent"].strip()
+        n = int(n) if n else min((len(ln) - len(ln.lstrip()) for ln in lines if ln.strip()),
+                                 default=0)
+        lines = [ln[n:] for ln in lines]
+    return lines, first
+
+
+def included(chapter: Path) -> list[Printed]:
+    """The blocks a chapter's ``{literalinclude}`` directives show; a file or object that
+    cannot be found is an error."""
+    text = chapter.read_text(encoding="utf-8")
+    out = []
+    for m in INCLUDE.finditer(text):
+        site = f"{_rel(chapter)}:{text.count(chr(10), 0, m.start()) + 1}"
+        path = (chapter.parent / m.group(1)).resolve()
+        opts = dict(re.match(r":([\w-]+):\s*(.*)", o).groups()
+                    for o in m.group(2).splitlines())
+        if not path.is_file():
+            raise Unresolved(f"{site}: cannot resolve literalinclude {m.group(1)}")
+        src = path.read_text(encoding="utf-8").splitlines()
+        first, lines = 1, src
+        if "pyobject" in opts:
+            node = _pyobject(ast.parse("\n".join(src)), opts["pyobject"])
+            if node is None:
+                raise Unresolved(f"{site}: cannot resolve :pyobject: {opts['pyobject']}")
+            first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+            lines = src[first - 1:node.end_lineno]
+        lines, first = _cut(lines, first, opts, site)
+        what = f"{_rel(path)}::{opts.get('pyobject') or 'file'}"
+        out.append(Printed(what, path, first, lines, site))
+    return out
 
 
 def _rel(path) -> str:

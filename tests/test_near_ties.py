@@ -7,6 +7,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 from onelaunch.report import chapter
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,23 +57,61 @@ def test_near_ties_is_one_table_or_says_none(monkeypatch):
     assert out[1].startswith("| model | rung |")
 
 
-# chapter 1 checks its rungs and leaves their differing steps to chapter 2's figure
-DEFERRED = {"01_what_one_token_costs.md": "02_the_oracle.md"}
+def test_agreement_names_the_near_ties_count():
+    assert chapter.agreement({"agree": "12/12", "flips": []}) == "12/12"
+    assert chapter.agreement({"agree": None}) == "reference"
+    row = {"agree": "10/12", "flips": [_flip(1, 5, 7, 0.0625), _flip(4, 2, 3, 0.1)]}
+    assert chapter.agreement(row) == "10/12 (2 near ties)"
+    row["flips"][1] = _flip(4, 2, 3, 0.9)
+    assert chapter.agreement(row) == "10/12 (1 near tie, 1 flip)"
+    assert "not recorded" in chapter.agreement({"agree": "11/12"})
 
 
-def test_chapters_show_near_ties_in_the_one_form():
-    """Each page whose code runs the oracle check shows the steps that differ as the
-    table (chapter.near_ties) or the figure (tie_figure), or leaves them to the page that
-    draws its rows; none prints a row's flips another way."""
-    pages = [p for p in sorted((ROOT / "notebooks").glob("0[1-7]_*.md"))]
-    pages.append(ROOT / "book" / "results.md")
-    for p in pages:
-        text = p.read_text()
-        shown = (ROOT / "notebooks" / DEFERRED[p.name]).read_text() \
-            if p.name in DEFERRED else text
-        assert "chapter.near_ties(" in shown or "tie_figure(" in shown, \
-            f"{p.name}: near ties not shown as the table or the figure"
-        assert not re.search(r"\{r\[.flips.\]\}", text), f"{p.name}: flips printed raw"
+# an interpolation that prints a row's agreement, or a list of its differing steps, raw
+RAW_AGREE = re.compile(r"\{[^{}]*\[[\"']agree[\"']\][^{}]*\}")
+RAW_LIST = re.compile(r"\{[^{}]*\[[\"'](flips|disagreements|near_ties)[\"']\]\s*[!:}]")
+PAGES = sorted((ROOT / "notebooks").glob("0[1-8]_*.md")) + [ROOT / "book" / "results.md"]
+
+
+def _code(page: Path) -> str:
+    import sys
+    sys.path.insert(0, str(ROOT / "ci"))
+    from chapter_source import code_cells, read_source
+    return "\n".join(code_cells(read_source(page)))
+
+
+def near_tie_problems(name: str, code: str) -> list[str]:
+    """What a page's code does against the one form: a page that judges rungs
+    (``chapter.require``) shows their differing steps through one shared function, the
+    figure (``tie_figure``) or the check line's ``chapter.agreement`` (which names the
+    near ties' count); no page prints a row's list of steps raw, nor its ``agree`` raw
+    unless the page draws the figure that places its differing steps."""
+    out = []
+    if "chapter.require(" in code and not ("tie_figure(" in code
+                                           or "chapter.agreement(" in code):
+        out.append(f"{name}: judges rungs but shows no near ties (tie_figure or "
+                   "chapter.agreement)")
+    if "tie_figure(" not in code:
+        out += [f"{name}: prints agreement raw, not through chapter.agreement: {m.group(0)}"
+                for m in RAW_AGREE.finditer(code)]
+    out += [f"{name}: prints a list of differing steps raw: {m.group(0)}"
+            for m in RAW_LIST.finditer(code)]
+    return out
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+def test_chapters_show_near_ties_in_the_one_form(page):
+    problems = near_tie_problems(page.name, _code(page))
+    assert not problems, "\n".join(problems)
+
+
+def test_the_one_form_rule_fails_on_a_raw_page():
+    judged = 'chapter.require(rows, "x")\n'
+    assert near_tie_problems("p", judged) and not near_tie_problems("p", judged + "tie_figure(g)")
+    assert near_tie_problems("p", judged + 'print(f"{r[\'rung\']} {r[\'agree\']}")')
+    assert near_tie_problems("p", 'print(f"{r[\'flips\']}")')
+    assert not near_tie_problems(
+        "p", judged + 'print(f"{len(j[\'near_ties\'])} {chapter.agreement(r)}")')
 
 
 def test_tie_figure_places_every_differing_step():

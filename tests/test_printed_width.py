@@ -1,5 +1,6 @@
 """ci/check_printed_width.py: no line of package source or docstring that a chapter
-prints (show_source, show_kernel, show_doc, a module's ``__doc__``) is wider than the book
+prints (a ``{literalinclude}`` of a package object, show_source, show_kernel, show_doc,
+a module's ``__doc__``) is wider than the book
 shows without scrolling (88 characters); every printing site resolves; and
 ci/same_code.py's layout-only rule on small synthetic sources."""
 from __future__ import annotations
@@ -20,11 +21,35 @@ def test_printed_code_fits():
     if problems:
         pytest.fail("printed lines over 88 characters or unresolved sites:\n"
                     + "\n".join(problems), pytrace=False)
-    # every chapter that shows package code was found (a lost site is not a pass)
-    sites = {b.site.split(":")[0] for b in blocks}
-    assert {f"notebooks/0{i}" for i in (2, 3, 4, 5, 6, 7, 8)} <= \
-        {s[:len("notebooks/0x")] for s in sites}
-    assert len(blocks) >= 50
+    # every site was found (a lost site is not a pass): each {literalinclude} directive in
+    # the chapters' text gives one block, and every chapter of the ladder shows its code
+    directives = sum(p.read_text().count("```{literalinclude}") for p in cpw.chapters())
+    from_text = [b for b in blocks if "::" in b.what]
+    assert directives and len(from_text) == directives, (len(from_text), directives)
+    sites = {b.site[:len("notebooks/0x")] for b in blocks}
+    assert {f"notebooks/0{i}" for i in range(1, 9)} <= sites
+    assert all(b.lines for b in blocks)
+
+
+def test_literalinclude_cuts_as_sphinx_does(tmp_path):
+    (tmp_path / "m.py").write_text("import x\n\n\nclass A:\n    @staticmethod\n"
+                                   "    def f(a):\n        # one\n        b = a\n"
+                                   "        return b\n")
+    ch = tmp_path / "nb" / "01_x.md"
+    ch.parent.mkdir()
+    ch.write_text("# T\n\n```{literalinclude} ../m.py\n:pyobject: A.f\n:language: python\n"
+                  "```\n\n```{literalinclude} ../m.py\n:pyobject: A.f\n:start-at: \"# one\"\n"
+                  ":end-at: b = a\n:dedent:\n```\n")
+    whole, cut = cpw.included(ch)
+    assert (whole.first, whole.lines[0], len(whole.lines)) == (5, "    @staticmethod", 5)
+    assert (cut.first, cut.lines) == (7, ["# one", "b = a"])
+    ch.write_text(ch.read_text().replace("A.f", "A.g", 1))
+    problems, _ = cpw.check([ch])
+    assert len(problems) == 1 and "cannot resolve :pyobject: A.g" in problems[0]
+    (tmp_path / "m.py").write_text("def f():\n    return '" + "x" * 90 + "'\n")
+    ch.write_text("```{literalinclude} ../m.py\n:pyobject: f\n```\n")
+    problems, _ = cpw.check([ch])
+    assert problems and "m.py:2: 103 > 88 characters" in problems[0]
 
 
 def _chapter(tmp_path, code: str) -> Path:

@@ -240,6 +240,25 @@ def tie_rows(rows: list[dict]) -> list[dict]:
     return out
 
 
+def agreement(row: dict) -> str:
+    """A judged row's agreement as a check line prints it, naming its near ties' count:
+    ``"12/12"``, ``"11/12 (1 near tie)"``, ``"10/12 (1 near tie, 1 flip)"``; steps that
+    differ with no record say so. The book's one form for near ties in a line of text
+    (chapter 2 draws them instead: :mod:`onelaunch.report.tie_figure`)."""
+    from .results import agree_ok, agree_text
+    text = agree_text(row)
+    if row.get("agree") is None or agree_ok(row["agree"]):
+        return text
+    verdicts = [t["verdict"] for t in tie_rows([row])]
+    if not verdicts:
+        return f"{text} (the differing steps were not recorded)"
+    plural = lambda n, w: f"{n} {w}{'s' if n != 1 else ''}"
+    ties = verdicts.count("near tie")
+    parts = [plural(ties, "near tie")] + ([plural(len(verdicts) - ties, "flip")]
+                                          if ties < len(verdicts) else [])
+    return f"{text} ({', '.join(parts)})"
+
+
 def near_ties(rows: list[dict], reference: str = "the oracle") -> list[dict]:
     """Show the steps where ``rows``' tokens differed from ``reference``'s as one table
     (:func:`tie_rows`; the model column only when the rows hold more than one model), or
@@ -378,9 +397,13 @@ def shown(device, results_gpu: str | None = None) -> str:
     return results_gpu or results.gpu_slug(device)
 
 
-def numbers_line(gpu: str, name: str = "ladder") -> dict | None:
+def numbers_line(gpu: str, name: str = "ladder",
+                 what: str = "Numbers on this page") -> dict | None:
     """Show one line naming the run behind the page's numbers (GPU, versions, commit,
-    date) and, when the package changed after it, the commit the code is at now.
+    date) and, when the package changed after it, the commit the code is at now. A page
+    that also shows a file of another run names that run in a line of its own, ``what``
+    saying which numbers (``numbers_line(gpu, "phase_clock", "The phase clock")``):
+    ``ci/check_one_commit.py`` accepts a file of another run only where it is named.
     Returns that run's meta (``None``, and a line saying so, when the file is missing):
     a cell that ends with the call shows that dict too, so assign it (``m = ...``).
     ``gpu`` ``h200x2`` names a run on two H200s (chapter 7's ``numbers_line("h200x2",
@@ -395,7 +418,7 @@ def numbers_line(gpu: str, name: str = "ladder") -> dict | None:
     import re
     many = re.fullmatch(r".*\dx(\d)", gpu)       # h200x2: a run on two H200s
     many = many.group(1) if many else ""
-    line = (f"Numbers on this page: {f'{many} x ' if many else ''}{m['gpu_name']}, torch "
+    line = (f"{what}: {f'{many} x ' if many else ''}{m['gpu_name']}, torch "
             f"{m['torch']}, Triton {m['triton']}, commit `{m['commit']}`, "
             f"{m['date'][:10]}.")
     if changed_since(m["commit"]):

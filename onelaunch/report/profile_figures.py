@@ -314,11 +314,27 @@ def phase_caption(rows: list[dict]) -> str:
     return " ".join(out)
 
 
+def _whiskers(ax, bars: list[tuple[float, float, dict]], unit: str = "ms"):
+    """Horizontal whiskers at each bar's end ``(y, value, row)``: the row's fastest to
+    slowest timed repeat (``<unit>_min``, ``<unit>_max``), where it recorded them."""
+    lo_k, hi_k = f"{unit}_min", f"{unit}_max"
+    have = [(y, v, r[lo_k], r[hi_k]) for y, v, r in bars
+            if r.get(lo_k) is not None and r.get(hi_k) is not None]
+    if have:     # stored rounded: a median within its rounding of an end gives no whisker
+        ax.errorbar([v for _, v, _, _ in have], [y for y, _, _, _ in have],
+                    xerr=[[max(v - a, 0) for _, v, a, _ in have],
+                          [max(b - v, 0) for _, v, _, b in have]],
+                    fmt="none", ecolor="black", elinewidth=0.8, capsize=2.5, zorder=4)
+    return bool(have)
+
+
 def draw_tp_split(panels: list[tuple[str, list[dict]]]):
     """Two GPUs: per model (``panels``: (name, a ``bench --tp`` run's rows)), each rung's
     step as the rank's compute alone (the ``none`` row) plus the rest (communication),
     the one-GPU step of the same run dashed. A rung without a compute split is one grey
-    bar. Returns the matplotlib Figure."""
+    bar. Whiskers at a bar's end span its fastest to slowest timed step (``ms_min``,
+    ``ms_max``, the widest of its ranks) where the rows carry them. Returns the
+    matplotlib Figure."""
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(len(panels), 1, figsize=(PAGE_W, 2.4 * len(panels) + 0.6),
                              dpi=DPI, squeeze=False)
@@ -343,6 +359,7 @@ def draw_tp_split(panels: list[tuple[str, list[dict]]]):
             ax.axvline(one, color="black", lw=1.2, ls="--")
             ax.text(one, len(bars) - 0.45, f"one GPU {one:.2f} ms ", fontsize=FONT,
                     va="bottom", ha="right")
+        _whiskers(ax, [(y[r["rung"]], r["ms_per_token"], r) for r in bars], "ms")
         ax.set_yticks(list(y.values()), list(y), fontsize=FONT)
         ax.set_xlabel("ms per token", fontsize=FONT)
         ax.set_title(name, fontsize=FONT + 1)
@@ -365,8 +382,9 @@ def draw_ops(per_model: dict[str, list[dict]], head: str = ""):
     """Where one rung's step goes, op by op (the closing page): one panel per model
     (``per_model``: model -> its profile rows in step order), a bar per op stacked from
     the time its bytes need at the run's read bandwidth (blue) and the time it takes
-    beyond them (grey), summed over the op's launches. Returns a figure with its
-    caption (:class:`onelaunch.report.figures._Figure`)."""
+    beyond them (grey), summed over the op's launches, with a whisker from the fastest to
+    the slowest replay (``ms_min``, ``ms_max``) where the rows carry one. Returns a
+    figure with its caption (:class:`onelaunch.report.figures._Figure`)."""
     import io
 
     from matplotlib.figure import Figure
@@ -388,6 +406,7 @@ def draw_ops(per_model: dict[str, list[dict]], head: str = ""):
         ax.barh(ys, [r["bytes_ms"] for r in rows], color=BYTES_C, height=0.64)
         ax.barh(ys, [r["beyond_ms"] for r in rows], left=[r["bytes_ms"] for r in rows],
                 color=BEYOND_C, height=0.64)
+        _whiskers(ax, [(y, r["ms"], r) for y, r in zip(ys, rows)], "ms")
         side = ax.get_yaxis_transform()
         for y, r in zip(ys, rows):
             ax.text(1.03, y, f"{r['ms'] * 1e3:.0f} µs, {r['launches']}×", transform=side,
@@ -420,6 +439,10 @@ def ops_caption(per_model: dict[str, list[dict]]) -> str:
     parts = ["Each op of the step, in step order: the time its bytes need at the read "
              "bandwidth of the same run (blue) and the time it takes beyond them (grey), "
              "summed over its launches; beside each op its time and its launches."]
+    spread = any(r.get("ms_min") is not None and r.get("ms_max") is not None
+                 for rows in per_model.values() for r in rows)
+    parts.append("The whiskers span the fastest to the slowest replay." if spread else
+                 "These rows recorded no spread over their replays.")
     for model, rows in per_model.items():
         beyond = sum(r["beyond_ms"] for r in rows)
         top = max(rows, key=lambda r: r["beyond_ms"])
