@@ -60,7 +60,7 @@ def _chapter(tmp_path, code: str) -> Path:
 
 def test_resolves_imports_and_same_cell_names(tmp_path):
     p = _chapter(tmp_path, "import importlib\nfrom onelaunch import oracle\nfrom onelaunch.report import chapter\n"
-                 "lp = importlib.import_module('onelaunch.kernels.layer_persistent')\n"
+                 "lp = importlib.import_module('onelaunch.kernels.layer_persistent_kernel')\n"
                  "n = 2\nchapter.show_source(oracle.rms_norm, lines=(0, n))\n"
                  "chapter.show_source(lp.grid_barrier.fn)")
     blocks = cpw.Chapter(p).printed()

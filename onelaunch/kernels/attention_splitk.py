@@ -107,10 +107,11 @@ def softmax_tile(q, k, v, tm, m_i, l_i, acc, scale, DOT_F32: tl.constexpr):
 
 
 @triton.jit
-def _attention_partial_kernel(q_ptr, k_cache_ptr, v_cache_ptr, part_o_ptr, part_m_ptr,
-                              part_l_ptr, pos_ptr, stride_c_h, stride_c_t, n_splits, n_share,
-                              scale, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
-                              D: tl.constexpr, BLOCK_D: tl.constexpr, CHUNK: tl.constexpr,
+def _attention_partial_kernel(q_ptr, k_cache_ptr, v_cache_ptr, part_o_ptr,
+                              part_m_ptr, part_l_ptr, pos_ptr, stride_c_h, stride_c_t,
+                              n_splits, n_share, scale, GROUP: tl.constexpr,
+                              GROUP_PAD: tl.constexpr, D: tl.constexpr,
+                              BLOCK_D: tl.constexpr, CHUNK: tl.constexpr,
                               BLOCK_T: tl.constexpr, DOT_F32: tl.constexpr,
                               USE_PDL: tl.constexpr):
     kh = tl.program_id(0)                            # the kv head
@@ -129,22 +130,23 @@ def _attention_partial_kernel(q_ptr, k_cache_ptr, v_cache_ptr, part_o_ptr, part_
         g = tl.arange(0, GROUP_PAD)                  # the query heads of this kv head
         gm = g < GROUP
         heads = kh * GROUP + g
-        q = tl.load(q_ptr + heads[:, None] * D + d[None, :], mask=gm[:, None] & dm[None, :],
-                    other=0.0)                       # [GROUP_PAD, BLOCK_D]
+        q = tl.load(q_ptr + heads[:, None] * D + d[None, :],
+                    mask=gm[:, None] & dm[None, :], other=0.0)   # [GROUP_PAD, BLOCK_D]
         if DOT_F32:
             q = q.to(tl.float32)
         # the newest token: a tile whose only valid row is slot pos (no rows elsewhere)
         kn, vn, tmn = load_kv_tile(k_cache_ptr, v_cache_ptr, base, pos,
-                                   tl.where(end == pos + 1, pos + 1, pos), stride_c_t, d,
-                                   dm, NEW_T)
+                                   tl.where(end == pos + 1, pos + 1, pos), stride_c_t,
+                                   d, dm, NEW_T)
         m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)  # running max score
         l_i = tl.zeros([GROUP_PAD], tl.float32)                 # sum of exp(s - m_i)
         acc = tl.zeros([GROUP_PAD, BLOCK_D], tl.float32)        # sum of exp(s - m_i) v
         if end == pos + 1:                           # this split holds the newest token
             m_i, l_i, acc = softmax_tile(q, kn, vn, tmn, m_i, l_i, acc, scale, DOT_F32)
         m_i, l_i, acc = softmax_tile(q, k0, v0, tm0, m_i, l_i, acc, scale, DOT_F32)
-        for t0 in range(start + BLOCK_T, tl.minimum(end, pos), BLOCK_T):  # a tile at a time
-            k, v, tm = load_kv_tile(k_cache_ptr, v_cache_ptr, base, t0, tl.minimum(end, pos),
+        older = tl.minimum(end, pos)                 # the split's keys before pos
+        for t0 in range(start + BLOCK_T, older, BLOCK_T):   # a tile at a time
+            k, v, tm = load_kv_tile(k_cache_ptr, v_cache_ptr, base, t0, older,
                                     stride_c_t, d, dm, BLOCK_T)
             m_i, l_i, acc = softmax_tile(q, k, v, tm, m_i, l_i, acc, scale, DOT_F32)
         row = heads * n_splits + split               # the partial: (m, l, acc) per head

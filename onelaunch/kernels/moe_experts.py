@@ -47,7 +47,7 @@ def _moe_gate_up_swiglu_kernel(xn_ptr, w_ptr, ids_ptr, h_ptr, I, K, stride_w_e,
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < I
     pdl_wait(USE_PDL)                        # the ids come from the router: wait first
-    e = tl.load(ids_ptr + slot).to(tl.int64)  # the expert the router chose for this slot
+    e = tl.load(ids_ptr + slot).to(tl.int64)  # the expert chosen for this slot
     gate_ptr = w_ptr + e * stride_w_e        # its slab of the stacked W_gu [E, 2I, K]
     up_ptr = gate_ptr + I * stride_w_n       # up rows follow the I gate rows
     g0, g1, g2, g3 = load_w_tiles(gate_ptr, stride_w_n, offs_n, n_mask, 0, K, BLOCK_K,

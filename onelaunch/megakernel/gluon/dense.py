@@ -43,13 +43,13 @@ from .sync import now, reset_on_exit, stage_free, stage_ready, wait_counter
 
 
 @gluon.jit
-def _loader(prog_ptr, n_instr, d_qkv, d_o, d_gu, d_dn, d_dt, d_lm, ring, ring_dn, ring_dt,
-            ready, empty, clk_ptr, L, H, I, QKV, V, l2_tab, C: gl.constexpr):
+def _loader(prog_ptr, n_instr, d_qkv, d_o, d_gu, d_dn, d_dt, d_lm, ring, ring_dn,
+            ring_dt, ready, empty, clk_ptr, L, H, I, QKV, V, l2_tab, C: gl.constexpr):
     """Every weight row block of this SM's list, in the order the compute eats them;
     the only wait is for a free stage. CLOCK: when it asked for an instruction's last
-    tile. L2PF: at each GATE_UP, before the fill of the first stage the ring has no room
-    for while the compute waits on the attention, ask the L2 for the ranges of its row of
-    ``l2_tab`` (int64 [P, L, 3, 32], ``l2stage.py``)."""
+    tile. L2PF: at each GATE_UP, before the fill of the first stage the ring has no
+    room for while the compute waits on the attention, ask the L2 for the ranges of its
+    row of ``l2_tab`` (int64 [P, L, 3, 32], ``l2stage.py``)."""
     NF: gl.constexpr = C.NF
     TAIL: gl.constexpr = C.TAIL
     STAGES: gl.constexpr = C.STAGES
@@ -82,7 +82,8 @@ def _loader(prog_ptr, n_instr, d_qkv, d_o, d_gu, d_dn, d_dt, d_lm, ring, ring_dn
                               STAGES)
         elif op == isa.OP_GATE_UP:                # gate rows, up rows
             if C.L2PF > 0:                        # its ranges, and where to ask
-                l2_a, l2_n, l2_at = l2_ranges(l2_tab + (gl.program_id(0) * L + layer) * 96)
+                l2_row = l2_tab + (gl.program_id(0) * L + layer) * 96
+                l2_a, l2_n, l2_at = l2_ranges(l2_row)
             for rb in range(0, rows, TN_):
                 if C.L2PF > 0:                    # the stage the ring has no room for:
                     if rb == l2_at * TN_:         # the rows after it, into the L2
@@ -101,8 +102,9 @@ def _loader(prog_ptr, n_instr, d_qkv, d_o, d_gu, d_dn, d_dt, d_lm, ring, ring_dn
             for rb in range(0, rows, 2 * TN_):
                 t = fill_pair(d_lm, ring, ready, empty, t, row0 + rb, V, row0 + rows,
                               STAGES)
-        if CLOCK & ((op == isa.OP_RMS_QKV) | (op == isa.OP_O_PROJ) | (op == isa.OP_GATE_UP)
-                    | (op == isa.OP_DOWN) | (op == isa.OP_LM_HEAD)):
+        if CLOCK & ((op == isa.OP_RMS_QKV) | (op == isa.OP_O_PROJ)
+                    | (op == isa.OP_GATE_UP) | (op == isa.OP_DOWN)
+                    | (op == isa.OP_LM_HEAD)):
             gl.store(clk_ptr + (gl.program_id(0) * n_instr + i) * 4 + 3, now())
 
 
