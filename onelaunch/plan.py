@@ -67,7 +67,7 @@ def _nbytes(*ts) -> int:
 # Each block's ops in launch order at TP=1 (under TP the exchanges join them: qk_sumsq,
 # all_reduce, residual_add, allreduce_residual, argmax_merge). The block builders below
 # issue these ops in this order, and the one-launch step's schedule is built from them
-# (``megakernel/schedule.py``), so a change here reaches both.
+# (``megakernel/stages.py``), so a change here reaches both.
 EMBED_OPS = ("embed",)
 ATTENTION_OPS = {"plain": ("attention",), "splitk": ("attention_partial", "attention_reduce")}
 MLP_OPS = {"dense_mlp": ("rms_gate_up_swiglu", "down_residual"),

@@ -98,8 +98,10 @@ def build(spec, P: int, ctx: int, tile_n: int = 16, tile_k: int = 256,
     """The schedule of one decode step of ``spec`` on P SMs, planned at ``ctx`` keys;
     ``hold``: the held stages a loader fills before the router's wait (MoE);
     ``attention``: the attention's form (``FORMS``; "three" and "two" are ATTN_FUSED,
-    run by the one-launch kernel only). The balance weighs each instruction's bytes and
-    the loaders' hoists come from its tiles (``loads``)."""
+    run by the one-launch kernel only); ``ops``: the plan's blocks as (layer, ops) (None:
+    ``plan.step_ops(spec)``, whose runs of ops ``stages.py`` maps to stages). The balance
+    weighs each instruction's bytes and the loaders' hoists come from its tiles
+    (``loads``)."""
     ctr: dict[str, int] = {}
     st = stages(spec, P, ctx, tile_n, tile_k, ctr, attention, ops)
     sched = Schedule(spec, torch.zeros(0), list(ctr), ctx, tile_n, tile_k, hold)
