@@ -175,17 +175,16 @@ MUTANTS = [
            "    if any(p.glob(\"*.safetensors\")):\n        check_headers(p, spec)\n", "",
            ["tests/test_checkpoint.py", "-k", "header"]),
     # the megakernel's schedule and the CPU VM that runs it (tests/test_megakernel_vm.py)
-    Mutant("megakernel: a counter not waited for", "onelaunch/megakernel/schedule.py",
-           "        after_merge = (merged(), s.heads)",
-           "        after_merge = (NONE, 0)", MEGA_VM),
+    Mutant("megakernel: a counter not waited for", "onelaunch/megakernel/stages.py",
+           '    w.after = (w.c(f"merge.{l}"), s.heads)', "    w.after = (NONE, 0)", MEGA_VM),
     Mutant("megakernel: a counter bumped before its store", "onelaunch/megakernel/vm.py",
            "        self.store(c, writes)\n        yield STEP\n"
            "        (release or self.bump)(c, row)\n",
            "        (release or self.bump)(c, row)\n        yield STEP\n"
            "        self.store(c, writes)\n",
            MEGA_VM),
-    Mutant("megakernel: a target count off by one", "onelaunch/megakernel/schedule.py",
-           'f"part.{l}.{h // g}"), splits)]', 'f"part.{l}.{h // g}"), splits - 1)]', MEGA_VM),
+    Mutant("megakernel: a target count off by one", "onelaunch/megakernel/stages.py",
+           'f"part.{l}.{kh}"), splits)', 'f"part.{l}.{kh}"), splits - 1)', MEGA_VM),
     Mutant("megakernel: a ring stage reused before it is consumed", "onelaunch/megakernel/vm.py",
            "return not self.rings[a.sm].full[a.need[1]]", "return True", MEGA_VM),
     Mutant("megakernel: argmax tie order", "onelaunch/megakernel/vm_ops.py",
@@ -212,10 +211,11 @@ MUTANTS = [
            "i = int((p == best).nonzero()[0, 0])", "i = int((p == best).nonzero()[-1, 0])",
            MEGA_MOE),
     Mutant("megakernel MoE: gate/up without the loader's wait",
-           "onelaunch/megakernel/schedule.py", "idx=i, lwait=route,", "idx=i, lwait=(NONE, 0),",
+           "onelaunch/megakernel/stages.py", "idx=i, lwait=w.route,", "idx=i, lwait=(NONE, 0),",
            MEGA_MOE),
-    Mutant("megakernel MoE: q/k norm from one QKV block", "onelaunch/megakernel/schedule.py",
-           "idx=kh, splits=len(qkv) if s.qk_norm else 0,", "idx=kh, splits=1 if s.qk_norm else 0,",
+    Mutant("megakernel MoE: q/k norm from one QKV block", "onelaunch/megakernel/stages.py",
+           "idx=kh, splits=w.qkv_blocks if s.qk_norm else 0,",
+           "idx=kh, splits=1 if s.qk_norm else 0,",
            MEGA_MOE),
     # what the VM marks unwritten at a step's start against the rows' writes
     # (tests/test_vm_writes.py): a wrong slot hides a read of the new key before its store

@@ -63,6 +63,35 @@ def _nbytes(*ts) -> int:
     return sum(t.numel() * t.element_size() for t in ts if t is not None)
 
 
+# ---- the step's ops, as data -------------------------------------------------------------
+# Each block's ops in launch order at TP=1 (under TP the exchanges join them: qk_sumsq,
+# all_reduce, residual_add, allreduce_residual, argmax_merge). The block builders below
+# issue these ops in this order, and the one-launch step's schedule is built from them
+# (``megakernel/stages.py``), so a change here reaches both.
+EMBED_OPS = ("embed",)
+ATTENTION_OPS = {"plain": ("attention",), "splitk": ("attention_partial", "attention_reduce")}
+MLP_OPS = {"dense_mlp": ("rms_gate_up_swiglu", "down_residual"),
+           "moe_mlp": ("moe_router", "moe_gate_up_swiglu", "moe_down_residual")}
+HEAD_OPS = ("lm_head_argmax",)
+
+
+def attention_ops(attention: str = "splitk") -> tuple[str, ...]:
+    """The attention block's ops for the engine's ``attention`` ("plain" or "splitk")."""
+    return ("rms_qkv", "rope_kv_write", *ATTENTION_OPS[attention], "o_proj_residual")
+
+
+def layer_ops(spec, attention: str = "splitk") -> tuple[str, ...]:
+    """One layer's ops in order: the attention block's, then the MLP's the spec picks."""
+    return attention_ops(attention) + MLP_OPS["moe_mlp" if spec.is_moe else "dense_mlp"]
+
+
+def step_ops(spec, attention: str = "splitk") -> list[tuple[int | None, tuple[str, ...]]]:
+    """The unfused step's ops as (layer, ops) in order: the embedding's (layer None), each
+    layer's, the head's (None); flattened, the plan's ``[L.op for L in plan]`` at TP=1."""
+    return ([(None, EMBED_OPS)] + [(li, layer_ops(spec, attention)) for li in range(spec.layers)]
+            + [(None, HEAD_OPS)])
+
+
 # ---- blocks -----------------------------------------------------------------------------
 def embedding(e) -> list[Launch]:
     E = e.W["embed"]
@@ -71,68 +100,104 @@ def embedding(e) -> list[Launch]:
 
 
 def attention(e, li: int) -> list[Launch]:
-    """RMSNorm + QKV (+ bias), (q/k norm +) RoPE + KV write, attention, O + residual."""
-    s, L, pdl = e.spec, e.W["layers"][li], e.pdl
-    qkv = e.buf("qkv", (s.qkv_size,))                 # q|k|v before RoPE
-    attn = e.buf("attn", (s.q_size,))                 # attention output
-    kc, vc = e.k_cache[li], e.v_cache[li]
-    kv_ctx = 2 * s.kv_heads * s.head_dim * kc.element_size()
-    c_qkv, c_o = e.cfg("rms_qkv", L["w_qkv"]), e.cfg("o_proj_residual", L["w_o"])
-    out = [Launch("rms_qkv", li, K.rms_qkv.rms_qkv,
-                  _nbytes(L["input_norm"], L["w_qkv"], L["b_qkv"]),
-                  args=(e.x, L["input_norm"], L["w_qkv"], L["b_qkv"], qkv, s.rms_eps),
-                  kwargs=dict(use_pdl=pdl, cfg=c_qkv))]
-    q = e.buf("q", (s.q_size,))                   # q after RoPE
-    qn, kn = L.get("q_norm"), L.get("k_norm")
-    norm = {}
-    if s.qk_norm and e.tp is not None:            # the RMS spans every rank's heads
-        launches, ss = qk_sumsq(e, li, qkv)
-        out += launches
-        norm = dict(ss=ss, q_total=e.tp.full.q_size, k_total=e.tp.full.kv_size)
-    out.append(Launch("rope_kv_write", li, K.rope_kv_write.rope_kv_write, _nbytes(qn, kn),
-                      args=(qkv, q, kc, vc, e.cos, e.sin, e.pos, s.heads, s.kv_heads,
-                            s.head_dim),
-                      kwargs=dict(use_pdl=pdl, q_norm=qn, k_norm=kn, eps=s.rms_eps, **norm)))
-    if e.attention == "plain":
-        c = e.cfg("attention")
-        out.append(Launch("attention", li, K.attention.attention, 0, kv_ctx,
-                          args=(q, kc, vc, attn, e.pos, s.heads, s.kv_heads, s.head_dim, c),
-                          kwargs=dict(use_pdl=pdl)))
-    else:
-        c = e.cfg("attention_splitk")
-        pm, pl, po = e.partials()
-        out.append(Launch("attention_partial", li, K.attention_splitk.attention_partial, 0,
-                          kv_ctx,
-                          args=(q, kc, vc, e.pos, po, pm, pl, s.heads, s.kv_heads,
-                                s.head_dim, e.chunk, c),
-                          kwargs=dict(use_pdl=pdl, live_cap=e.live_cap)))
-    if e.attention == "splitk":
-        pm, pl, po = e.partials()
-        rw = e.cfg("attention_splitk").get("reduce_warps", 4)
-        out.append(Launch("attention_reduce", li, K.attention_splitk.attention_reduce, 0,
-                          args=(po, pm, pl, attn, e.pos, s.head_dim, e.chunk),
-                          kwargs=dict(use_pdl=pdl, num_warps=rw, live_cap=e.live_cap)))
-    out += into_residual(e, "o_proj_residual", li, _nbytes(L["w_o"]),
-                         K.o_proj_residual.o_proj_residual, (attn, L["w_o"], e.x),
-                         dict(use_pdl=pdl, cfg=c_o))
-    return out
+    """RMSNorm + QKV (+ bias), (q/k norm +) RoPE + KV write, attention, O + residual: the
+    launches of ``attention_ops(e.attention)``."""
+    return launches(e, li, attention_ops(e.attention))
 
 
 def dense_mlp(e, li: int) -> list[Launch]:
     """RMSNorm + gate/up + SwiGLU, then down + residual (split over K, last arrival)."""
-    s, L, pdl = e.spec, e.W["layers"][li], e.pdl
+    return launches(e, li, MLP_OPS["dense_mlp"])
+
+
+def launches(e, li: int, ops) -> list[Launch]:
+    """Layer ``li``'s launches of ``ops``, in order (each op's maker in ``OP_LAUNCHES``)."""
+    return [L for op in ops for L in OP_LAUNCHES[op](e, li)]
+
+
+def _rms_qkv(e, li: int) -> list[Launch]:
+    s, L = e.spec, e.W["layers"][li]
+    qkv = e.buf("qkv", (s.qkv_size,))                 # q|k|v before RoPE
+    return [Launch("rms_qkv", li, K.rms_qkv.rms_qkv,
+                   _nbytes(L["input_norm"], L["w_qkv"], L["b_qkv"]),
+                   args=(e.x, L["input_norm"], L["w_qkv"], L["b_qkv"], qkv, s.rms_eps),
+                   kwargs=dict(use_pdl=e.pdl, cfg=e.cfg("rms_qkv", L["w_qkv"])))]
+
+
+def _rope_kv_write(e, li: int) -> list[Launch]:
+    """(q/k norm +) RoPE + KV write; under TP the q/k norm's sums of squares meet first."""
+    s, L = e.spec, e.W["layers"][li]
+    qkv, q = e.buf("qkv", (s.qkv_size,)), e.buf("q", (s.q_size,))     # q: after RoPE
+    qn, kn = L.get("q_norm"), L.get("k_norm")
+    out, norm = [], {}
+    if s.qk_norm and e.tp is not None:            # the RMS spans every rank's heads
+        out, ss = qk_sumsq(e, li, qkv)
+        norm = dict(ss=ss, q_total=e.tp.full.q_size, k_total=e.tp.full.kv_size)
+    return out + [Launch("rope_kv_write", li, K.rope_kv_write.rope_kv_write, _nbytes(qn, kn),
+                         args=(qkv, q, e.k_cache[li], e.v_cache[li], e.cos, e.sin, e.pos,
+                               s.heads, s.kv_heads, s.head_dim),
+                         kwargs=dict(use_pdl=e.pdl, q_norm=qn, k_norm=kn, eps=s.rms_eps,
+                                     **norm))]
+
+
+def _kv_ctx(e, li: int) -> int:                  # cache bytes a token of context
+    return 2 * e.spec.kv_heads * e.spec.head_dim * e.k_cache[li].element_size()
+
+
+def _attention(e, li: int) -> list[Launch]:
+    s = e.spec
+    q, attn = e.buf("q", (s.q_size,)), e.buf("attn", (s.q_size,))
+    return [Launch("attention", li, K.attention.attention, 0, _kv_ctx(e, li),
+                   args=(q, e.k_cache[li], e.v_cache[li], attn, e.pos, s.heads, s.kv_heads,
+                         s.head_dim, e.cfg("attention")),
+                   kwargs=dict(use_pdl=e.pdl))]
+
+
+def _attention_partial(e, li: int) -> list[Launch]:
+    s = e.spec
+    pm, pl, po = e.partials()
+    return [Launch("attention_partial", li, K.attention_splitk.attention_partial, 0,
+                   _kv_ctx(e, li),
+                   args=(e.buf("q", (s.q_size,)), e.k_cache[li], e.v_cache[li], e.pos, po, pm,
+                         pl, s.heads, s.kv_heads, s.head_dim, e.chunk,
+                         e.cfg("attention_splitk")),
+                   kwargs=dict(use_pdl=e.pdl, live_cap=e.live_cap))]
+
+
+def _attention_reduce(e, li: int) -> list[Launch]:
+    s = e.spec
+    pm, pl, po = e.partials()
+    rw = e.cfg("attention_splitk").get("reduce_warps", 4)
+    return [Launch("attention_reduce", li, K.attention_splitk.attention_reduce, 0,
+                   args=(po, pm, pl, e.buf("attn", (s.q_size,)), e.pos, s.head_dim, e.chunk),
+                   kwargs=dict(use_pdl=e.pdl, num_warps=rw, live_cap=e.live_cap))]
+
+
+def _o_proj_residual(e, li: int) -> list[Launch]:
+    L = e.W["layers"][li]
+    return into_residual(e, "o_proj_residual", li, _nbytes(L["w_o"]),
+                         K.o_proj_residual.o_proj_residual,
+                         (e.buf("attn", (e.spec.q_size,)), L["w_o"], e.x),
+                         dict(use_pdl=e.pdl, cfg=e.cfg("o_proj_residual", L["w_o"])))
+
+
+def _rms_gate_up_swiglu(e, li: int) -> list[Launch]:
+    s, L = e.spec, e.W["layers"][li]
+    return [Launch("rms_gate_up_swiglu", li, K.rms_gate_up_swiglu.rms_gate_up_swiglu,
+                   _nbytes(L["post_norm"], L["w_gate_up"]),
+                   args=(e.x, L["post_norm"], L["w_gate_up"], e.buf("h", (s.intermediate,)),
+                         s.rms_eps),
+                   kwargs=dict(use_pdl=e.pdl, cfg=e.cfg("rms_gate_up_swiglu", L["w_gate_up"])))]
+
+
+def _down_residual(e, li: int) -> list[Launch]:
+    s, L = e.spec, e.W["layers"][li]
     h = e.buf("h", (s.intermediate,))
-    c_gu, c_dn = e.cfg("rms_gate_up_swiglu", L["w_gate_up"]), e.cfg("down_residual", L["w_down"])
     scratch = e.buf("down_scratch", (16 * s.hidden,), F32)          # [SPLIT_K, N], SPLIT_K <= 16
     counter = e.buf("down_counter", (s.hidden,), I32)
-    return [
-        Launch("rms_gate_up_swiglu", li, K.rms_gate_up_swiglu.rms_gate_up_swiglu,
-               _nbytes(L["post_norm"], L["w_gate_up"]),
-               args=(e.x, L["post_norm"], L["w_gate_up"], h, s.rms_eps),
-               kwargs=dict(use_pdl=pdl, cfg=c_gu)),
-    ] + into_residual(e, "down_residual", li, _nbytes(L["w_down"]),
-                      K.down_residual.down_residual, (h, L["w_down"], e.x, scratch, counter),
-                      dict(use_pdl=pdl, cfg=c_dn))
+    return into_residual(e, "down_residual", li, _nbytes(L["w_down"]),
+                         K.down_residual.down_residual, (h, L["w_down"], e.x, scratch, counter),
+                         dict(use_pdl=e.pdl, cfg=e.cfg("down_residual", L["w_down"])))
 
 
 def layer_persistent(e, li: int) -> list[Launch]:
@@ -217,35 +282,56 @@ def persistent_tiles(c_p: dict, ops: dict) -> dict:
 
 def moe_mlp(e, li: int) -> list[Launch]:
     """Router (RMSNorm + GEMV + softmax + top-k), then the chosen experts by id."""
-    s, L, pdl = e.spec, e.W["layers"][li], e.pdl
+    return launches(e, li, MLP_OPS["moe_mlp"])
+
+
+def _moe_bufs(e) -> dict:                        # the buffers the MoE ops share
+    s = e.spec
     k, E, I, H = s.top_k, s.experts, s.intermediate, s.hidden
-    xn = e.buf("xn", (H,))                                       # rmsnorm(x) * g
-    logits = e.buf("router_logits", (E,), F32)
-    ids = e.buf("expert_ids", (k,), I32)                         # the router's choice
-    wts = e.buf("expert_weights", (k,), F32)
+    return dict(xn=e.buf("xn", (H,)),                                # rmsnorm(x) * g
+                logits=e.buf("router_logits", (E,), F32),
+                ids=e.buf("expert_ids", (k,), I32),                  # the router's choice
+                wts=e.buf("expert_weights", (k,), F32),
+                log=e.buf("expert_log", (e.max_ctx + 1, s.layers, k), I32),  # every position's
+                h=e.buf("expert_h", (k, I)))                         # SwiGLU of each slot
+
+
+def _moe_router(e, li: int) -> list[Launch]:
+    s, L, b = e.spec, e.W["layers"][li], _moe_bufs(e)
     rcount = e.buf("router_counter", (1,), I32)
-    # ids at every position
-    log = e.buf("expert_log", (e.max_ctx + 1, s.layers, k), I32)
-    h = e.buf("expert_h", (k, I))                                # SwiGLU of each slot
-    c_r = e.cfg("moe_router", L["w_router"])
-    c_gu = e.cfg("moe_gate_up_swiglu", L["w_experts_gate_up"])
-    c_dn = e.cfg("moe_down_residual", L["w_experts_down"])
-    scratch = e.buf("moe_scratch", (k * H,), F32)                # [top_k, H] slot rows
-    counter = e.buf("moe_counter", (H,), I32)
-    per_expert = lambda w: w[0].numel() * w.element_size()
-    return [
-        Launch("moe_router", li, K.moe_router.moe_router,
-               _nbytes(L["post_norm"], L["w_router"]),
-               args=(e.x, L["post_norm"], L["w_router"], xn, logits, ids, wts, rcount, e.pos,
-                     s.rms_eps),
-               kwargs=dict(log=log, layer=li, use_pdl=pdl, cfg=c_r)),
-        Launch("moe_gate_up_swiglu", li, K.moe_experts.moe_gate_up_swiglu,
-               k * per_expert(L["w_experts_gate_up"]),
-               args=(xn, L["w_experts_gate_up"], ids, h), kwargs=dict(use_pdl=pdl, cfg=c_gu)),
-    ] + into_residual(e, "moe_down_residual", li, k * per_expert(L["w_experts_down"]),
-                      K.moe_experts.moe_down_residual,
-                      (h, L["w_experts_down"], ids, wts, e.x, scratch, counter),
-                      dict(use_pdl=pdl, cfg=c_dn))
+    return [Launch("moe_router", li, K.moe_router.moe_router,
+                   _nbytes(L["post_norm"], L["w_router"]),
+                   args=(e.x, L["post_norm"], L["w_router"], b["xn"], b["logits"], b["ids"],
+                         b["wts"], rcount, e.pos, s.rms_eps),
+                   kwargs=dict(log=b["log"], layer=li, use_pdl=e.pdl,
+                               cfg=e.cfg("moe_router", L["w_router"])))]
+
+
+def _moe_gate_up_swiglu(e, li: int) -> list[Launch]:
+    s, L, b = e.spec, e.W["layers"][li], _moe_bufs(e)
+    w = L["w_experts_gate_up"]
+    return [Launch("moe_gate_up_swiglu", li, K.moe_experts.moe_gate_up_swiglu,
+                   s.top_k * _nbytes(w[0]), args=(b["xn"], w, b["ids"], b["h"]),
+                   kwargs=dict(use_pdl=e.pdl, cfg=e.cfg("moe_gate_up_swiglu", w)))]
+
+
+def _moe_down_residual(e, li: int) -> list[Launch]:
+    s, L, b = e.spec, e.W["layers"][li], _moe_bufs(e)
+    w = L["w_experts_down"]
+    scratch = e.buf("moe_scratch", (s.top_k * s.hidden,), F32)     # [top_k, H] slot rows
+    counter = e.buf("moe_counter", (s.hidden,), I32)
+    return into_residual(e, "moe_down_residual", li, s.top_k * _nbytes(w[0]),
+                         K.moe_experts.moe_down_residual,
+                         (b["h"], w, b["ids"], b["wts"], e.x, scratch, counter),
+                         dict(use_pdl=e.pdl, cfg=e.cfg("moe_down_residual", w)))
+
+
+OP_LAUNCHES = {"rms_qkv": _rms_qkv, "rope_kv_write": _rope_kv_write, "attention": _attention,
+               "attention_partial": _attention_partial, "attention_reduce": _attention_reduce,
+               "o_proj_residual": _o_proj_residual, "rms_gate_up_swiglu": _rms_gate_up_swiglu,
+               "down_residual": _down_residual, "moe_router": _moe_router,
+               "moe_gate_up_swiglu": _moe_gate_up_swiglu,
+               "moe_down_residual": _moe_down_residual}   # a layer's op -> its launches
 
 
 def head(e) -> list[Launch]:

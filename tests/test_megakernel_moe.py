@@ -1,5 +1,5 @@
 """The megakernel's schedule and CPU VM on the mixture of experts (``megakernel/schedule.py``
-``moe_stages``, ``vm_ops.py``): tiny-olmoe decodes like the oracle over several steps and
+``RUNS``, ``vm_ops.py``): tiny-olmoe decodes like the oracle over several steps and
 interleavings (the router's choice, slot for slot; tokens by the agreement rule; logits
 within the VM's tolerance), exact ties in the router go to the lower expert, every
 interleaving gives the same bits, a loader that asks for an expert before the router's

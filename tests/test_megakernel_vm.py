@@ -327,8 +327,11 @@ def test_each_forms_stage_count_is_the_kernels(tiny, attention):
     """The kernel's ATT (``step.ATT_STAGES``, a constexpr) counts the stages the schedule
     builds after RMS+QKV, and each form has the words chapter 8 prints
     (``schedule.FORM_TEXT``), the engine's form among them."""
+    from onelaunch import plan
     from onelaunch.megakernel import step
-    att, _ = S.attention_stages(tiny[0], 0, 8, 16, 16, {}, (0, 1), attention)
+    w = S.Walk(tiny[0], 8, 16, 16, 16, {}, attention)
+    w.after = (0, 1)
+    att = S.block_stages(w, 0, plan.attention_ops())
     assert len(att) - 1 == step.ATT_STAGES[attention]
     assert tuple(S.FORM_TEXT) == S.FORMS and step.ATTENTION in S.FORMS
 
