@@ -12,6 +12,7 @@ run: it is read where the lab wrote it and named by its file.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -98,16 +99,19 @@ def lab_one_launch(root: Path, gpu: str, model: str = "olmoe-1b-7b") -> dict | N
     v = min(variants, key=lambda v: v["mega"]["median_ms"])
     rel = found[-1].relative_to(Path(root).parent) if Path(root).parent in \
         found[-1].parents else found[-1]
-    try:
-        commit = subprocess.run(["git", "log", "-1", "--format=%h %ad", "--date=short",
-                                 "--diff-filter=A", "--", str(found[-1])], cwd=ROOT,
-                                capture_output=True, text=True, timeout=30).stdout.split()
+    try:            # the commit that first added it (--follow: through the folder's rename)
+        adds = subprocess.run(["git", "log", "--follow", "--format=%h %ad", "--date=short",
+                               "--diff-filter=A", "--", str(found[-1])], cwd=ROOT,
+                              capture_output=True, text=True, timeout=30).stdout.split()
+        commit = adds[-2:]                           # the oldest: git log lists newest first
     except Exception:
         commit = []
+    # the date of the run: the dated folder's name (results/<gpu>/<date>_<what>/)
+    day = re.match(r"\d{4}-\d{2}-\d{2}", found[-1].parent.name)
     return {"ms": v["mega"]["median_ms"], "chain_ms": v["chain"]["median_ms"],
             "agree": v["mega"].get("agree"), "ctx": 512, "file": str(rel),
             "commit": commit[0] if commit else None,
-            "date": commit[1] if len(commit) > 1 else None}
+            "date": day.group(0) if day else (commit[1] if len(commit) > 1 else None)}
 
 
 def answer(root: Path | None = None, gpu: str | None = None) -> dict:
