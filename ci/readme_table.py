@@ -26,8 +26,9 @@ END = "<!-- end of ladder table -->"
 CTX = 512
 MODELS = (("qwen2.5-1.5b", "Qwen2.5-1.5B"), ("olmoe-1b-7b", "OLMoE-1B-7B"))
 CHAIN, MEGA = "+ PDL", "one launch (megakernel)"
-WHY_NONE = {MEGA: "its one launch is not a rung of its ladder",
-            "gpt-fast compiled": "the gpt-fast peer is dense only"}
+WHY_NONE = {MEGA: "its one launch is measured in the lab, not in the book's run "
+                  "(chapter 8)",
+            "gpt-fast compiled": "gpt-fast has no mixture-of-experts step"}
 ROWS = ((CHAIN, "the chain of kernels + PDL (the engine)"),
         (MEGA, "one launch (megakernel)"),
         ("gpt-fast compiled", "gpt-fast compiled (torch.compile)"),
@@ -77,7 +78,7 @@ def _fill(text: str) -> str:
 
 def _caption(meta: dict, rows: dict) -> str:
     tbps = rows[MODELS[0][0], CHAIN]["read_tbps"]
-    missing = [f"{name}: {WHY_NONE.get(rung, rung + ' did not run')}"
+    missing = [f"for {name}, {WHY_NONE.get(rung, rung + ' did not run')}"
                for model, name in MODELS for rung, _ in ROWS[1:] if (model, rung) not in rows]
     text = (f"{meta['gpu_name']}, the book's run `{meta['run']}` (commit `{meta['commit']}`, "
             f"{meta['date'][:10]}), read bandwidth {tbps:.2f} TB/s; ratios are to each "
@@ -85,7 +86,7 @@ def _caption(meta: dict, rows: dict) -> str:
             "rungs and gpt-fast were checked against the oracle before they were timed; "
             "llama.cpp times itself.")
     if missing:
-        text += " No row in that run (—): " + "; ".join(missing) + "."
+        text += " A dash: " + "; ".join(missing) + "."
     return text
 
 

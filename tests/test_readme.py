@@ -40,6 +40,6 @@ def test_a_missing_row_is_a_dash_and_says_why(ladder):
     for model, name in rt.MODELS:
         for rung, label in rt.ROWS:
             if (model, rung) not in rt.rows_at(ladder):
-                assert f"{name}: {rt.WHY_NONE.get(rung, rung + ' did not run')}" in text
+                assert f"for {name}, {rt.WHY_NONE.get(rung, rung + ' did not run')}" in text
     assert "—" in text or all((m, r) in rt.rows_at(ladder) for m, _ in rt.MODELS
                               for r, _ in rt.ROWS)
